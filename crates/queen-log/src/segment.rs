@@ -1,0 +1,162 @@
+//! A segment: the frames of one committed push batch, concatenated and zstd-compressed.
+
+use crate::{DecodeError, EncodeError, Frame, FrameIter, encode_frame};
+
+/// Compression level for segments the broker writes: level 1 is what the official client uses
+/// for the segments it compresses itself, and keeps compression cheap on the push path.
+pub const SEGMENT_ZSTD_LEVEL: i32 = 1;
+
+/// Collects frames for one segment.
+#[derive(Debug, Default)]
+pub struct SegmentBuilder {
+    raw: Vec<u8>,
+    frame_count: usize,
+}
+
+/// A compressed segment ready to store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EncodedSegment {
+    /// One zstd frame that declares its content size.
+    pub body: Vec<u8>,
+    /// Length of the decompressed frames.
+    pub raw_len: usize,
+    pub frame_count: usize,
+}
+
+impl SegmentBuilder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn push(&mut self, frame: &Frame<'_>) -> Result<(), EncodeError> {
+        encode_frame(frame, &mut self.raw)?;
+        self.frame_count += 1;
+        Ok(())
+    }
+
+    pub fn frame_count(&self) -> usize {
+        self.frame_count
+    }
+
+    pub fn raw_len(&self) -> usize {
+        self.raw.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.frame_count == 0
+    }
+
+    /// Compresses the collected frames.
+    pub fn finish(self) -> Result<EncodedSegment, EncodeError> {
+        let body = zstd::bulk::compress(&self.raw, SEGMENT_ZSTD_LEVEL).map_err(|e| EncodeError::Zstd(e.to_string()))?;
+        Ok(EncodedSegment { body, raw_len: self.raw.len(), frame_count: self.frame_count })
+    }
+}
+
+/// The decompressed, validated frames of a segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodedSegment {
+    raw: Vec<u8>,
+    frame_count: usize,
+}
+
+impl DecodedSegment {
+    pub fn frame_count(&self) -> usize {
+        self.frame_count
+    }
+
+    pub fn raw(&self) -> &[u8] {
+        &self.raw
+    }
+
+    /// The frames in offset order. Every frame was validated by [`decode_segment`], so the
+    /// iterator yields no errors; it keeps the `Result` so callers need no `unwrap`.
+    pub fn frames(&self) -> FrameIter<'_> {
+        FrameIter::new(&self.raw)
+    }
+}
+
+/// Decompresses a segment body and checks that it holds exactly `expected_frames` well-formed
+/// frames. `max_raw_len` bounds the memory a corrupt or hostile body can make us allocate.
+pub fn decode_segment(body: &[u8], expected_frames: usize, max_raw_len: usize) -> Result<DecodedSegment, DecodeError> {
+    let declared = zstd::zstd_safe::get_frame_content_size(body)
+        .map_err(|_| DecodeError::Zstd("not a zstd frame".into()))?
+        .ok_or_else(|| DecodeError::Zstd("the frame does not declare its content size".into()))?;
+    let declared = usize::try_from(declared).unwrap_or(usize::MAX);
+    if declared > max_raw_len {
+        return Err(DecodeError::TooLarge { len: declared, limit: max_raw_len });
+    }
+    let raw = zstd::bulk::decompress(body, declared).map_err(|e| DecodeError::Zstd(e.to_string()))?;
+    if raw.len() != declared {
+        return Err(DecodeError::LengthMismatch { expected: declared, actual: raw.len() });
+    }
+    let mut frame_count = 0;
+    for frame in FrameIter::new(&raw) {
+        frame?;
+        frame_count += 1;
+    }
+    if frame_count != expected_frames {
+        return Err(DecodeError::CountMismatch { expected: expected_frames, actual: frame_count });
+    }
+    Ok(DecodedSegment { raw, frame_count })
+}
+
+#[cfg(test)]
+mod tests {
+    use uuid::Uuid;
+
+    use super::*;
+    use crate::FrameOwned;
+
+    fn frames(n: usize) -> Vec<FrameOwned> {
+        (0..n)
+            .map(|i| FrameOwned {
+                message_id: Uuid::from_u128(i as u128 + 1),
+                trace_id: None,
+                transaction_id: format!("tx-{i}"),
+                producer: None,
+                payload: format!(r#"{{"i":{i}}}"#).into_bytes(),
+            })
+            .collect()
+    }
+
+    fn encode(frames: &[FrameOwned]) -> EncodedSegment {
+        let mut builder = SegmentBuilder::new();
+        for frame in frames {
+            builder.push(&frame.as_frame()).unwrap();
+        }
+        builder.finish().unwrap()
+    }
+
+    #[test]
+    fn round_trip() {
+        let input = frames(100);
+        let segment = encode(&input);
+        assert_eq!(segment.frame_count, 100);
+        let decoded = decode_segment(&segment.body, 100, 1 << 20).unwrap();
+        let output: Vec<_> = decoded.frames().map(|f| f.unwrap().to_owned()).collect();
+        assert_eq!(output, input);
+    }
+
+    #[test]
+    fn a_wrong_frame_count_is_an_error() {
+        let segment = encode(&frames(3));
+        assert_eq!(
+            decode_segment(&segment.body, 4, 1 << 20).unwrap_err(),
+            DecodeError::CountMismatch { expected: 4, actual: 3 }
+        );
+    }
+
+    #[test]
+    fn the_size_limit_is_checked_before_decompressing() {
+        let segment = encode(&frames(10));
+        let err = decode_segment(&segment.body, 10, 8).unwrap_err();
+        assert!(matches!(err, DecodeError::TooLarge { limit: 8, .. }));
+    }
+
+    #[test]
+    fn garbage_is_an_error() {
+        assert!(decode_segment(b"not zstd at all", 1, 1 << 20).is_err());
+        assert!(decode_segment(&[], 0, 1 << 20).is_err());
+    }
+}
