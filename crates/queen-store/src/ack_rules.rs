@@ -1,0 +1,377 @@
+//! The acknowledgement contract, as a pure function over one cursor.
+//!
+//! An ack is a cursor commit: `completed` at offset N commits everything up to N. `failed` pulls
+//! delivery back to just before the failed message (even when later messages of the same call
+//! were completed), releases the lease and counts a retry against the message at the head of the
+//! cursor; past the queue's retry limit that message is dead-lettered and the cursor moves past
+//! it. `retry` pulls back without counting. `dlq` dead-letters a message now and commits up to it.
+//!
+//! Every item is checked against the cursor as it stood when the call began: a late `completed`
+//! (at or below the cursor) is a no-op, a late `failed` is refused, and an ack under a lease that
+//! is not the live one is refused.
+
+use uuid::Uuid;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AckStatus {
+    Completed,
+    Failed,
+    Retry,
+    DeadLetter,
+}
+
+/// A cursor row, as locked for the ack.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CursorState {
+    pub committed: i64,
+    pub lease_id: Option<Uuid>,
+    pub lease_live: bool,
+    pub leased_until: Option<i64>,
+    pub retry_count: i32,
+    pub head_attempts: i32,
+    /// The queue's retry limit: a message is delivered at most `retry_limit + 1` times.
+    pub retry_limit: i32,
+}
+
+/// One acknowledgement of a message of this cursor's partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AckItem<'a> {
+    pub offset: i64,
+    pub status: AckStatus,
+    pub lease_id: Option<Uuid>,
+    pub error: Option<&'a str>,
+}
+
+/// Why an ack was refused. Nothing changes for a refused item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The transaction id is not in the partition.
+    Unresolvable,
+    /// The group has never received this partition's messages.
+    NoCursor,
+    /// The lease named is not the live lease of this partition for this group.
+    InvalidLease,
+    /// Another consumer holds a live lease, and the ack named none.
+    LeasedByAnother,
+    /// The message lies beyond what the live lease delivered.
+    NotDelivered,
+    /// A `failed`, `retry` or `dlq` for a message the cursor has already passed.
+    AlreadyCommitted,
+    /// A `completed` or `dlq` after a message of the same call that failed: delivery restarts at
+    /// the failed one, so this one will come again.
+    SupersededByFailure,
+}
+
+/// What happened to one item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckVerdict {
+    /// The cursor moved to (at least) this message.
+    Committed {
+        lease_released: bool,
+    },
+    /// A `completed` at or below the cursor: nothing to do.
+    Noop,
+    /// `failed` or `retry`: the message and those after it will be delivered again.
+    Requeued {
+        retry_counted: bool,
+    },
+    /// Dead-lettered: by `dlq`, or by `failed` past the retry limit.
+    DeadLettered,
+    Refused(Refusal),
+}
+
+impl AckVerdict {
+    pub fn is_success(&self) -> bool {
+        !matches!(self, AckVerdict::Refused(_))
+    }
+}
+
+/// A message to copy into the dead-letter table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    pub offset: i64,
+    pub error: Option<String>,
+    pub retry_count: i32,
+}
+
+/// What the acks of one call do to one cursor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CursorChange {
+    pub after: CursorState,
+    /// Messages newly committed (for the consumed counter).
+    pub consumed: i64,
+    pub lease_released: bool,
+    pub dead_letters: Vec<DeadLetter>,
+}
+
+impl CursorChange {
+    pub fn is_change(&self, before: &CursorState) -> bool {
+        &self.after != before
+    }
+}
+
+fn validate(state: &CursorState, item: &AckItem<'_>) -> Result<(), AckVerdict> {
+    if item.offset <= state.committed {
+        return Err(match item.status {
+            AckStatus::Completed => AckVerdict::Noop,
+            _ => AckVerdict::Refused(Refusal::AlreadyCommitted),
+        });
+    }
+    match item.lease_id {
+        Some(lease) if !(state.lease_live && state.lease_id == Some(lease)) => {
+            return Err(AckVerdict::Refused(Refusal::InvalidLease));
+        }
+        None if state.lease_live => return Err(AckVerdict::Refused(Refusal::LeasedByAnother)),
+        _ => {}
+    }
+    if state.lease_live && state.leased_until.is_some_and(|until| item.offset > until) {
+        return Err(AckVerdict::Refused(Refusal::NotDelivered));
+    }
+    Ok(())
+}
+
+/// Applies one call's acks for one cursor. Verdicts come back aligned with `items`.
+pub fn apply(state: &CursorState, items: &[AckItem<'_>]) -> (CursorChange, Vec<AckVerdict>) {
+    let checked: Vec<Result<(), AckVerdict>> = items.iter().map(|item| validate(state, item)).collect();
+    let valid = |i: usize| checked[i].is_ok();
+
+    // The earliest message this call failed: delivery restarts there. A `failed` at that offset
+    // wins over a `retry` at the same offset.
+    let pull_back = items
+        .iter()
+        .enumerate()
+        .filter(|&(i, item)| valid(i) && matches!(item.status, AckStatus::Failed | AckStatus::Retry))
+        .min_by_key(|(_, item)| (item.offset, item.status != AckStatus::Failed))
+        .map(|(i, item)| (i, item.offset));
+    let limit = pull_back.map_or(i64::MAX, |(_, offset)| offset);
+
+    let mut after = state.clone();
+    let mut dead_letters = Vec::new();
+    let advance_to = items
+        .iter()
+        .enumerate()
+        .filter(|&(i, item)| {
+            valid(i) && matches!(item.status, AckStatus::Completed | AckStatus::DeadLetter) && item.offset < limit
+        })
+        .map(|(_, item)| item.offset)
+        .max();
+    if let Some(target) = advance_to {
+        after.committed = target;
+        after.retry_count = 0;
+        after.head_attempts = 0;
+    }
+    for item in items.iter().enumerate().filter(|&(i, item)| valid(i) && item.offset < limit).map(|(_, item)| item) {
+        if item.status == AckStatus::DeadLetter {
+            let retry_count = if item.offset == state.committed + 1 { state.retry_count } else { 0 };
+            dead_letters.push(DeadLetter { offset: item.offset, error: item.error.map(str::to_owned), retry_count });
+        }
+    }
+
+    let mut dead_lettered_head = None;
+    let mut retry_counted_by = None;
+    let lease_released = if let Some((index, offset)) = pull_back {
+        // A retry is counted against a message only when it is the next one the group needs.
+        if items[index].status == AckStatus::Failed && offset == after.committed + 1 {
+            retry_counted_by = Some(index);
+            after.retry_count += 1;
+            if after.retry_count > state.retry_limit {
+                dead_letters.push(DeadLetter {
+                    offset,
+                    error: items[index].error.map(str::to_owned),
+                    retry_count: after.retry_count,
+                });
+                after.committed = offset;
+                after.retry_count = 0;
+                after.head_attempts = 0;
+                dead_lettered_head = Some(offset);
+            }
+        }
+        true
+    } else {
+        state.lease_live && state.leased_until.is_some_and(|until| after.committed >= until)
+    };
+    if lease_released {
+        after.lease_live = false;
+    }
+
+    let verdicts = items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            if let Err(verdict) = checked[i] {
+                return verdict;
+            }
+            match item.status {
+                AckStatus::Completed | AckStatus::DeadLetter if item.offset > limit => {
+                    AckVerdict::Refused(Refusal::SupersededByFailure)
+                }
+                AckStatus::Completed => AckVerdict::Committed { lease_released },
+                AckStatus::DeadLetter => AckVerdict::DeadLettered,
+                AckStatus::Failed | AckStatus::Retry if dead_lettered_head == Some(item.offset) => {
+                    AckVerdict::DeadLettered
+                }
+                AckStatus::Failed | AckStatus::Retry => {
+                    AckVerdict::Requeued { retry_counted: retry_counted_by == Some(i) }
+                }
+            }
+        })
+        .collect();
+    let consumed = after.committed - state.committed;
+    (CursorChange { after, consumed, lease_released, dead_letters }, verdicts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEASE: Uuid = Uuid::from_u128(42);
+
+    fn leased(committed: i64, until: i64) -> CursorState {
+        CursorState {
+            committed,
+            lease_id: Some(LEASE),
+            lease_live: true,
+            leased_until: Some(until),
+            retry_count: 0,
+            head_attempts: 1,
+            retry_limit: 3,
+        }
+    }
+
+    fn ack(offset: i64, status: AckStatus) -> AckItem<'static> {
+        AckItem { offset, status, lease_id: Some(LEASE), error: None }
+    }
+
+    #[test]
+    fn completing_the_whole_span_commits_and_releases() {
+        let state = leased(0, 3);
+        let (change, verdicts) = apply(&state, &[ack(3, AckStatus::Completed)]);
+        assert_eq!(change.after.committed, 3);
+        assert_eq!(change.consumed, 3);
+        assert!(change.lease_released && !change.after.lease_live);
+        assert_eq!(verdicts, vec![AckVerdict::Committed { lease_released: true }]);
+    }
+
+    #[test]
+    fn completing_part_of_the_span_keeps_the_lease() {
+        let (change, verdicts) = apply(&leased(0, 3), &[ack(2, AckStatus::Completed)]);
+        assert_eq!(change.after.committed, 2);
+        assert!(change.after.lease_live);
+        assert_eq!(verdicts, vec![AckVerdict::Committed { lease_released: false }]);
+    }
+
+    #[test]
+    fn late_acks_are_a_noop_or_refused() {
+        let state = leased(2, 3);
+        let (change, verdicts) = apply(&state, &[ack(1, AckStatus::Completed), ack(1, AckStatus::Failed)]);
+        assert!(!change.is_change(&state));
+        assert_eq!(verdicts, vec![AckVerdict::Noop, AckVerdict::Refused(Refusal::AlreadyCommitted)]);
+    }
+
+    #[test]
+    fn a_failure_clamps_the_cursor_below_it_despite_later_completions() {
+        let items = [
+            ack(1, AckStatus::Completed),
+            ack(2, AckStatus::Failed),
+            ack(3, AckStatus::Completed),
+            ack(4, AckStatus::Completed),
+        ];
+        let (change, verdicts) = apply(&leased(0, 4), &items);
+        assert_eq!(change.after.committed, 1);
+        assert_eq!(change.after.retry_count, 1);
+        assert!(change.lease_released);
+        assert_eq!(
+            verdicts,
+            vec![
+                AckVerdict::Committed { lease_released: true },
+                AckVerdict::Requeued { retry_counted: true },
+                AckVerdict::Refused(Refusal::SupersededByFailure),
+                AckVerdict::Refused(Refusal::SupersededByFailure),
+            ]
+        );
+    }
+
+    #[test]
+    fn retry_pulls_back_without_counting() {
+        let (change, verdicts) = apply(&leased(0, 3), &[ack(1, AckStatus::Completed), ack(2, AckStatus::Retry)]);
+        assert_eq!(change.after.committed, 1);
+        assert_eq!(change.after.retry_count, 0);
+        assert!(change.lease_released);
+        assert_eq!(verdicts[1], AckVerdict::Requeued { retry_counted: false });
+    }
+
+    #[test]
+    fn past_the_retry_limit_the_head_is_dead_lettered_and_passed() {
+        let mut state = leased(4, 6);
+        state.retry_limit = 1;
+        state.retry_count = 1;
+        let item = AckItem { offset: 5, status: AckStatus::Failed, lease_id: Some(LEASE), error: Some("boom") };
+        let (change, verdicts) = apply(&state, &[item]);
+        assert_eq!(change.after.committed, 5);
+        assert_eq!(change.after.retry_count, 0);
+        assert_eq!(change.dead_letters, vec![DeadLetter { offset: 5, error: Some("boom".into()), retry_count: 2 }]);
+        assert!(change.lease_released);
+        assert_eq!(verdicts, vec![AckVerdict::DeadLettered]);
+    }
+
+    #[test]
+    fn retry_limit_zero_dead_letters_on_the_first_failure() {
+        let mut state = leased(0, 1);
+        state.retry_limit = 0;
+        let (change, _) = apply(&state, &[ack(1, AckStatus::Failed)]);
+        assert_eq!(change.after.committed, 1);
+        assert_eq!(change.dead_letters.len(), 1);
+    }
+
+    #[test]
+    fn dlq_status_dead_letters_now_and_commits() {
+        let mut state = leased(0, 2);
+        state.retry_count = 2;
+        let (change, verdicts) = apply(&state, &[ack(1, AckStatus::DeadLetter)]);
+        assert_eq!(change.after.committed, 1);
+        assert_eq!(change.dead_letters, vec![DeadLetter { offset: 1, error: None, retry_count: 2 }]);
+        assert!(change.after.lease_live);
+        assert_eq!(verdicts, vec![AckVerdict::DeadLettered]);
+    }
+
+    #[test]
+    fn a_stale_or_foreign_lease_is_refused() {
+        let mut expired = leased(0, 2);
+        expired.lease_live = false;
+        let (change, verdicts) = apply(&expired, &[ack(1, AckStatus::Completed)]);
+        assert!(!change.is_change(&expired));
+        assert_eq!(verdicts, vec![AckVerdict::Refused(Refusal::InvalidLease)]);
+
+        let other = AckItem { lease_id: Some(Uuid::from_u128(7)), ..ack(1, AckStatus::Completed) };
+        let (_, verdicts) = apply(&leased(0, 2), &[other]);
+        assert_eq!(verdicts, vec![AckVerdict::Refused(Refusal::InvalidLease)]);
+    }
+
+    #[test]
+    fn an_unfenced_ack_is_refused_while_someone_holds_the_lease() {
+        let item = AckItem { lease_id: None, ..ack(1, AckStatus::Completed) };
+        let (_, verdicts) = apply(&leased(0, 2), &[item]);
+        assert_eq!(verdicts, vec![AckVerdict::Refused(Refusal::LeasedByAnother)]);
+
+        let mut free = leased(0, 2);
+        free.lease_live = false;
+        let (change, verdicts) = apply(&free, &[item]);
+        assert_eq!(change.after.committed, 1);
+        assert_eq!(verdicts, vec![AckVerdict::Committed { lease_released: false }]);
+    }
+
+    #[test]
+    fn an_ack_beyond_the_leased_span_is_refused() {
+        let (_, verdicts) = apply(&leased(0, 2), &[ack(3, AckStatus::Completed)]);
+        assert_eq!(verdicts, vec![AckVerdict::Refused(Refusal::NotDelivered)]);
+    }
+
+    #[test]
+    fn a_failure_behind_an_unacked_head_pulls_back_without_counting() {
+        let (change, verdicts) = apply(&leased(0, 3), &[ack(3, AckStatus::Failed)]);
+        assert_eq!(change.after.committed, 0);
+        assert_eq!(change.after.retry_count, 0);
+        assert!(change.lease_released);
+        assert_eq!(verdicts, vec![AckVerdict::Requeued { retry_counted: false }]);
+    }
+}

@@ -1,0 +1,527 @@
+//! Consumer-group cursors and their leases: finding partitions with work, claiming them,
+//! extending leases, and acknowledging.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::GenericClient;
+use uuid::Uuid;
+
+use crate::StoreError;
+use crate::ack_rules::{self, AckItem, AckStatus, AckVerdict, CursorState, DeadLetter, Refusal};
+use crate::log::{Span, read_spans};
+
+/// Where a group's cursor starts on a partition it has never read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CursorSeed {
+    /// Just below the oldest retained offset: the group reads everything still stored.
+    Oldest,
+    /// At the partition's current end: the group reads only later pushes.
+    End,
+    /// Just below the first segment created at or after the time.
+    From(DateTime<Utc>),
+}
+
+/// A partition of the queue that may have work for the group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    pub partition_id: i64,
+    pub partition: String,
+    pub has_cursor: bool,
+    /// Set when another consumer of the group holds the partition.
+    pub leased_until: Option<DateTime<Utc>>,
+}
+
+/// Partitions of the queue (or just `only_partition`) with messages past the group's cursor, or
+/// with no cursor yet: free ones first, the longest-unserved first among them; then leased ones,
+/// soonest expiry first.
+pub async fn candidates(
+    client: &impl GenericClient,
+    queue_id: i64,
+    only_partition: Option<i64>,
+    group: &str,
+    limit: i64,
+) -> Result<Vec<Candidate>, StoreError> {
+    let statement = client
+        .prepare_cached(
+            "SELECT p.id, p.name, c.partition_id IS NOT NULL,
+                    CASE WHEN c.lease_expires_at > now() THEN c.lease_expires_at END AS leased_until
+               FROM queen.partitions p
+               LEFT JOIN queen.log_consumers c ON c.partition_id = p.id AND c.consumer_group = $2
+              WHERE p.queue_id = $1
+                AND ($4::bigint IS NULL OR p.id = $4)
+                AND p.last_offset >= p.retained_from
+                AND (c.partition_id IS NULL OR p.last_offset > c.committed)
+              ORDER BY leased_until NULLS FIRST, c.last_claimed_at NULLS FIRST, p.id
+              LIMIT $3",
+        )
+        .await?;
+    let rows = client.query(&statement, &[&queue_id, &group, &limit, &only_partition]).await?;
+    Ok(rows
+        .iter()
+        .map(|row| Candidate {
+            partition_id: row.get(0),
+            partition: row.get(1),
+            has_cursor: row.get(2),
+            leased_until: row.get(3),
+        })
+        .collect())
+}
+
+/// Creates the group's cursor on each partition that has none, seeded as `seed` says. An existing
+/// cursor is never re-seeded.
+pub async fn ensure_cursors(
+    client: &impl GenericClient,
+    group: &str,
+    partition_ids: &[i64],
+    seed: CursorSeed,
+) -> Result<(), StoreError> {
+    if partition_ids.is_empty() {
+        return Ok(());
+    }
+    let (mode, from): (&str, Option<DateTime<Utc>>) = match seed {
+        CursorSeed::Oldest => ("oldest", None),
+        CursorSeed::End => ("end", None),
+        CursorSeed::From(at) => ("from", Some(at)),
+    };
+    let statement = client
+        .prepare_cached(
+            "INSERT INTO queen.log_consumers (partition_id, consumer_group, committed)
+             SELECT p.id, $2,
+                    CASE $3
+                        WHEN 'end' THEN p.last_offset
+                        WHEN 'from' THEN COALESCE(
+                            (SELECT s.base_offset - 1 FROM queen.log_segments s
+                              WHERE s.partition_id = p.id AND s.created_at >= $4 AND s.base_offset >= p.retained_from
+                              ORDER BY s.created_at, s.base_offset LIMIT 1),
+                            p.last_offset)
+                        ELSE p.retained_from - 1
+                    END
+               FROM queen.partitions p
+              WHERE p.id = ANY($1)
+             ON CONFLICT (partition_id, consumer_group) DO NOTHING",
+        )
+        .await?;
+    client.execute(&statement, &[&partition_ids, &group, &mode, &from]).await?;
+    Ok(())
+}
+
+/// What a pop asks to claim.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest<'a> {
+    pub group: &'a str,
+    /// Partitions to try, in order of preference. Each must already have the group's cursor.
+    pub partition_ids: &'a [i64],
+    /// Most messages, across every claimed partition.
+    pub batch: i64,
+    /// Most partitions one claim may take.
+    pub max_partitions: i64,
+    /// The lease shared by every partition this claim takes.
+    pub lease_id: Uuid,
+    /// Overrides the queue's lease time.
+    pub lease_seconds: Option<i32>,
+    /// Commit at delivery: advance the cursor and take no lease.
+    pub auto_ack: bool,
+    /// Which broker grants the lease.
+    pub broker_id: &'a str,
+}
+
+/// One partition a pop claimed, and the span it delivers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim {
+    pub partition_id: i64,
+    pub first: i64,
+    pub last: i64,
+    /// How many times the span's first message has now been delivered.
+    pub delivery_attempt: i32,
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    /// The partition's previous lease on this group ran out without being acknowledged.
+    pub took_over_expired_lease: bool,
+}
+
+/// Claims partitions with pending messages, atomically: each claimed cursor's lease was free or
+/// expired, is now this claim's, and covers the next messages of the partition, with `batch`
+/// capping the total. Rows another transaction is claiming right now are skipped, not waited on.
+pub async fn claim(client: &impl GenericClient, request: &ClaimRequest<'_>) -> Result<Vec<Claim>, StoreError> {
+    if request.partition_ids.is_empty() || request.batch < 1 || request.max_partitions < 1 {
+        return Ok(Vec::new());
+    }
+    let statement = client
+        .prepare_cached(
+            "WITH candidate AS (
+                 SELECT c.partition_id, x.ord, GREATEST(c.committed, p.retained_from - 1) AS start_after,
+                        p.last_offset, c.lease_expires_at IS NOT NULL AS expired, q.lease_time_seconds
+                   FROM unnest($2::bigint[]) WITH ORDINALITY AS x(partition_id, ord)
+                   JOIN queen.log_consumers c ON c.partition_id = x.partition_id AND c.consumer_group = $1
+                   JOIN queen.partitions p ON p.id = x.partition_id
+                   JOIN queen.queues q ON q.id = p.queue_id
+                  WHERE (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
+                    AND p.last_offset > GREATEST(c.committed, p.retained_from - 1)
+                  ORDER BY x.ord
+                    FOR UPDATE OF c SKIP LOCKED
+             ), allotted AS (
+                 SELECT *, LEAST(last_offset - start_after,
+                                 $3::bigint - COALESCE(SUM(last_offset - start_after)
+                                     OVER (ORDER BY ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)::bigint) AS take
+                   FROM candidate
+             ), chosen AS (
+                 SELECT * FROM allotted WHERE take > 0 ORDER BY ord LIMIT $4::bigint
+             )
+             UPDATE queen.log_consumers c
+                SET lease_id = CASE WHEN $7 THEN c.lease_id ELSE $5 END,
+                    lease_expires_at = CASE WHEN $7 THEN NULL
+                        ELSE now() + COALESCE($6, ch.lease_time_seconds) * interval '1 second' END,
+                    leased_until = CASE WHEN $7 THEN NULL ELSE ch.start_after + ch.take END,
+                    lease_broker = CASE WHEN $7 THEN NULL ELSE $8 END,
+                    committed = CASE WHEN $7 THEN ch.start_after + ch.take ELSE c.committed END,
+                    head_attempts = CASE WHEN $7 THEN 0 ELSE c.head_attempts + 1 END,
+                    redelivery_count = c.redelivery_count + CASE WHEN ch.expired THEN 1 ELSE 0 END,
+                    total_consumed = c.total_consumed + CASE WHEN $7 THEN ch.take ELSE 0 END,
+                    last_claimed_at = now(),
+                    last_consumed_at = CASE WHEN $7 THEN now() ELSE c.last_consumed_at END
+               FROM chosen ch
+              WHERE c.partition_id = ch.partition_id AND c.consumer_group = $1
+             RETURNING c.partition_id, ch.start_after + 1, ch.start_after + ch.take,
+                       CASE WHEN $7 THEN 1 ELSE c.head_attempts END, c.lease_expires_at, ch.expired, ch.ord",
+        )
+        .await?;
+    let rows = client
+        .query(
+            &statement,
+            &[
+                &request.group,
+                &request.partition_ids,
+                &request.batch,
+                &request.max_partitions,
+                &request.lease_id,
+                &request.lease_seconds,
+                &request.auto_ack,
+                &request.broker_id,
+            ],
+        )
+        .await?;
+    let mut claims: Vec<(i64, Claim)> = rows
+        .iter()
+        .map(|row| {
+            let claim = Claim {
+                partition_id: row.get(0),
+                first: row.get(1),
+                last: row.get(2),
+                delivery_attempt: row.get(3),
+                lease_expires_at: row.get(4),
+                took_over_expired_lease: row.get(5),
+            };
+            (row.get(6), claim)
+        })
+        .collect();
+    claims.sort_by_key(|(ord, _)| *ord);
+    Ok(claims.into_iter().map(|(_, claim)| claim).collect())
+}
+
+/// Result of extending a lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseExtension {
+    /// The lease now expires at this time, on this many partitions.
+    Extended {
+        expires_at: DateTime<Utc>,
+        partitions: u64,
+    },
+    /// The lease exists but has expired or was released; it cannot be revived.
+    Expired,
+    Unknown,
+}
+
+/// Extends a live lease on every partition it covers, to `seconds` from now (the queue's lease
+/// time when `None`); never shortens it.
+pub async fn extend_lease(
+    client: &impl GenericClient,
+    lease_id: Uuid,
+    seconds: Option<i32>,
+) -> Result<LeaseExtension, StoreError> {
+    let statement = client
+        .prepare_cached(
+            "WITH extended AS (
+                 UPDATE queen.log_consumers c
+                    SET lease_expires_at = GREATEST(c.lease_expires_at,
+                                                    now() + COALESCE($2, q.lease_time_seconds) * interval '1 second')
+                   FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+                  WHERE c.lease_id = $1 AND c.lease_expires_at > now() AND p.id = c.partition_id
+              RETURNING c.lease_expires_at)
+             SELECT (SELECT count(*) FROM extended), (SELECT min(lease_expires_at) FROM extended),
+                    EXISTS (SELECT 1 FROM queen.log_consumers WHERE lease_id = $1)",
+        )
+        .await?;
+    let row = client.query_one(&statement, &[&lease_id, &seconds]).await?;
+    let extended: i64 = row.get(0);
+    let expires_at: Option<DateTime<Utc>> = row.get(1);
+    let known: bool = row.get(2);
+    Ok(match expires_at {
+        Some(expires_at) if extended > 0 => LeaseExtension::Extended { expires_at, partitions: extended as u64 },
+        _ if known => LeaseExtension::Expired,
+        _ => LeaseExtension::Unknown,
+    })
+}
+
+/// One acknowledgement as received.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AckRequest {
+    pub partition_id: i64,
+    pub transaction_id: String,
+    pub status: AckStatus,
+    pub lease_id: Option<Uuid>,
+    pub consumer_group: String,
+    pub error: Option<String>,
+}
+
+/// The verdict on one acknowledgement, with what the broker needs to report it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AckOutcome {
+    pub verdict: AckVerdict,
+    /// The group's cursor on the partition after the call.
+    pub committed: Option<i64>,
+}
+
+/// What a batch of acknowledgement calls did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AckBatch {
+    /// One list per call, aligned with that call's requests.
+    pub outcomes: Vec<Vec<AckOutcome>>,
+    /// Queues on which a released lease left messages for other consumers to take.
+    pub queues_with_released_work: Vec<String>,
+}
+
+type CursorKey = (i64, String);
+
+/// A cursor's state through the calls of a batch.
+struct CursorTrack {
+    before: CursorState,
+    now: CursorState,
+    consumed: i64,
+    lease_released: bool,
+    dead_letters: Vec<DeadLetter>,
+}
+
+/// Applies acknowledgement calls (each one request's acks) inside the caller's transaction, one
+/// call after the other, with the rules of [`ack_rules`]: transaction ids are resolved to
+/// offsets, the cursors involved are locked in a fixed order (so concurrent batches cannot
+/// deadlock), each call's acks of one cursor are applied together, the cursors are written once,
+/// and dead letters are copied into `queen.log_dlq`.
+pub async fn acknowledge(
+    tx: &deadpool_postgres::Transaction<'_>,
+    calls: &[Vec<AckRequest>],
+) -> Result<AckBatch, StoreError> {
+    let requests: Vec<&AckRequest> = calls.iter().flatten().collect();
+    if requests.is_empty() {
+        return Ok(AckBatch { outcomes: calls.iter().map(|_| Vec::new()).collect(), ..AckBatch::default() });
+    }
+    let partition_ids: Vec<i64> = requests.iter().map(|r| r.partition_id).collect();
+    let transaction_ids: Vec<&str> = requests.iter().map(|r| r.transaction_id.as_str()).collect();
+    let groups: Vec<&str> = requests.iter().map(|r| r.consumer_group.as_str()).collect();
+
+    let resolve = tx
+        .prepare_cached(
+            "SELECT m.message_offset FROM unnest($1::bigint[], $2::text[]) WITH ORDINALITY AS x(partition_id, transaction_id, ord)
+               LEFT JOIN queen.log_message_ids m ON m.partition_id = x.partition_id AND m.transaction_id = x.transaction_id
+              ORDER BY x.ord",
+        )
+        .await?;
+    let lock = tx
+        .prepare_cached(
+            "SELECT c.partition_id, c.consumer_group, c.committed, c.lease_id, c.lease_expires_at > now(),
+                    c.leased_until, c.retry_count, c.head_attempts, q.retry_limit, q.name, p.last_offset
+               FROM queen.log_consumers c
+               JOIN queen.partitions p ON p.id = c.partition_id
+               JOIN queen.queues q ON q.id = p.queue_id
+              WHERE (c.partition_id, c.consumer_group) IN (SELECT * FROM unnest($1::bigint[], $2::text[]))
+              ORDER BY c.partition_id, c.consumer_group
+                FOR UPDATE OF c",
+        )
+        .await?;
+    // Pipelined: both go out before either answer is awaited.
+    let resolve_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&partition_ids, &transaction_ids];
+    let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&partition_ids, &groups];
+    let (offsets, cursors) = futures::try_join!(tx.query(&resolve, &resolve_params), tx.query(&lock, &lock_params))?;
+    let offsets: Vec<Option<i64>> = offsets.iter().map(|row| row.get(0)).collect();
+    let partition_heads: HashMap<i64, (String, i64)> =
+        cursors.iter().map(|row| (row.get(0), (row.get(9), row.get(10)))).collect();
+    let mut tracks: HashMap<CursorKey, CursorTrack> = cursors
+        .iter()
+        .map(|row| {
+            let key = (row.get::<_, i64>(0), row.get::<_, String>(1));
+            let state = CursorState {
+                committed: row.get(2),
+                lease_id: row.get(3),
+                lease_live: row.get::<_, Option<bool>>(4).unwrap_or(false),
+                leased_until: row.get(5),
+                retry_count: row.get(6),
+                head_attempts: row.get(7),
+                retry_limit: row.get(8),
+            };
+            let track = CursorTrack {
+                before: state.clone(),
+                now: state,
+                consumed: 0,
+                lease_released: false,
+                dead_letters: Vec::new(),
+            };
+            (key, track)
+        })
+        .collect();
+
+    let mut outcomes = Vec::with_capacity(calls.len());
+    let mut first = 0;
+    for call in calls {
+        let call_offsets = &offsets[first..first + call.len()];
+        first += call.len();
+        outcomes.push(apply_call(call, call_offsets, &mut tracks));
+    }
+
+    let changed: Vec<(&CursorKey, &CursorTrack)> = tracks.iter().filter(|(_, t)| t.now != t.before).collect();
+    write_cursor_changes(tx, &changed).await?;
+    let dead: Vec<(&CursorKey, &DeadLetter)> =
+        changed.iter().flat_map(|(key, track)| track.dead_letters.iter().map(move |d| (*key, d))).collect();
+    insert_dead_letters(tx, &dead).await?;
+    let mut queues_with_released_work: Vec<String> = changed
+        .iter()
+        .filter(|(_, track)| track.lease_released)
+        .filter_map(|((partition_id, _), track)| {
+            let (queue, last_offset) = partition_heads.get(partition_id)?;
+            (track.now.committed < *last_offset).then(|| queue.clone())
+        })
+        .collect();
+    queues_with_released_work.sort();
+    queues_with_released_work.dedup();
+    Ok(AckBatch { outcomes, queues_with_released_work })
+}
+
+/// One call's acks against the cursors as the earlier calls of the batch left them.
+fn apply_call(
+    call: &[AckRequest],
+    offsets: &[Option<i64>],
+    tracks: &mut HashMap<CursorKey, CursorTrack>,
+) -> Vec<AckOutcome> {
+    let mut outcomes: Vec<Option<AckOutcome>> = vec![None; call.len()];
+    let mut per_cursor: HashMap<CursorKey, Vec<usize>> = HashMap::new();
+    for (i, request) in call.iter().enumerate() {
+        let key = (request.partition_id, request.consumer_group.clone());
+        let committed = tracks.get(&key).map(|t| t.now.committed);
+        let refusal = match (offsets[i], committed) {
+            (None, _) => Refusal::Unresolvable,
+            (Some(_), None) => Refusal::NoCursor,
+            (Some(_), Some(_)) => {
+                per_cursor.entry(key).or_default().push(i);
+                continue;
+            }
+        };
+        outcomes[i] = Some(AckOutcome { verdict: AckVerdict::Refused(refusal), committed });
+    }
+    for (key, indices) in per_cursor {
+        // Grouped above only when the cursor exists and the offset resolved.
+        let Some(track) = tracks.get_mut(&key) else { continue };
+        let items: Vec<AckItem<'_>> = indices
+            .iter()
+            .map(|&i| AckItem {
+                offset: offsets[i].unwrap_or_default(),
+                status: call[i].status,
+                lease_id: call[i].lease_id,
+                error: call[i].error.as_deref(),
+            })
+            .collect();
+        let (change, verdicts) = ack_rules::apply(&track.now, &items);
+        for (&i, verdict) in indices.iter().zip(verdicts) {
+            outcomes[i] = Some(AckOutcome { verdict, committed: Some(change.after.committed) });
+        }
+        track.now = change.after;
+        track.consumed += change.consumed;
+        track.lease_released |= change.lease_released;
+        track.dead_letters.extend(change.dead_letters);
+    }
+    // Every request got an outcome: refused up front, or from its cursor's rules.
+    outcomes.into_iter().map(|o| o.unwrap_or(AckOutcome { verdict: AckVerdict::Noop, committed: None })).collect()
+}
+
+async fn write_cursor_changes(
+    tx: &deadpool_postgres::Transaction<'_>,
+    changed: &[(&CursorKey, &CursorTrack)],
+) -> Result<(), StoreError> {
+    if changed.is_empty() {
+        return Ok(());
+    }
+    let statement = tx
+        .prepare_cached(
+            "UPDATE queen.log_consumers c
+                SET committed = u.committed,
+                    lease_expires_at = CASE WHEN u.release THEN NULL ELSE c.lease_expires_at END,
+                    retry_count = u.retry_count,
+                    head_attempts = u.head_attempts,
+                    total_consumed = c.total_consumed + u.consumed,
+                    last_consumed_at = CASE WHEN u.consumed > 0 THEN now() ELSE c.last_consumed_at END
+               FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::bool[], $5::int[], $6::int[], $7::bigint[])
+                    AS u(partition_id, consumer_group, committed, release, retry_count, head_attempts, consumed)
+              WHERE c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group",
+        )
+        .await?;
+    let partition_ids: Vec<i64> = changed.iter().map(|((p, _), _)| *p).collect();
+    let groups: Vec<&str> = changed.iter().map(|((_, g), _)| g.as_str()).collect();
+    let committed: Vec<i64> = changed.iter().map(|(_, t)| t.now.committed).collect();
+    let release: Vec<bool> = changed.iter().map(|(_, t)| t.lease_released).collect();
+    let retry_counts: Vec<i32> = changed.iter().map(|(_, t)| t.now.retry_count).collect();
+    let head_attempts: Vec<i32> = changed.iter().map(|(_, t)| t.now.head_attempts).collect();
+    let consumed: Vec<i64> = changed.iter().map(|(_, t)| t.consumed).collect();
+    tx.execute(&statement, &[&partition_ids, &groups, &committed, &release, &retry_counts, &head_attempts, &consumed])
+        .await?;
+    Ok(())
+}
+
+async fn insert_dead_letters(
+    tx: &deadpool_postgres::Transaction<'_>,
+    dead: &[(&CursorKey, &DeadLetter)],
+) -> Result<(), StoreError> {
+    if dead.is_empty() {
+        return Ok(());
+    }
+    let spans: Vec<Span> = dead
+        .iter()
+        .map(|((partition_id, _), d)| Span { partition_id: *partition_id, first: d.offset, last: d.offset })
+        .collect();
+    let segments = read_spans(tx, &spans).await?;
+    let statement = tx
+        .prepare_cached(
+            "INSERT INTO queen.log_dlq (queue_name, partition_id, partition_name, consumer_group, message_offset,
+                                        message_id, transaction_id, trace_id, payload, error_message, retry_count,
+                                        message_created_at)
+             SELECT q.name, p.id, p.name, $2, $3, $4, $5, $6, $7, $8, $9, $10
+               FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+              WHERE p.id = $1",
+        )
+        .await?;
+    for ((partition_id, group), letter) in dead {
+        let found = segments.iter().find_map(|segment| {
+            let index = letter.offset - segment.base_offset;
+            if segment.partition_id != *partition_id || index < 0 {
+                return None;
+            }
+            let frame = segment.frames.frames().nth(index as usize)?.ok()?;
+            Some((segment.created_at, frame))
+        });
+        // A message retention already removed has nothing left to copy.
+        let Some((created_at, frame)) = found else { continue };
+        tx.execute(
+            &statement,
+            &[
+                partition_id,
+                group,
+                &letter.offset,
+                &frame.message_id,
+                &frame.transaction_id,
+                &frame.trace_id,
+                &frame.payload,
+                &letter.error,
+                &letter.retry_count,
+                &created_at,
+            ],
+        )
+        .await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,77 @@
+use thiserror::Error;
+use tokio_postgres::error::SqlState;
+
+/// What went wrong talking to PostgreSQL.
+#[derive(Debug, Error)]
+pub enum StoreError {
+    /// PostgreSQL cannot be reached, or the pool could not hand out a connection in time. The
+    /// broker answers 503 and recovers when the database is back.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+    #[error("database error: {0}")]
+    Db(tokio_postgres::Error),
+    #[error("schema: {0}")]
+    Schema(String),
+    /// The row an operation needs is gone, e.g. its queue was deleted concurrently.
+    #[error("{0} not found")]
+    Missing(&'static str),
+    #[error("segment {base_offset} of partition {partition_id} is unreadable: {source}")]
+    CorruptSegment {
+        partition_id: i64,
+        base_offset: i64,
+        #[source]
+        source: queen_log::DecodeError,
+    },
+    #[error("cannot encode message: {0}")]
+    Encode(#[from] queen_log::EncodeError),
+}
+
+impl StoreError {
+    /// Whether the failure is the database being unreachable or going away (as opposed to a
+    /// statement that PostgreSQL refused).
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            StoreError::Unavailable(_) => true,
+            StoreError::Db(e) => is_connection_failure(e),
+            _ => false,
+        }
+    }
+
+    /// The SQLSTATE, when PostgreSQL refused a statement.
+    pub fn sql_state(&self) -> Option<&SqlState> {
+        match self {
+            StoreError::Db(e) => e.code(),
+            _ => None,
+        }
+    }
+}
+
+fn is_connection_failure(e: &tokio_postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    if let Some(code) = e.code() {
+        let code = code.code();
+        // Class 08: connection exception; 57P0x: admin/crash shutdown, cannot connect now.
+        return code.starts_with("08") || code.starts_with("57P");
+    }
+    // No SQLSTATE: an IO failure on the wire, or a failure to connect at all, is the database
+    // being away; anything else (a parameter that did not serialize, say) is a bug of ours.
+    let io = std::error::Error::source(e).is_some_and(|source| source.is::<std::io::Error>());
+    io || e.to_string().starts_with("error connecting") || e.to_string().contains("timed out")
+}
+
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        if is_connection_failure(&e) { StoreError::Unavailable(e.to_string()) } else { StoreError::Db(e) }
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for StoreError {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        match e {
+            deadpool_postgres::PoolError::Backend(e) => e.into(),
+            other => StoreError::Unavailable(other.to_string()),
+        }
+    }
+}

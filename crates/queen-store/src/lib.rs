@@ -1,0 +1,14 @@
+//! Queen's PostgreSQL layer: versioned migrations, the pool, one module of typed queries per
+//! table family, and the managed local PostgreSQL used as the embedded default.
+
+pub mod ack_rules;
+pub mod cursors;
+pub mod embedded;
+mod error;
+pub mod log;
+pub mod migrations;
+pub mod pool;
+pub mod queues;
+
+pub use deadpool_postgres::{Pool, Transaction};
+pub use error::StoreError;

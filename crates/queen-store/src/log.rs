@@ -1,0 +1,355 @@
+//! The segment log: appending a batch as one segment, and reading offsets back.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::GenericClient;
+use queen_log::{DecodedSegment, Frame, SegmentBuilder};
+use uuid::Uuid;
+
+use crate::StoreError;
+
+/// Upper bound on the decompressed size of one stored segment, so a corrupt row cannot make a
+/// reader allocate without limit.
+pub const MAX_SEGMENT_RAW_BYTES: usize = 256 * 1024 * 1024;
+
+/// One message to append.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewMessage {
+    pub message_id: Uuid,
+    pub transaction_id: String,
+    pub trace_id: Option<Uuid>,
+    /// The message's data as JSON text.
+    pub payload: Vec<u8>,
+}
+
+/// What became of one message of an append.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Appended {
+    Queued {
+        offset: i64,
+        message_id: Uuid,
+    },
+    /// The partition already holds this transaction id; nothing was written for it.
+    Duplicate {
+        offset: i64,
+        message_id: Uuid,
+    },
+}
+
+/// The segment an append wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentWritten {
+    pub base_offset: i64,
+    pub end_offset: i64,
+    pub created_at: DateTime<Utc>,
+    pub raw_len: usize,
+    pub stored_len: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppendResult {
+    /// One outcome per message, in input order.
+    pub outcomes: Vec<Appended>,
+    /// `None` when every message was a duplicate.
+    pub segment: Option<SegmentWritten>,
+}
+
+/// The stored (offset, message id) of those transaction ids the partition already holds.
+pub async fn existing_transaction_ids(
+    client: &impl GenericClient,
+    partition_id: i64,
+    transaction_ids: &[&str],
+) -> Result<HashMap<String, (i64, Uuid)>, StoreError> {
+    let statement = client
+        .prepare_cached(
+            "SELECT transaction_id, message_offset, message_id FROM queen.log_message_ids
+              WHERE partition_id = $1 AND transaction_id = ANY($2)",
+        )
+        .await?;
+    let rows = client.query(&statement, &[&partition_id, &transaction_ids]).await?;
+    Ok(rows.iter().map(|row| (row.get(0), (row.get(1), row.get(2)))).collect())
+}
+
+/// A batch split into what must be written and what is a duplicate, with the new messages
+/// already encoded and compressed (outside any lock).
+struct AppendPlan {
+    slots: Vec<Slot>,
+    fresh_transaction_ids: Vec<String>,
+    fresh_message_ids: Vec<Uuid>,
+    segment: Option<queen_log::EncodedSegment>,
+}
+
+/// Where one input message of a batch stands.
+enum Slot {
+    /// The `n`th message to write.
+    Fresh(usize),
+    /// Repeats the transaction id of the `n`th message to write; the first occurrence wins.
+    RepeatOf(usize),
+    /// The partition already holds it.
+    Stored(Appended),
+}
+
+fn plan_append(messages: &[NewMessage], existing: &HashMap<String, (i64, Uuid)>) -> Result<AppendPlan, StoreError> {
+    let mut slots = Vec::with_capacity(messages.len());
+    let mut first_in_batch: HashMap<&str, usize> = HashMap::new();
+    let mut builder = SegmentBuilder::new();
+    let mut fresh_transaction_ids = Vec::new();
+    let mut fresh_message_ids = Vec::new();
+    for message in messages {
+        if let Some(&(offset, message_id)) = existing.get(&message.transaction_id) {
+            slots.push(Slot::Stored(Appended::Duplicate { offset, message_id }));
+        } else if let Some(&index) = first_in_batch.get(message.transaction_id.as_str()) {
+            slots.push(Slot::RepeatOf(index));
+        } else {
+            let index = fresh_transaction_ids.len();
+            first_in_batch.insert(&message.transaction_id, index);
+            builder.push(&Frame {
+                message_id: message.message_id,
+                trace_id: message.trace_id,
+                transaction_id: &message.transaction_id,
+                producer: None,
+                payload: &message.payload,
+            })?;
+            fresh_transaction_ids.push(message.transaction_id.clone());
+            fresh_message_ids.push(message.message_id);
+            slots.push(Slot::Fresh(index));
+        }
+    }
+    let segment = if builder.is_empty() { None } else { Some(builder.finish()?) };
+    Ok(AppendPlan { slots, fresh_transaction_ids, fresh_message_ids, segment })
+}
+
+/// Appends the messages to the partition as one segment, in one statement: the partition row is
+/// locked, the next offsets are taken from `last_offset`, the segment and its transaction ids
+/// are inserted, and `last_offset` advances, all in one commit. Messages whose transaction id
+/// the partition already holds (or that repeat one earlier in the batch) are not written and come
+/// back as [`Appended::Duplicate`] with the original offset and message id.
+///
+/// Outside a transaction, a concurrent append of the same transaction id from another broker can
+/// race the duplicate check; the unique index catches it and the append is planned again.
+pub async fn append(
+    client: &impl GenericClient,
+    partition_id: i64,
+    messages: &[NewMessage],
+) -> Result<AppendResult, StoreError> {
+    let transaction_ids: Vec<&str> = messages.iter().map(|m| m.transaction_id.as_str()).collect();
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let existing = existing_transaction_ids(client, partition_id, &transaction_ids).await?;
+        let plan = plan_append(messages, &existing)?;
+        match write_plan(client, partition_id, &plan).await {
+            Err(StoreError::Db(e))
+                if attempts < 3 && e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) =>
+            {
+                continue;
+            }
+            result => return result.map(|segment| finish(plan, segment)),
+        }
+    }
+}
+
+/// [`append`] inside a transaction the caller owns: the partition row is locked first, so the
+/// duplicate check cannot race, at the price of compressing under the lock.
+pub async fn append_in_transaction(
+    tx: &deadpool_postgres::Transaction<'_>,
+    partition_id: i64,
+    messages: &[NewMessage],
+) -> Result<AppendResult, StoreError> {
+    let locked = tx.query_opt("SELECT 1 FROM queen.partitions WHERE id = $1 FOR UPDATE", &[&partition_id]).await?;
+    if locked.is_none() {
+        return Err(StoreError::Missing("partition"));
+    }
+    let transaction_ids: Vec<&str> = messages.iter().map(|m| m.transaction_id.as_str()).collect();
+    let existing = existing_transaction_ids(tx, partition_id, &transaction_ids).await?;
+    let plan = plan_append(messages, &existing)?;
+    let segment = write_plan(tx, partition_id, &plan).await?;
+    Ok(finish(plan, segment))
+}
+
+async fn write_plan(
+    client: &impl GenericClient,
+    partition_id: i64,
+    plan: &AppendPlan,
+) -> Result<Option<SegmentWritten>, StoreError> {
+    let Some(segment) = &plan.segment else { return Ok(None) };
+    let statement = client
+        .prepare_cached(
+            "WITH p AS (
+                 UPDATE queen.partitions
+                    SET last_offset = last_offset + $2::bigint,
+                        last_segment_at = GREATEST(clock_timestamp(), last_segment_at)
+                  WHERE id = $1
+              RETURNING last_offset - $2::bigint + 1 AS base_offset, last_offset AS end_offset,
+                        last_segment_at AS created_at
+             ), segment AS (
+                 INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, created_at, frame_count,
+                                                 raw_length, body)
+                 SELECT $1, base_offset, end_offset, created_at, $2::bigint::integer, $3, $4 FROM p
+                 RETURNING base_offset, end_offset, created_at
+             ), ids AS (
+                 INSERT INTO queen.log_message_ids (partition_id, transaction_id, message_offset, message_id)
+                 SELECT $1, t.transaction_id, p.base_offset + t.ordinal - 1, t.message_id
+                   FROM p, unnest($5::text[], $6::uuid[]) WITH ORDINALITY AS t(transaction_id, message_id, ordinal)
+             )
+             SELECT base_offset, end_offset, created_at FROM segment",
+        )
+        .await?;
+    let frame_count = segment.frame_count as i64;
+    let raw_len =
+        i32::try_from(segment.raw_len).map_err(|_| queen_log::EncodeError::FrameTooLarge { len: segment.raw_len })?;
+    let row = client
+        .query_opt(
+            &statement,
+            &[
+                &partition_id,
+                &frame_count,
+                &raw_len,
+                &segment.body,
+                &plan.fresh_transaction_ids,
+                &plan.fresh_message_ids,
+            ],
+        )
+        .await?
+        .ok_or(StoreError::Missing("partition"))?;
+    Ok(Some(SegmentWritten {
+        base_offset: row.get(0),
+        end_offset: row.get(1),
+        created_at: row.get(2),
+        raw_len: segment.raw_len,
+        stored_len: segment.body.len(),
+    }))
+}
+
+fn finish(plan: AppendPlan, segment: Option<SegmentWritten>) -> AppendResult {
+    let fresh = |index: usize| {
+        // A fresh or repeated slot exists only when a segment was planned, and a planned segment
+        // is either written or the append failed before getting here.
+        let base_offset = segment.as_ref().map_or(0, |s| s.base_offset);
+        (base_offset + index as i64, plan.fresh_message_ids[index])
+    };
+    let outcomes = plan
+        .slots
+        .iter()
+        .map(|slot| match *slot {
+            Slot::Fresh(index) => {
+                let (offset, message_id) = fresh(index);
+                Appended::Queued { offset, message_id }
+            }
+            Slot::RepeatOf(index) => {
+                let (offset, message_id) = fresh(index);
+                Appended::Duplicate { offset, message_id }
+            }
+            Slot::Stored(outcome) => outcome,
+        })
+        .collect();
+    AppendResult { outcomes, segment }
+}
+
+/// A stored segment, decompressed.
+#[derive(Debug, Clone)]
+pub struct StoredSegment {
+    pub partition_id: i64,
+    pub base_offset: i64,
+    pub created_at: DateTime<Utc>,
+    pub frames: DecodedSegment,
+}
+
+/// One span of offsets to read: `first..=last` of a partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    pub partition_id: i64,
+    pub first: i64,
+    pub last: i64,
+}
+
+/// Reads the segments that cover the spans, in span order then offset order. The walk for each
+/// span starts at the segment holding `first`, found through the primary key, so the cost does
+/// not grow with the partition's history.
+pub async fn read_spans(client: &impl GenericClient, spans: &[Span]) -> Result<Vec<StoredSegment>, StoreError> {
+    if spans.is_empty() {
+        return Ok(Vec::new());
+    }
+    let statement = client
+        .prepare_cached(
+            "SELECT s.partition_id, s.base_offset, s.created_at, s.frame_count, s.body
+               FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) WITH ORDINALITY AS r(partition_id, first, last, ord)
+               CROSS JOIN LATERAL (
+                   SELECT s.* FROM queen.log_segments s
+                    WHERE s.partition_id = r.partition_id
+                      AND s.base_offset >= COALESCE(
+                              (SELECT max(f.base_offset) FROM queen.log_segments f
+                                WHERE f.partition_id = r.partition_id AND f.base_offset <= r.first), r.first)
+                      AND s.base_offset <= r.last
+               ) s
+              ORDER BY r.ord, s.base_offset",
+        )
+        .await?;
+    let partition_ids: Vec<i64> = spans.iter().map(|s| s.partition_id).collect();
+    let firsts: Vec<i64> = spans.iter().map(|s| s.first).collect();
+    let lasts: Vec<i64> = spans.iter().map(|s| s.last).collect();
+    let rows = client.query(&statement, &[&partition_ids, &firsts, &lasts]).await?;
+    rows.iter()
+        .map(|row| {
+            let partition_id: i64 = row.get(0);
+            let base_offset: i64 = row.get(1);
+            let frame_count: i32 = row.get(3);
+            let body: &[u8] = row.get(4);
+            let frames = queen_log::decode_segment(body, frame_count.max(0) as usize, MAX_SEGMENT_RAW_BYTES)
+                .map_err(|source| StoreError::CorruptSegment { partition_id, base_offset, source })?;
+            Ok(StoredSegment { partition_id, base_offset, created_at: row.get(2), frames })
+        })
+        .collect()
+}
+
+/// The message at `offset` of a partition, if it is still stored.
+pub async fn read_message(
+    client: &impl GenericClient,
+    partition_id: i64,
+    offset: i64,
+) -> Result<Option<(StoredSegment, usize)>, StoreError> {
+    let segments = read_spans(client, &[Span { partition_id, first: offset, last: offset }]).await?;
+    Ok(segments.into_iter().find_map(|segment| {
+        let index = offset - segment.base_offset;
+        (index >= 0 && (index as usize) < segment.frames.frame_count()).then_some((segment, index as usize))
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(txn: &str) -> NewMessage {
+        NewMessage { message_id: Uuid::now_v7(), transaction_id: txn.into(), trace_id: None, payload: b"1".to_vec() }
+    }
+
+    #[test]
+    fn a_plan_skips_stored_and_repeated_transaction_ids() {
+        let stored = Uuid::now_v7();
+        let existing = HashMap::from([("old".to_string(), (7, stored))]);
+        let messages = [message("a"), message("old"), message("b"), message("a")];
+        let plan = plan_append(&messages, &existing).unwrap();
+        assert_eq!(plan.fresh_transaction_ids, vec!["a", "b"]);
+        assert_eq!(plan.segment.as_ref().map(|s| s.frame_count), Some(2));
+        let written =
+            SegmentWritten { base_offset: 10, end_offset: 11, created_at: Utc::now(), raw_len: 0, stored_len: 0 };
+        let result = finish(plan, Some(written));
+        assert_eq!(
+            result.outcomes,
+            vec![
+                Appended::Queued { offset: 10, message_id: messages[0].message_id },
+                Appended::Duplicate { offset: 7, message_id: stored },
+                Appended::Queued { offset: 11, message_id: messages[2].message_id },
+                Appended::Duplicate { offset: 10, message_id: messages[0].message_id },
+            ]
+        );
+    }
+
+    #[test]
+    fn an_all_duplicate_batch_plans_no_segment() {
+        let existing = HashMap::from([("x".to_string(), (1, Uuid::now_v7()))]);
+        let plan = plan_append(&[message("x")], &existing).unwrap();
+        assert!(plan.segment.is_none());
+    }
+}
