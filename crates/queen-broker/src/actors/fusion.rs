@@ -1,0 +1,139 @@
+//! The queue behind a fusing actor: requests that arrive while one write is in flight wait, and
+//! go out together as the next write. Each request gets back exactly its own results.
+
+use std::collections::VecDeque;
+
+use tokio::sync::oneshot;
+
+/// One request: its items and where its results go.
+pub struct Pending<I, O, E> {
+    pub items: Vec<I>,
+    pub reply: Reply<O, E>,
+}
+
+/// Requests taken together for one write: their items, and how to answer each.
+pub struct Batch<I, O, E> {
+    pub items: Vec<I>,
+    pub replies: Replies<O, E>,
+}
+
+/// Where one request's results go.
+type Reply<O, E> = oneshot::Sender<Result<Vec<O>, E>>;
+
+/// Where the results of a batch go: each request's item count and reply channel.
+pub struct Replies<O, E>(Vec<(usize, Reply<O, E>)>);
+
+impl<O, E: Clone> Replies<O, E> {
+    /// Answers every request of the batch from the results of the whole, which must be aligned
+    /// with `items`.
+    pub fn answer(self, result: Result<Vec<O>, E>) {
+        match result {
+            Ok(mut outputs) => {
+                // Split from the back so each request takes its own tail off the vector.
+                let mut end = outputs.len();
+                for (len, reply) in self.0.into_iter().rev() {
+                    let start = end.saturating_sub(len);
+                    let own = outputs.split_off(start);
+                    end = start;
+                    // A requester that went away (client disconnected) needs no answer.
+                    let _ = reply.send(Ok(own));
+                }
+            }
+            Err(error) => {
+                for (_, reply) in self.0 {
+                    let _ = reply.send(Err(error.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// Pending requests and whether a write is in flight.
+pub struct FusionQueue<I, O, E> {
+    pending: VecDeque<Pending<I, O, E>>,
+    in_flight: bool,
+}
+
+impl<I, O, E> Default for FusionQueue<I, O, E> {
+    fn default() -> Self {
+        Self { pending: VecDeque::new(), in_flight: false }
+    }
+}
+
+impl<I, O, E> FusionQueue<I, O, E> {
+    pub fn push(&mut self, pending: Pending<I, O, E>) {
+        self.pending.push_back(pending);
+    }
+
+    pub fn is_idle(&self) -> bool {
+        !self.in_flight && self.pending.is_empty()
+    }
+
+    /// Takes the next batch when no write is in flight: whole requests, oldest first, while
+    /// `fits(items so far, next request)` holds; the first request is always taken. Marks the
+    /// queue in flight until [`FusionQueue::done`].
+    pub fn next_batch(&mut self, fits: impl Fn(&[I], &[I]) -> bool) -> Option<Batch<I, O, E>> {
+        if self.in_flight || self.pending.is_empty() {
+            return None;
+        }
+        let mut items = Vec::new();
+        let mut replies = Vec::new();
+        while let Some(next) = self.pending.front() {
+            if !replies.is_empty() && !fits(&items, &next.items) {
+                break;
+            }
+            let Some(Pending { items: mut own, reply }) = self.pending.pop_front() else { break };
+            replies.push((own.len(), reply));
+            items.append(&mut own);
+        }
+        self.in_flight = true;
+        Some(Batch { items, replies: Replies(replies) })
+    }
+
+    pub fn done(&mut self) {
+        self.in_flight = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Answer = oneshot::Receiver<Result<Vec<u32>, String>>;
+
+    fn request(items: Vec<u32>) -> (Pending<u32, u32, String>, Answer) {
+        let (reply, rx) = oneshot::channel();
+        (Pending { items, reply }, rx)
+    }
+
+    #[test]
+    fn queued_requests_go_out_together_and_get_their_own_results() {
+        let mut queue = FusionQueue::default();
+        let (a, mut rx_a) = request(vec![1, 2]);
+        let (b, mut rx_b) = request(vec![3]);
+        let (c, mut rx_c) = request(vec![4, 5, 6]);
+        queue.push(a);
+        queue.push(b);
+        queue.push(c);
+        let batch = queue.next_batch(|so_far, next| so_far.len() + next.len() <= 3).unwrap();
+        assert_eq!(batch.items, vec![1, 2, 3]);
+        assert!(queue.next_batch(|_, _| true).is_none(), "one write at a time");
+        batch.replies.answer(Ok(vec![10, 20, 30]));
+        assert_eq!(rx_a.try_recv().unwrap(), Ok(vec![10, 20]));
+        assert_eq!(rx_b.try_recv().unwrap(), Ok(vec![30]));
+        queue.done();
+        let batch = queue.next_batch(|_, _| true).unwrap();
+        assert_eq!(batch.items, vec![4, 5, 6]);
+        batch.replies.answer(Err("down".into()));
+        assert_eq!(rx_c.try_recv().unwrap(), Err("down".into()));
+    }
+
+    #[test]
+    fn an_oversized_request_still_goes_alone() {
+        let mut queue = FusionQueue::default();
+        let (a, _rx) = request(vec![1, 2, 3, 4]);
+        queue.push(a);
+        let batch = queue.next_batch(|so_far, next| so_far.len() + next.len() <= 2).unwrap();
+        assert_eq!(batch.items.len(), 4);
+    }
+}

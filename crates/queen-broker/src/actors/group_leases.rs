@@ -1,0 +1,144 @@
+//! GroupLeases: one per consumer group. Acknowledgement calls for the group that arrive while
+//! one batch is being committed are applied together in the next transaction, one call after
+//! the other, so a busy group pays one commit per batch rather than one per call.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use queen_store::Pool;
+use queen_store::cursors::{AckOutcome, AckRequest};
+use tokio::sync::oneshot;
+
+use super::WorkError;
+use super::coordinator::{Coordinator, DataAvailable};
+use super::fusion::{FusionQueue, Pending};
+use super::registry::Registry;
+
+/// Most acknowledgements applied in one transaction.
+const MAX_ACKS_PER_BATCH: usize = 10_000;
+
+/// One acknowledgement call (all of it for this group).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Acknowledge {
+    pub call: Vec<AckRequest>,
+    pub reply: oneshot::Sender<Result<Vec<Vec<AckOutcome>>, WorkError>>,
+}
+
+pub struct GroupLeases {
+    group: Arc<str>,
+    pool: Pool,
+    queue: FusionQueue<Vec<AckRequest>, Vec<AckOutcome>, WorkError>,
+    last_activity: Instant,
+    idle: Duration,
+    registry: Registry<Arc<str>, GroupLeases>,
+    coordinator: Addr<Coordinator>,
+}
+
+impl GroupLeases {
+    fn commit_next(&mut self, ctx: &mut Context<Self>) {
+        let Some(batch) = self.queue.next_batch(|so_far, next| {
+            so_far.iter().map(Vec::len).sum::<usize>() + next.iter().map(Vec::len).sum::<usize>() <= MAX_ACKS_PER_BATCH
+        }) else {
+            return;
+        };
+        let pool = self.pool.clone();
+        let calls = batch.items;
+        let replies = batch.replies;
+        let commit = async move {
+            let mut client = pool.get().await.map_err(queen_store::StoreError::from)?;
+            let tx = client.transaction().await?;
+            let result = queen_store::cursors::acknowledge(&tx, &calls).await?;
+            tx.commit().await?;
+            Ok::<_, queen_store::StoreError>(result)
+        };
+        ctx.spawn(commit.into_actor(self).map(move |result, leases, ctx| {
+            match result {
+                Ok(batch) => {
+                    for queue in batch.queues_with_released_work {
+                        leases.coordinator.do_send(DataAvailable { queue: queue.into() });
+                    }
+                    replies.answer(Ok(batch.outcomes));
+                }
+                Err(e) => replies.answer(Err(WorkError::from(e))),
+            }
+            leases.queue.done();
+            leases.last_activity = Instant::now();
+            leases.commit_next(ctx);
+        }));
+    }
+}
+
+impl Actor for GroupLeases {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.set_mailbox_capacity(4096);
+        let idle = self.idle;
+        ctx.run_interval(idle / 2, move |leases, ctx| {
+            if leases.queue.is_idle() && leases.last_activity.elapsed() >= idle {
+                ctx.stop();
+            }
+        });
+    }
+
+    fn stopped(&mut self, ctx: &mut Self::Context) {
+        self.registry.remove(&self.group, &ctx.address());
+    }
+}
+
+impl Handler<Acknowledge> for GroupLeases {
+    type Result = ();
+
+    fn handle(&mut self, msg: Acknowledge, ctx: &mut Self::Context) {
+        self.last_activity = Instant::now();
+        self.queue.push(Pending { items: vec![msg.call], reply: msg.reply });
+        self.commit_next(ctx);
+    }
+}
+
+/// The GroupLeases actors of this broker.
+#[derive(Clone)]
+pub struct Groups {
+    registry: Registry<Arc<str>, GroupLeases>,
+    pool: Pool,
+    coordinator: Addr<Coordinator>,
+    idle: Duration,
+}
+
+impl Groups {
+    pub fn new(pool: Pool, coordinator: Addr<Coordinator>, idle: Duration) -> Self {
+        Self { registry: Registry::default(), pool, coordinator, idle }
+    }
+
+    fn start(&self, group: &Arc<str>) -> Addr<GroupLeases> {
+        GroupLeases {
+            group: Arc::clone(group),
+            pool: self.pool.clone(),
+            queue: FusionQueue::default(),
+            last_activity: Instant::now(),
+            idle: self.idle,
+            registry: self.registry.clone(),
+            coordinator: self.coordinator.clone(),
+        }
+        .start()
+    }
+
+    /// Applies one acknowledgement call whose items all belong to `group`.
+    pub async fn acknowledge(&self, group: &str, call: Vec<AckRequest>) -> Result<Vec<AckOutcome>, WorkError> {
+        let group: Arc<str> = group.into();
+        let (reply, answer) = oneshot::channel();
+        match self.registry.try_send(&group, || self.start(&group), Acknowledge { call, reply }) {
+            Ok(()) => {
+                let mut calls =
+                    answer.await.unwrap_or_else(|_| Err(WorkError::Failed("the group's ack actor stopped".into())))?;
+                Ok(calls.pop().unwrap_or_default())
+            }
+            Err(SendError::Full(_)) => {
+                Err(WorkError::Overloaded(format!("too many acknowledgements queued for group {group}")))
+            }
+            Err(SendError::Closed(_)) => Err(WorkError::Failed("the group's ack actor could not be started".into())),
+        }
+    }
+}

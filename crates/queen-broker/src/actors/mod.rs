@@ -1,0 +1,52 @@
+//! The broker's actors. Each owns its state and is reached through a bounded mailbox:
+//! - [`partition_writer::PartitionWriter`], one per active partition: push fusion;
+//! - [`group_leases::GroupLeases`], one per consumer group: coalesces acknowledgements;
+//! - [`coordinator::Coordinator`], one per broker: parks long polls and wakes them.
+
+pub mod coordinator;
+mod fusion;
+pub mod group_leases;
+pub mod partition_writer;
+mod registry;
+
+use queen_store::StoreError;
+
+use crate::error::ApiError;
+
+/// Why an actor could not do a request's work. Cloneable, so one failed write can answer every
+/// request fused into it.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum WorkError {
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+    /// The queue or partition was deleted while the request was under way.
+    #[error("the {0} no longer exists")]
+    Gone(&'static str),
+    #[error("{0}")]
+    Overloaded(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl From<StoreError> for WorkError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Missing(what) => WorkError::Gone(what),
+            e if e.is_unavailable() => WorkError::Unavailable(e.to_string()),
+            e => {
+                tracing::error!(error = %e, "database operation failed");
+                WorkError::Failed(e.to_string())
+            }
+        }
+    }
+}
+
+impl From<WorkError> for ApiError {
+    fn from(e: WorkError) -> Self {
+        match e {
+            WorkError::Unavailable(_) | WorkError::Overloaded(_) => ApiError::Unavailable(e.to_string()),
+            WorkError::Gone(_) => ApiError::Unavailable(format!("{e}; retry the request")),
+            WorkError::Failed(_) => ApiError::Internal(e.to_string()),
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! PartitionWriter: push fusion for one partition.
+//!
+//! While one append is in flight, later pushes to the same partition queue up here; when it
+//! commits, everything queued goes out as the next segment, in one transaction. Each waiting
+//! request then gets its own per-item results.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use queen_store::Pool;
+use queen_store::log::{Appended, NewMessage};
+use tokio::sync::oneshot;
+
+use super::WorkError;
+use super::coordinator::{Coordinator, DataAvailable};
+use super::fusion::{FusionQueue, Pending};
+use super::registry::Registry;
+use crate::metrics::Metrics;
+
+/// The partition a writer appends to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteTarget {
+    pub queue: Arc<str>,
+    pub partition_id: i64,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct WriterLimits {
+    pub max_segment_messages: usize,
+    pub max_segment_bytes: usize,
+    pub mailbox: usize,
+    pub idle: Duration,
+}
+
+/// Appends these messages (one push request's share of this partition).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Append {
+    pub messages: Vec<NewMessage>,
+    pub reply: oneshot::Sender<Result<Vec<Appended>, WorkError>>,
+}
+
+pub struct PartitionWriter {
+    target: WriteTarget,
+    pool: Pool,
+    limits: WriterLimits,
+    queue: FusionQueue<NewMessage, Appended, WorkError>,
+    last_activity: Instant,
+    registry: Registry<i64, PartitionWriter>,
+    coordinator: Addr<Coordinator>,
+    metrics: Arc<Metrics>,
+}
+
+/// What a writer needs besides its partition.
+#[derive(Clone)]
+pub struct WriterDeps {
+    pub pool: Pool,
+    pub limits: WriterLimits,
+    pub coordinator: Addr<Coordinator>,
+    pub metrics: Arc<Metrics>,
+}
+
+fn payload_bytes(messages: &[NewMessage]) -> usize {
+    messages.iter().map(|m| m.payload.len()).sum()
+}
+
+impl PartitionWriter {
+    fn write_next(&mut self, ctx: &mut Context<Self>) {
+        let limits = self.limits;
+        let Some(batch) = self.queue.next_batch(|so_far, next| {
+            so_far.len() + next.len() <= limits.max_segment_messages
+                && payload_bytes(so_far) + payload_bytes(next) <= limits.max_segment_bytes
+        }) else {
+            return;
+        };
+        let pool = self.pool.clone();
+        let partition_id = self.target.partition_id;
+        let messages = batch.items;
+        let replies = batch.replies;
+        let write = async move {
+            let client = pool.get().await.map_err(queen_store::StoreError::from)?;
+            let result = queen_store::log::append(&client, partition_id, &messages).await?;
+            Ok::<_, queen_store::StoreError>((result, payload_bytes(&messages)))
+        };
+        ctx.spawn(write.into_actor(self).map(move |result, writer, ctx| {
+            match result {
+                Ok((result, bytes)) => {
+                    writer.record(&result, bytes);
+                    if result.segment.is_some() {
+                        writer.coordinator.do_send(DataAvailable { queue: writer.target.queue.clone() });
+                    }
+                    replies.answer(Ok(result.outcomes));
+                }
+                Err(e) => replies.answer(Err(WorkError::from(e))),
+            }
+            writer.queue.done();
+            writer.last_activity = Instant::now();
+            writer.write_next(ctx);
+        }));
+    }
+
+    fn record(&self, result: &queen_store::log::AppendResult, bytes: usize) {
+        let queue = &*self.target.queue;
+        let queued = result.outcomes.iter().filter(|o| matches!(o, Appended::Queued { .. })).count() as u64;
+        let duplicates = result.outcomes.len() as u64 - queued;
+        self.metrics.messages_pushed.with_label_values(&[queue]).inc_by(queued);
+        self.metrics.duplicates.with_label_values(&[queue]).inc_by(duplicates);
+        if result.segment.is_some() {
+            self.metrics.bytes_pushed.with_label_values(&[queue]).inc_by(bytes as u64);
+            self.metrics.segments_written.inc();
+            self.metrics.messages_per_segment.observe(queued as f64);
+        }
+    }
+}
+
+impl Actor for PartitionWriter {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.set_mailbox_capacity(self.limits.mailbox);
+        let idle = self.limits.idle;
+        ctx.run_interval(idle / 2, move |writer, ctx| {
+            if writer.queue.is_idle() && writer.last_activity.elapsed() >= idle {
+                ctx.stop();
+            }
+        });
+    }
+
+    fn stopped(&mut self, ctx: &mut Self::Context) {
+        self.registry.remove(&self.target.partition_id, &ctx.address());
+    }
+}
+
+impl Handler<Append> for PartitionWriter {
+    type Result = ();
+
+    fn handle(&mut self, msg: Append, ctx: &mut Self::Context) {
+        self.last_activity = Instant::now();
+        self.queue.push(Pending { items: msg.messages, reply: msg.reply });
+        self.write_next(ctx);
+    }
+}
+
+/// The writers of this broker, one per partition that is being pushed to.
+#[derive(Clone)]
+pub struct Writers {
+    registry: Registry<i64, PartitionWriter>,
+    deps: WriterDeps,
+}
+
+impl Writers {
+    pub fn new(deps: WriterDeps) -> Self {
+        Self { registry: Registry::default(), deps }
+    }
+
+    fn start(&self, target: &WriteTarget) -> Addr<PartitionWriter> {
+        let deps = self.deps.clone();
+        PartitionWriter {
+            target: target.clone(),
+            pool: deps.pool,
+            limits: deps.limits,
+            queue: FusionQueue::default(),
+            last_activity: Instant::now(),
+            registry: self.registry.clone(),
+            coordinator: deps.coordinator,
+            metrics: deps.metrics,
+        }
+        .start()
+    }
+
+    /// Appends one request's messages to the partition and waits for their outcomes.
+    pub async fn append(&self, target: &WriteTarget, messages: Vec<NewMessage>) -> Result<Vec<Appended>, WorkError> {
+        let (reply, answer) = oneshot::channel();
+        match self.registry.try_send(&target.partition_id, || self.start(target), Append { messages, reply }) {
+            Ok(()) => answer.await.unwrap_or_else(|_| Err(WorkError::Failed("the partition writer stopped".into()))),
+            Err(SendError::Full(_)) => Err(WorkError::Overloaded(format!(
+                "too many pushes queued for partition {}; retry later",
+                target.partition_id
+            ))),
+            Err(SendError::Closed(_)) => Err(WorkError::Failed("the partition writer could not be started".into())),
+        }
+    }
+
+    /// How many partitions have a live writer.
+    pub fn live(&self) -> usize {
+        self.registry.len()
+    }
+}

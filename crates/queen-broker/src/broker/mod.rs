@@ -1,0 +1,54 @@
+//! The broker's operations, between the HTTP edge and the store: push, pop, ack.
+
+pub mod ack;
+mod names_cache;
+pub mod pop;
+pub mod push;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::Addr;
+use queen_store::Pool;
+
+use crate::actors::coordinator::Coordinator;
+use crate::actors::group_leases::Groups;
+use crate::actors::partition_writer::{WriterDeps, WriterLimits, Writers};
+use crate::config::Config;
+use crate::metrics::Metrics;
+pub use names_cache::NamesCache;
+
+/// Everything a request handler needs, shared by all HTTP workers.
+pub struct Broker {
+    pub pool: Pool,
+    pub config: Arc<Config>,
+    pub names: NamesCache,
+    pub writers: Writers,
+    pub groups: Groups,
+    pub coordinator: Addr<Coordinator>,
+    pub metrics: Arc<Metrics>,
+    /// Identifies this broker in the leases it grants.
+    pub broker_id: String,
+}
+
+impl Broker {
+    /// Wires the actors. Must run inside an actix system.
+    pub fn new(pool: Pool, config: Arc<Config>, broker_id: String) -> Self {
+        let metrics = Arc::new(Metrics::new());
+        let coordinator = actix::Actor::start(Coordinator::new(Arc::clone(&metrics)));
+        let idle = Duration::from_secs(config.push.writer_idle_seconds.max(1));
+        let writers = Writers::new(WriterDeps {
+            pool: pool.clone(),
+            limits: WriterLimits {
+                max_segment_messages: config.push.max_segment_messages,
+                max_segment_bytes: config.push.max_segment_bytes,
+                mailbox: config.push.writer_mailbox,
+                idle,
+            },
+            coordinator: coordinator.clone(),
+            metrics: Arc::clone(&metrics),
+        });
+        let groups = Groups::new(pool.clone(), coordinator.clone(), idle);
+        Self { pool, config, names: NamesCache::new(), writers, groups, coordinator, metrics, broker_id }
+    }
+}

@@ -1,0 +1,202 @@
+//! Pop: find partitions with messages for the group, claim them under one lease, read the
+//! claimed spans from their segments, and, for a long poll, park until a push or a released
+//! lease may have made messages available.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use queen_store::cursors::{self, ClaimRequest, CursorSeed};
+use queen_store::log::{self, Span};
+use serde_json::value::RawValue;
+use tokio::sync::oneshot;
+use uuid::Uuid;
+
+use super::Broker;
+use crate::actors::coordinator::{Observe, Park};
+use crate::error::ApiError;
+
+/// A validated pop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PopRequest {
+    pub queue: String,
+    /// The partition route: only this partition.
+    pub partition: Option<String>,
+    pub group: String,
+    /// Most messages, across every claimed partition.
+    pub batch: u32,
+    /// Most partitions one pop may claim.
+    pub max_partitions: u32,
+    pub auto_ack: bool,
+    pub wait: bool,
+    pub timeout: Duration,
+    pub lease_seconds: Option<i32>,
+    /// Where the group starts on partitions it has never read.
+    pub seed: CursorSeed,
+}
+
+/// One message handed to a consumer.
+#[derive(Debug)]
+pub struct DeliveredMessage {
+    pub message_id: Uuid,
+    pub transaction_id: String,
+    pub trace_id: Option<Uuid>,
+    pub partition_id: i64,
+    pub partition: Arc<str>,
+    pub data: Box<RawValue>,
+    pub created_at: DateTime<Utc>,
+    pub offset: i64,
+    pub delivery_attempt: i32,
+}
+
+/// What a pop hands out: nothing, or messages of one or more partitions under one lease.
+#[derive(Debug, Default)]
+pub struct Delivery {
+    pub lease_id: Option<Uuid>,
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    pub partitions_claimed: usize,
+    pub messages: Vec<DeliveredMessage>,
+}
+
+enum Attempt {
+    Delivered(Delivery),
+    /// Nothing now; `retry_at` is when a lease held by another consumer of the group expires.
+    Empty {
+        retry_at: Option<DateTime<Utc>>,
+    },
+}
+
+/// How long after a lease's expiry a parked pop looks again, so the lease is over when it does.
+const AFTER_EXPIRY: Duration = Duration::from_millis(20);
+
+/// Pops once, or for a long poll until messages come or the timeout passes. A parked pop holds
+/// no database connection.
+pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, ApiError> {
+    let deadline = Instant::now() + request.timeout;
+    let queue: Arc<str> = Arc::from(request.queue.as_str());
+    loop {
+        let seen = if request.wait { Some(observe(broker, &queue).await?) } else { None };
+        let retry_at = match pop_once(broker, request).await? {
+            Attempt::Delivered(delivery) => return Ok(delivery),
+            Attempt::Empty { retry_at } => retry_at,
+        };
+        let Some(seen) = seen else { return Ok(Delivery::default()) };
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(Delivery::default());
+        }
+        let wake_at = retry_at
+            .map(|at| now + (at - Utc::now()).to_std().unwrap_or_default() + AFTER_EXPIRY)
+            .map_or(deadline, |at| at.min(deadline));
+        let (wake, woken) = oneshot::channel();
+        broker.coordinator.send(Park { queue: Arc::clone(&queue), seen, wake }).await.map_err(coordinator_gone)?;
+        // Woken, or the time came: either way, look again (or give up past the deadline).
+        let _ = tokio::time::timeout_at(wake_at.into(), woken).await;
+    }
+}
+
+async fn observe(broker: &Broker, queue: &Arc<str>) -> Result<u64, ApiError> {
+    broker.coordinator.send(Observe { queue: Arc::clone(queue) }).await.map_err(coordinator_gone)
+}
+
+fn coordinator_gone(e: actix::MailboxError) -> ApiError {
+    ApiError::Internal(format!("the coordinator did not answer: {e}"))
+}
+
+async fn pop_once(broker: &Broker, request: &PopRequest) -> Result<Attempt, ApiError> {
+    let names = &broker.names;
+    let Some(queue_id) = names.queue(&broker.pool, &request.queue).await? else {
+        return Ok(Attempt::Empty { retry_at: None });
+    };
+    let only_partition = match &request.partition {
+        Some(name) => match names.partition(&broker.pool, queue_id, name).await? {
+            Some(id) => Some(id),
+            None => return Ok(Attempt::Empty { retry_at: None }),
+        },
+        None => None,
+    };
+    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
+    let scan_limit = i64::from(request.max_partitions.max(4)) * 4;
+    let candidates = cursors::candidates(&client, queue_id, only_partition, &request.group, scan_limit).await?;
+    let retry_at = candidates.iter().filter_map(|c| c.leased_until).min();
+    let free: Vec<&cursors::Candidate> = candidates.iter().filter(|c| c.leased_until.is_none()).collect();
+    if free.is_empty() {
+        return Ok(Attempt::Empty { retry_at });
+    }
+    let uncursored: Vec<i64> = free.iter().filter(|c| !c.has_cursor).map(|c| c.partition_id).collect();
+    cursors::ensure_cursors(&client, &request.group, &uncursored, request.seed).await?;
+
+    let lease_id = Uuid::now_v7();
+    let partition_ids: Vec<i64> = free.iter().map(|c| c.partition_id).collect();
+    let claims = cursors::claim(
+        &client,
+        &ClaimRequest {
+            group: &request.group,
+            partition_ids: &partition_ids,
+            batch: i64::from(request.batch),
+            max_partitions: i64::from(if request.partition.is_some() { 1 } else { request.max_partitions }),
+            lease_id,
+            lease_seconds: request.lease_seconds,
+            auto_ack: request.auto_ack,
+            broker_id: &broker.broker_id,
+        },
+    )
+    .await?;
+    if claims.is_empty() {
+        return Ok(Attempt::Empty { retry_at });
+    }
+    let spans: Vec<Span> =
+        claims.iter().map(|c| Span { partition_id: c.partition_id, first: c.first, last: c.last }).collect();
+    let segments = log::read_spans(&client, &spans).await?;
+    drop(client);
+
+    let names_by_id: HashMap<i64, Arc<str>> =
+        free.iter().map(|c| (c.partition_id, Arc::from(c.partition.as_str()))).collect();
+    let attempts: HashMap<i64, (i64, i64, i32)> =
+        claims.iter().map(|c| (c.partition_id, (c.first, c.last, c.delivery_attempt))).collect();
+    let mut messages = Vec::new();
+    for segment in &segments {
+        let Some(&(first, last, delivery_attempt)) = attempts.get(&segment.partition_id) else { continue };
+        let partition = names_by_id.get(&segment.partition_id).cloned().unwrap_or_else(|| Arc::from(""));
+        for (index, frame) in segment.frames.frames().enumerate() {
+            let offset = segment.base_offset + index as i64;
+            if offset < first || offset > last {
+                continue;
+            }
+            let frame = frame.map_err(|e| corrupt(segment.partition_id, segment.base_offset, e))?;
+            let json = String::from_utf8(frame.payload.to_vec())
+                .map_err(|_| ApiError::Internal(format!("message at offset {offset} is not UTF-8 JSON")))?;
+            let data = RawValue::from_string(json)
+                .map_err(|e| ApiError::Internal(format!("message at offset {offset} is not JSON: {e}")))?;
+            messages.push(DeliveredMessage {
+                message_id: frame.message_id,
+                transaction_id: frame.transaction_id.to_owned(),
+                trace_id: frame.trace_id,
+                partition_id: segment.partition_id,
+                partition: Arc::clone(&partition),
+                data,
+                created_at: segment.created_at,
+                offset,
+                delivery_attempt,
+            });
+        }
+    }
+
+    let metrics = &broker.metrics;
+    metrics.messages_delivered.with_label_values(&[&request.queue]).inc_by(messages.len() as u64);
+    if !request.auto_ack {
+        metrics.leases_granted.inc_by(claims.len() as u64);
+    }
+    metrics.leases_expired.inc_by(claims.iter().filter(|c| c.took_over_expired_lease).count() as u64);
+    Ok(Attempt::Delivered(Delivery {
+        lease_id: (!request.auto_ack).then_some(lease_id),
+        lease_expires_at: claims.iter().filter_map(|c| c.lease_expires_at).min(),
+        partitions_claimed: claims.len(),
+        messages,
+    }))
+}
+
+fn corrupt(partition_id: i64, base_offset: i64, source: queen_log::DecodeError) -> ApiError {
+    ApiError::from(queen_store::StoreError::CorruptSegment { partition_id, base_offset, source })
+}

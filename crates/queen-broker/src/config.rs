@@ -1,0 +1,332 @@
+//! Configuration: typed settings, loaded in layers (later wins): built-in defaults (the same
+//! values as `config/queen.toml`), a config file, environment variables with the upstream names
+//! as aliases (`PG_HOST`, `DB_POOL_SIZE`, ...), `QUEEN_*` environment variables (`QUEEN_HTTP__PORT`
+//! is `http.port`), and command-line flags.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub http: HttpConfig,
+    pub database: DatabaseConfig,
+    pub embedded: EmbeddedConfig,
+    pub push: PushConfig,
+    pub pop: PopConfig,
+    pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    pub host: String,
+    pub port: u16,
+    /// HTTP worker threads; 0 means one per CPU.
+    pub workers: usize,
+    /// Largest request body accepted; larger ones get 413.
+    pub max_body_bytes: usize,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self { host: "0.0.0.0".into(), port: 6632, workers: 0, max_body_bytes: 16 * 1024 * 1024 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DatabaseConfig {
+    /// A full connection URL; wins over the separate fields below.
+    pub url: Option<String>,
+    /// With neither `url` nor `host`, Queen runs its own embedded PostgreSQL.
+    pub host: Option<String>,
+    pub port: u16,
+    pub name: String,
+    pub user: String,
+    pub password: Option<String>,
+    pub pool_size: usize,
+    pub pool_wait_timeout_ms: u64,
+    pub connect_timeout_ms: u64,
+    pub statement_timeout_ms: u64,
+    pub lock_timeout_ms: u64,
+}
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        Self {
+            url: None,
+            host: None,
+            port: 5432,
+            name: "postgres".into(),
+            user: "postgres".into(),
+            password: None,
+            pool_size: 20,
+            pool_wait_timeout_ms: 5000,
+            connect_timeout_ms: 5000,
+            statement_timeout_ms: 30_000,
+            lock_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl DatabaseConfig {
+    /// Whether a server to connect to was configured (otherwise the embedded default applies).
+    pub fn is_external(&self) -> bool {
+        self.url.is_some() || self.host.is_some()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EmbeddedConfig {
+    /// Where the embedded PostgreSQL keeps its cluster (`<data_dir>/pg`).
+    pub data_dir: PathBuf,
+    /// Directory of the PostgreSQL server programs; found automatically when unset.
+    pub bin_dir: Option<PathBuf>,
+    /// Port of the embedded server on 127.0.0.1; a free one is picked when unset.
+    pub port: Option<u16>,
+}
+
+impl Default for EmbeddedConfig {
+    fn default() -> Self {
+        Self { data_dir: PathBuf::from("queen-data"), bin_dir: None, port: None }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PushConfig {
+    /// Most items one push request may carry.
+    pub max_items: usize,
+    /// Most messages fused into one segment; a longer queue of pushes is written as several.
+    pub max_segment_messages: usize,
+    /// Most payload bytes fused into one segment.
+    pub max_segment_bytes: usize,
+    /// Push requests one partition writer queues before refusing more with 503.
+    pub writer_mailbox: usize,
+    /// A partition writer with nothing to do for this long stops.
+    pub writer_idle_seconds: u64,
+}
+
+impl Default for PushConfig {
+    fn default() -> Self {
+        Self {
+            max_items: 10_000,
+            max_segment_messages: 10_000,
+            max_segment_bytes: 8 * 1024 * 1024,
+            writer_mailbox: 1024,
+            writer_idle_seconds: 60,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PopConfig {
+    /// `batch` when a pop names none.
+    pub default_batch: u32,
+    /// `batch` chosen for an `autopilot=true` pop that names none.
+    pub autopilot_batch: u32,
+    /// Largest `batch` accepted.
+    pub max_batch: u32,
+    /// Largest `partitions` accepted.
+    pub max_partitions: u32,
+    /// `timeout` (ms) when a pop names none.
+    pub default_timeout_ms: u64,
+    /// Largest long-poll `timeout` (ms) accepted.
+    pub max_timeout_ms: u64,
+}
+
+impl Default for PopConfig {
+    fn default() -> Self {
+        Self {
+            default_batch: 1,
+            autopilot_batch: 100,
+            max_batch: 10_000,
+            max_partitions: 100,
+            default_timeout_ms: 30_000,
+            max_timeout_ms: 600_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// A tracing filter: `info`, `debug`, `queen_broker=debug,info`, ...
+    pub level: String,
+    /// `text` or `json`.
+    pub format: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self { level: "info".into(), format: "text".into() }
+    }
+}
+
+/// Upstream Queen's environment variable names, accepted as aliases.
+pub const ENV_ALIASES: &[(&str, &str)] = &[
+    ("HOST", "http.host"),
+    ("PORT", "http.port"),
+    ("DATABASE_URL", "database.url"),
+    ("PG_HOST", "database.host"),
+    ("PG_PORT", "database.port"),
+    ("PG_DB", "database.name"),
+    ("PG_USER", "database.user"),
+    ("PG_PASSWORD", "database.password"),
+    ("DB_POOL_SIZE", "database.pool_size"),
+    ("DB_CONNECTION_TIMEOUT", "database.connect_timeout_ms"),
+    ("DB_STATEMENT_TIMEOUT", "database.statement_timeout_ms"),
+    ("DB_LOCK_TIMEOUT", "database.lock_timeout_ms"),
+    ("DEFAULT_BATCH_SIZE", "pop.default_batch"),
+    ("DEFAULT_TIMEOUT", "pop.default_timeout_ms"),
+    ("LOG_LEVEL", "log.level"),
+];
+
+/// A setting that cannot be used, named.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid setting {setting}: {problem}")]
+pub struct ConfigError {
+    pub setting: String,
+    pub problem: String,
+}
+
+fn invalid(setting: &str, problem: impl Into<String>) -> ConfigError {
+    ConfigError { setting: setting.into(), problem: problem.into() }
+}
+
+impl Config {
+    /// Loads every layer. `overrides` are the command-line flags (only the keys they set).
+    pub fn load(file: Option<&Path>, overrides: Figment) -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(file) = file {
+            if !file.is_file() {
+                return Err(invalid("--config", format!("{} is not a readable file", file.display())));
+            }
+            figment = figment.merge(Toml::file(file));
+        }
+        let aliases = Env::raw().filter_map(|key| {
+            ENV_ALIASES.iter().find(|(name, _)| key.as_str().eq_ignore_ascii_case(name)).map(|(_, path)| (*path).into())
+        });
+        let config: Config =
+            figment.merge(aliases).merge(Env::prefixed("QUEEN_").split("__")).merge(overrides).extract().map_err(
+                |e| {
+                    let setting = e.path.join(".");
+                    let problem = e.kind.to_string();
+                    let source = e.metadata.as_ref().map(|m| format!(" (from {})", m.name)).unwrap_or_default();
+                    invalid(if setting.is_empty() { "configuration" } else { &setting }, format!("{problem}{source}"))
+                },
+            )?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks what the types alone do not.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let db = &self.database;
+        if db.pool_size == 0 {
+            return Err(invalid("database.pool_size", "must be at least 1"));
+        }
+        if let Some(url) = &db.url {
+            url.parse::<tokio_postgres::Config>().map_err(|e| invalid("database.url", e.to_string()))?;
+        }
+        if self.http.max_body_bytes < 1024 {
+            return Err(invalid("http.max_body_bytes", "must be at least 1024"));
+        }
+        let push = &self.push;
+        if push.max_items == 0 || push.max_segment_messages == 0 || push.max_segment_bytes == 0 {
+            return Err(invalid("push", "max_items, max_segment_messages and max_segment_bytes must be positive"));
+        }
+        if push.writer_mailbox == 0 {
+            return Err(invalid("push.writer_mailbox", "must be at least 1"));
+        }
+        let pop = &self.pop;
+        for (name, value) in [("pop.default_batch", pop.default_batch), ("pop.autopilot_batch", pop.autopilot_batch)] {
+            if value == 0 || value > pop.max_batch {
+                return Err(invalid(name, format!("must be between 1 and pop.max_batch ({})", pop.max_batch)));
+            }
+        }
+        if pop.max_partitions == 0 {
+            return Err(invalid("pop.max_partitions", "must be at least 1"));
+        }
+        if pop.default_timeout_ms > pop.max_timeout_ms {
+            return Err(invalid("pop.default_timeout_ms", "must not exceed pop.max_timeout_ms"));
+        }
+        if !matches!(self.log.format.as_str(), "text" | "json") {
+            return Err(invalid("log.format", "must be `text` or `json`"));
+        }
+        tracing_subscriber::EnvFilter::try_new(&self.log.level).map_err(|e| invalid("log.level", e.to_string()))?;
+        Ok(())
+    }
+}
+
+impl DatabaseConfig {
+    /// The connection settings for an external server.
+    pub fn pg_config(&self) -> tokio_postgres::Config {
+        if let Some(url) = &self.url {
+            // Checked by `Config::validate`.
+            if let Ok(config) = url.parse() {
+                return config;
+            }
+        }
+        let mut config = tokio_postgres::Config::new();
+        config.host(self.host.as_deref().unwrap_or("localhost")).port(self.port).dbname(&self.name).user(&self.user);
+        if let Some(password) = &self.password {
+            config.password(password);
+        }
+        config
+    }
+
+    pub fn pool_settings(&self) -> queen_store::pool::PoolSettings {
+        queen_store::pool::PoolSettings {
+            max_size: self.pool_size,
+            wait_timeout: Duration::from_millis(self.pool_wait_timeout_ms),
+            connect_timeout: Duration::from_millis(self.connect_timeout_ms),
+            statement_timeout: Duration::from_millis(self.statement_timeout_ms),
+            lock_timeout: Duration::from_millis(self.lock_timeout_ms),
+            application_name: "queen".into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_config_file_holds_the_built_in_defaults() {
+        let shipped = include_str!("../../../config/queen.toml");
+        let parsed: Config = Figment::from(Toml::string(shipped)).extract().expect("config/queen.toml parses");
+        assert_eq!(parsed, Config::default());
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        Config::default().validate().expect("defaults validate");
+    }
+
+    #[test]
+    fn an_invalid_value_names_its_setting() {
+        let mut config = Config::default();
+        config.database.pool_size = 0;
+        assert_eq!(config.validate().unwrap_err().setting, "database.pool_size");
+    }
+
+    #[test]
+    fn every_alias_names_a_real_setting() {
+        let mut full = Config::default();
+        full.database.url = Some("postgres://localhost/queen".into());
+        full.database.host = Some("db".into());
+        full.database.password = Some("secret".into());
+        let figment = Figment::from(Serialized::defaults(full));
+        for (alias, path) in ENV_ALIASES {
+            assert!(figment.find_value(path).is_ok(), "{alias} maps to {path}, which is not a setting");
+        }
+    }
+}

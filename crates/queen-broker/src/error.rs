@@ -1,0 +1,77 @@
+//! Errors as the HTTP API reports them: a JSON body `{"error": "...", "code": "..."}`.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpResponse, ResponseError};
+use queen_store::StoreError;
+use serde::Serialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The request is malformed or names something invalid; nothing was written.
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    /// PostgreSQL is unreachable or the broker is saturated: retry later.
+    #[error("{0}")]
+    Unavailable(String),
+    /// A fault of the broker or the database it did not expect; details are in the log.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        ApiError::BadRequest(message.into())
+    }
+
+    fn code(&self) -> &'static str {
+        match self {
+            ApiError::BadRequest(_) => "bad_request",
+            ApiError::NotFound(_) => "not_found",
+            ApiError::PayloadTooLarge(_) => "payload_too_large",
+            ApiError::Unavailable(_) => "unavailable",
+            ApiError::Internal(_) => "internal",
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: String,
+    code: &'a str,
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let mut response = HttpResponse::build(self.status_code());
+        if matches!(self, ApiError::Unavailable(_)) {
+            response.insert_header(("Retry-After", "1"));
+        }
+        response.json(ErrorBody { error: self.to_string(), code: self.code() })
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        if e.is_unavailable() {
+            tracing::warn!(error = %e, "database unavailable");
+            ApiError::Unavailable(e.to_string())
+        } else {
+            tracing::error!(error = %e, "database operation failed");
+            ApiError::Internal(e.to_string())
+        }
+    }
+}

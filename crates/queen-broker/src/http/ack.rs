@@ -1,0 +1,182 @@
+//! `POST /api/v1/ack` and `POST /api/v1/ack/batch`: per-item verdicts, HTTP 200.
+
+use actix_web::{HttpResponse, web};
+use queen_store::ack_rules::{AckStatus, AckVerdict, Refusal};
+use queen_store::cursors::{AckOutcome, AckRequest};
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::body::{JsonObject, read_body};
+use crate::broker::Broker;
+use crate::broker::ack::{acknowledge, status_label};
+use crate::error::ApiError;
+use crate::names::{self, NameKind};
+
+pub async fn single(broker: web::Data<Broker>, payload: web::Payload) -> Result<HttpResponse, ApiError> {
+    let body = read_body(payload, broker.config.http.max_body_bytes).await?;
+    let body = JsonObject::parse_body(&body, false)?;
+    let group = group_of(&body)?;
+    let request = parse_ack(&body, &group)?;
+    answer(&broker, &group, vec![request]).await
+}
+
+pub async fn batch(broker: web::Data<Broker>, payload: web::Payload) -> Result<HttpResponse, ApiError> {
+    let body = read_body(payload, broker.config.http.max_body_bytes).await?;
+    let body = JsonObject::parse_body(&body, false)?;
+    let group = group_of(&body)?;
+    let items = body.objects("acknowledgments")?.ok_or_else(|| ApiError::bad_request("acknowledgments is required"))?;
+    if items.is_empty() {
+        return Err(ApiError::bad_request("acknowledgments must not be empty"));
+    }
+    let requests = items.iter().map(|item| parse_ack(item, &group)).collect::<Result<Vec<_>, _>>()?;
+    answer(&broker, &group, requests).await
+}
+
+async fn answer(broker: &Broker, group: &str, requests: Vec<AckRequest>) -> Result<HttpResponse, ApiError> {
+    let echo: Vec<(String, i64, AckStatus)> =
+        requests.iter().map(|r| (r.transaction_id.clone(), r.partition_id, r.status)).collect();
+    let outcomes = acknowledge(broker, group, requests).await?;
+    let results: Vec<AckResult<'_>> = echo
+        .iter()
+        .zip(&outcomes)
+        .enumerate()
+        .map(|(index, ((transaction_id, partition_id, status), outcome))| {
+            AckResult::new(index, transaction_id, *partition_id, *status, group, outcome)
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(results))
+}
+
+fn group_of(body: &JsonObject<'_>) -> Result<String, ApiError> {
+    let group = body.string("consumerGroup")?;
+    let group = names::group_or_queue_mode(group.as_deref()).to_owned();
+    names::check(NameKind::ConsumerGroup, &body.name_of("consumerGroup"), &group).map_err(ApiError::BadRequest)?;
+    Ok(group)
+}
+
+/// Partition ids are sent as strings (as pops hand them out) or numbers.
+pub fn partition_id(item: &JsonObject<'_>) -> Result<i64, ApiError> {
+    let field = item.name_of("partitionId");
+    let raw = item.raw("partitionId").ok_or_else(|| ApiError::bad_request(format!("{field} is required")))?;
+    let text = serde_json::from_str::<String>(raw.get()).unwrap_or_else(|_| raw.get().to_owned());
+    text.parse::<i64>()
+        .ok()
+        .filter(|id| *id > 0)
+        .ok_or_else(|| ApiError::bad_request(format!("{field} must be a partition id, not {}", raw.get())))
+}
+
+/// A lease id, when the item names one: absent, `null` and `""` mean none.
+pub fn lease_id(item: &JsonObject<'_>) -> Result<Option<Uuid>, ApiError> {
+    match item.string("leaseId")? {
+        None => Ok(None),
+        Some(lease) if lease.is_empty() => Ok(None),
+        Some(lease) => Uuid::parse_str(&lease)
+            .map(Some)
+            .map_err(|_| ApiError::bad_request(format!("{} is not a lease id: {lease:?}", item.name_of("leaseId")))),
+    }
+}
+
+pub fn status(item: &JsonObject<'_>) -> Result<AckStatus, ApiError> {
+    match item.string("status")?.as_deref() {
+        None | Some("completed" | "success") => Ok(AckStatus::Completed),
+        Some("failed") => Ok(AckStatus::Failed),
+        Some("retry") => Ok(AckStatus::Retry),
+        Some("dlq") => Ok(AckStatus::DeadLetter),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "{} must be one of completed, failed, retry, dlq; not {other:?}",
+            item.name_of("status")
+        ))),
+    }
+}
+
+/// One acknowledgement of a request body, for `group`.
+pub fn parse_ack(item: &JsonObject<'_>, group: &str) -> Result<AckRequest, ApiError> {
+    let transaction_id = item.required_string("transactionId")?;
+    names::check(NameKind::TransactionId, &item.name_of("transactionId"), &transaction_id)
+        .map_err(ApiError::BadRequest)?;
+    Ok(AckRequest {
+        partition_id: partition_id(item)?,
+        transaction_id,
+        status: status(item)?,
+        lease_id: lease_id(item)?,
+        consumer_group: group.to_owned(),
+        error: item.string("error")?,
+    })
+}
+
+/// One item's verdict as the client reads it.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AckResult<'a> {
+    index: usize,
+    transaction_id: &'a str,
+    partition_id: String,
+    consumer_group: &'a str,
+    status: &'static str,
+    success: bool,
+    noop: bool,
+    lease_released: bool,
+    dlq: bool,
+    error: Option<String>,
+}
+
+impl<'a> AckResult<'a> {
+    pub fn new(
+        index: usize,
+        transaction_id: &'a str,
+        partition_id: i64,
+        status: AckStatus,
+        group: &'a str,
+        outcome: &AckOutcome,
+    ) -> Self {
+        let (lease_released, dlq) = match outcome.verdict {
+            AckVerdict::Committed { lease_released } => (lease_released, false),
+            AckVerdict::Requeued { .. } => (true, false),
+            AckVerdict::DeadLettered => (false, true),
+            AckVerdict::Noop | AckVerdict::Refused(_) => (false, false),
+        };
+        let error = match outcome.verdict {
+            AckVerdict::Refused(refusal) => Some(refusal_text(refusal, transaction_id, partition_id, group, outcome)),
+            _ => None,
+        };
+        AckResult {
+            index,
+            transaction_id,
+            partition_id: partition_id.to_string(),
+            consumer_group: group,
+            status: status_label(status),
+            success: outcome.verdict.is_success(),
+            noop: outcome.verdict == AckVerdict::Noop,
+            lease_released,
+            dlq,
+            error,
+        }
+    }
+}
+
+fn refusal_text(
+    refusal: Refusal,
+    transaction_id: &str,
+    partition_id: i64,
+    group: &str,
+    outcome: &AckOutcome,
+) -> String {
+    let cursor = outcome.committed.map_or_else(String::new, |c| format!(" (the group's cursor is at offset {c})"));
+    match refusal {
+        Refusal::Unresolvable => {
+            format!("unresolvable: transaction id {transaction_id:?} is not a message of partition {partition_id}")
+        }
+        Refusal::NoCursor => format!("group {group:?} has never received messages of partition {partition_id}"),
+        Refusal::InvalidLease => {
+            "invalid or expired lease: it is not the live lease of this partition for this group".into()
+        }
+        Refusal::LeasedByAnother => {
+            "the partition is leased to a consumer of this group; acknowledge with the leaseId of the delivery".into()
+        }
+        Refusal::NotDelivered => "the message was not delivered under this lease".into(),
+        Refusal::AlreadyCommitted => format!("the message is already committed{cursor}"),
+        Refusal::SupersededByFailure => {
+            "not committed: an earlier message of this partition failed in the same call and will be delivered again, with this one".into()
+        }
+    }
+}

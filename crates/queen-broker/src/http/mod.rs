@@ -1,0 +1,58 @@
+//! The HTTP API: one module per resource. Paths and shapes follow the contract the official
+//! `queen-mq` client speaks; every error is a JSON body.
+
+mod ack;
+mod body;
+mod configure;
+mod health;
+mod lease;
+mod pop;
+mod push;
+mod resources;
+
+use actix_web::{HttpRequest, HttpResponse, web};
+use chrono::{DateTime, SecondsFormat, Utc};
+
+use crate::error::ApiError;
+
+/// Times as the API writes them: RFC 3339 in UTC with microseconds and `Z`.
+pub fn timestamp(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::Micros, true)
+}
+
+async fn no_such_route(req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    Err(ApiError::NotFound(format!("no route for {} {}", req.method(), req.path())))
+}
+
+async fn method_not_allowed(req: HttpRequest) -> HttpResponse {
+    HttpResponse::MethodNotAllowed()
+        .json(serde_json::json!({"error": format!("{} is not allowed on {}", req.method(), req.path()), "code": "method_not_allowed"}))
+}
+
+/// A resource whose other methods answer 405 with a JSON body.
+fn resource(path: &str) -> actix_web::Resource {
+    web::resource(path).default_service(web::to(method_not_allowed))
+}
+
+/// Registers every route.
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.service(resource("/health").route(web::get().to(health::health)))
+        .service(resource("/ready").route(web::get().to(health::ready)))
+        .service(resource("/metrics").route(web::get().to(health::metrics)))
+        .service(
+            web::scope("/api/v1")
+                .service(resource("/configure").route(web::post().to(configure::handle)))
+                .service(resource("/push").route(web::post().to(push::handle)))
+                .service(resource("/pop/queue/{queue}").route(web::get().to(pop::pop_queue)))
+                .service(resource("/pop/queue/{queue}/partition/{partition}").route(web::get().to(pop::pop_partition)))
+                .service(resource("/ack").route(web::post().to(ack::single)))
+                .service(resource("/ack/batch").route(web::post().to(ack::batch)))
+                .service(resource("/lease/{lease_id}/extend").route(web::post().to(lease::extend)))
+                .service(
+                    resource("/resources/queues/{queue}")
+                        .route(web::get().to(resources::get_queue))
+                        .route(web::delete().to(resources::delete_queue)),
+                ),
+        )
+        .default_service(web::to(no_such_route));
+}

@@ -1,0 +1,200 @@
+//! `GET /api/v1/pop/queue/{queue}` and `GET /api/v1/pop/queue/{queue}/partition/{partition}`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use actix_web::{HttpRequest, HttpResponse, web};
+use chrono::{DateTime, Utc};
+use queen_store::cursors::CursorSeed;
+use serde::Serialize;
+use serde_json::value::RawValue;
+use uuid::Uuid;
+
+use super::body::{query_bool, query_int, query_pairs};
+use super::timestamp;
+use crate::broker::Broker;
+use crate::broker::pop::{Delivery, PopRequest, pop};
+use crate::error::ApiError;
+use crate::names::{self, NameKind, QUEUE_MODE_GROUP};
+
+pub async fn pop_queue(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    handle(broker, req, None).await
+}
+
+pub async fn pop_partition(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    let partition = req.match_info().get("partition").unwrap_or_default().to_owned();
+    names::check(NameKind::Partition, "partition", &partition).map_err(ApiError::BadRequest)?;
+    handle(broker, req, Some(partition)).await
+}
+
+async fn handle(
+    broker: web::Data<Broker>,
+    req: HttpRequest,
+    partition: Option<String>,
+) -> Result<HttpResponse, ApiError> {
+    let queue = req.match_info().get("queue").unwrap_or_default().to_owned();
+    names::check(NameKind::Queue, "queue", &queue).map_err(ApiError::BadRequest)?;
+    let query = query_pairs(req.query_string())?;
+    let (request, autopilot) = parse_query(&broker, queue, partition, &query)?;
+    let delivery = pop(&broker, &request).await?;
+    if delivery.messages.is_empty() {
+        return Ok(HttpResponse::NoContent().finish());
+    }
+    let echo =
+        autopilot.then_some(AutopilotEcho { partitions: request.max_partitions, batch: request.batch, wait_ms: 0 });
+    Ok(HttpResponse::Ok().json(PopAnswer::new(&request, &delivery, echo)))
+}
+
+/// The pop as the query asks for it, and whether the broker chose knobs for it (autopilot).
+fn parse_query(
+    broker: &Broker,
+    queue: String,
+    partition: Option<String>,
+    query: &BTreeMap<String, String>,
+) -> Result<(PopRequest, bool), ApiError> {
+    let limits = &broker.config.pop;
+    if query_bool(query, "conflation")? == Some(true) {
+        return Err(ApiError::bad_request("conflation is not supported by this broker"));
+    }
+    let autopilot = query_bool(query, "autopilot")?.unwrap_or(false);
+    let batch = query_int(query, "batch", 1, u64::from(limits.max_batch))?;
+    let partitions = query_int(query, "partitions", 1, u64::from(limits.max_partitions))?;
+    let default_batch = if autopilot { limits.autopilot_batch } else { limits.default_batch };
+    let timeout_ms = query_int(query, "timeout", 0, limits.max_timeout_ms)?.unwrap_or(limits.default_timeout_ms);
+    let group = names::group_or_queue_mode(query.get("consumerGroup").map(String::as_str)).to_owned();
+    names::check(NameKind::ConsumerGroup, "consumerGroup", &group).map_err(ApiError::BadRequest)?;
+    let auto_ack = query_bool(query, "autoAck")?.unwrap_or(false);
+    let lease_seconds = query_int(query, "leaseSeconds", 1, 7 * 24 * 3600)?.map(|s| s as i32);
+    let subscription = subscription_seed(
+        query.get("subscriptionMode").map(String::as_str),
+        query.get("subscriptionFrom").map(String::as_str),
+    )?;
+    // Queue mode always sees the backlog.
+    let seed = if group == QUEUE_MODE_GROUP { CursorSeed::Oldest } else { subscription };
+    let request = PopRequest {
+        queue,
+        partition,
+        group,
+        batch: batch.map_or(default_batch, |b| b as u32),
+        max_partitions: partitions.map_or(1, |p| p as u32),
+        auto_ack,
+        wait: query_bool(query, "wait")?.unwrap_or(false),
+        timeout: Duration::from_millis(timeout_ms),
+        lease_seconds,
+        seed,
+    };
+    Ok((request, autopilot && (batch.is_none() || partitions.is_none())))
+}
+
+/// Where a new group starts, from `subscriptionMode` and `subscriptionFrom` (which wins).
+fn subscription_seed(mode: Option<&str>, from: Option<&str>) -> Result<CursorSeed, ApiError> {
+    if let Some(from) = from {
+        if from.eq_ignore_ascii_case("now") {
+            return Ok(CursorSeed::End);
+        }
+        let at = DateTime::parse_from_rfc3339(from).map_err(|_| {
+            ApiError::bad_request(format!("subscriptionFrom must be `now` or an ISO-8601 timestamp, not {from:?}"))
+        })?;
+        return Ok(CursorSeed::From(at.with_timezone(&Utc)));
+    }
+    match mode {
+        None | Some("all" | "from_beginning") => Ok(CursorSeed::Oldest),
+        Some("new" | "new-only") => Ok(CursorSeed::End),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "subscriptionMode must be one of all, from_beginning, new, new-only; not {other:?}"
+        ))),
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct AutopilotEcho {
+    partitions: u32,
+    batch: u32,
+    wait_ms: u32,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PopAnswer<'a> {
+    success: bool,
+    queue: &'a str,
+    partition: &'a str,
+    partition_id: String,
+    lease_id: Option<Uuid>,
+    consumer_group: &'a str,
+    messages: Vec<MessageJson<'a>>,
+    partitions_claimed: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    autopilot: Option<AutopilotEcho>,
+}
+
+/// A message as the client reads it.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct MessageJson<'a> {
+    id: Uuid,
+    transaction_id: &'a str,
+    trace_id: Option<Uuid>,
+    queue: &'a str,
+    partition: &'a str,
+    partition_id: String,
+    data: &'a RawValue,
+    created_at: String,
+    lease_id: Option<Uuid>,
+    consumer_group: &'a str,
+    producer_sub: Option<&'a str>,
+    delivery_attempt: i32,
+    offset: i64,
+}
+
+impl<'a> PopAnswer<'a> {
+    fn new(request: &'a PopRequest, delivery: &'a Delivery, autopilot: Option<AutopilotEcho>) -> Self {
+        let first = delivery.messages.first();
+        PopAnswer {
+            success: true,
+            queue: &request.queue,
+            partition: first.map_or("", |m| &m.partition),
+            partition_id: first.map_or_else(String::new, |m| m.partition_id.to_string()),
+            lease_id: delivery.lease_id,
+            consumer_group: &request.group,
+            messages: delivery
+                .messages
+                .iter()
+                .map(|m| MessageJson {
+                    id: m.message_id,
+                    transaction_id: &m.transaction_id,
+                    trace_id: m.trace_id,
+                    queue: &request.queue,
+                    partition: &m.partition,
+                    partition_id: m.partition_id.to_string(),
+                    data: &m.data,
+                    created_at: timestamp(m.created_at),
+                    lease_id: delivery.lease_id,
+                    consumer_group: &request.group,
+                    producer_sub: None,
+                    delivery_attempt: m.delivery_attempt,
+                    offset: m.offset,
+                })
+                .collect(),
+            partitions_claimed: delivery.partitions_claimed,
+            autopilot,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subscription_settings() {
+        assert_eq!(subscription_seed(None, None).unwrap(), CursorSeed::Oldest);
+        assert_eq!(subscription_seed(Some("new"), None).unwrap(), CursorSeed::End);
+        assert_eq!(subscription_seed(Some("all"), Some("now")).unwrap(), CursorSeed::End);
+        let at = subscription_seed(None, Some("2026-07-29T14:00:00Z")).unwrap();
+        assert_eq!(at, CursorSeed::From("2026-07-29T14:00:00Z".parse().unwrap()));
+        assert!(subscription_seed(Some("sometimes"), None).is_err());
+        assert!(subscription_seed(None, Some("yesterday")).is_err());
+    }
+}

@@ -1,0 +1,140 @@
+//! `POST /api/v1/push`.
+
+use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
+use queen_store::log::Appended;
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::body::{JsonObject, read_body};
+use crate::broker::Broker;
+use crate::broker::push::{PushItem, Pushed, push};
+use crate::error::ApiError;
+use crate::names::{self, DEFAULT_PARTITION, NameKind};
+
+pub async fn handle(
+    broker: web::Data<Broker>,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    if req.content_type() == "application/x-queen-push" {
+        return Err(ApiError::bad_request("binary push bodies are not supported by this broker; send JSON"));
+    }
+    let body = read_body(payload, broker.config.http.max_body_bytes).await?;
+    let items = parse_items(&body, broker.config.push.max_items)?;
+    let pushed = push(&broker, items).await?;
+    Ok(HttpResponse::Created()
+        .json(pushed.iter().enumerate().map(|(index, p)| ItemResult::new(index, p)).collect::<Vec<_>>()))
+}
+
+/// Every item, checked; one bad item refuses the whole request, so nothing is written.
+fn parse_items(body: &[u8], max_items: usize) -> Result<Vec<PushItem>, ApiError> {
+    let body = JsonObject::parse_body(body, false)?;
+    let items = body.objects("items")?.ok_or_else(|| ApiError::bad_request("items is required"))?;
+    if items.is_empty() {
+        return Err(ApiError::bad_request("items must not be empty"));
+    }
+    if items.len() > max_items {
+        return Err(ApiError::bad_request(format!(
+            "items holds {} messages; at most {max_items} are allowed",
+            items.len()
+        )));
+    }
+    items.iter().map(parse_item).collect()
+}
+
+fn parse_item(item: &JsonObject<'_>) -> Result<PushItem, ApiError> {
+    let checked = |kind, key: &str, value: String| {
+        names::check(kind, &item.name_of(key), &value).map(|()| value).map_err(ApiError::BadRequest)
+    };
+    let queue = checked(NameKind::Queue, "queue", item.required_string("queue")?)?;
+    let partition = checked(
+        NameKind::Partition,
+        "partition",
+        item.string("partition")?.unwrap_or_else(|| DEFAULT_PARTITION.into()),
+    )?;
+    let transaction_id = match item.string("transactionId")? {
+        Some(id) => checked(NameKind::TransactionId, "transactionId", id)?,
+        None => queen_log::new_message_id().to_string(),
+    };
+    let trace_id = item
+        .string("traceId")?
+        .map(|trace| {
+            Uuid::parse_str(&trace).map_err(|_| {
+                ApiError::bad_request(format!("{} must be a UUID, not {trace:?}", item.name_of("traceId")))
+            })
+        })
+        .transpose()?;
+    // The payload is kept as the JSON text it was sent as; absent means null.
+    let payload = item.raw_or_null("payload").map_or("null", |raw| raw.get()).as_bytes().to_vec();
+    Ok(PushItem { queue, partition, transaction_id, trace_id, payload })
+}
+
+/// One item's answer. Field names are the ones the official client reads.
+#[derive(Serialize)]
+struct ItemResult<'a> {
+    index: usize,
+    status: &'static str,
+    transaction_id: &'a str,
+    message_id: Uuid,
+    partition_id: String,
+    offset: i64,
+}
+
+impl<'a> ItemResult<'a> {
+    fn new(index: usize, pushed: &'a Pushed) -> Self {
+        let (status, offset, message_id) = match pushed.outcome {
+            Appended::Queued { offset, message_id } => ("queued", offset, message_id),
+            Appended::Duplicate { offset, message_id } => ("duplicate", offset, message_id),
+        };
+        ItemResult {
+            index,
+            status,
+            transaction_id: &pushed.transaction_id,
+            message_id,
+            partition_id: pushed.partition_id.to_string(),
+            offset,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error_of(body: &str) -> String {
+        match parse_items(body.as_bytes(), 100) {
+            Err(ApiError::BadRequest(message)) => message,
+            other => panic!("expected a 400 for {body}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn payloads_are_kept_as_sent() {
+        let items = parse_items(br#"{"items":[{"queue":"q","payload":{"a": [1, 2.50]}},{"queue":"q"}]}"#, 10).unwrap();
+        assert_eq!(items[0].payload, br#"{"a": [1, 2.50]}"#);
+        assert_eq!(items[0].partition, "Default");
+        assert_eq!(items[1].payload, b"null");
+        assert!(!items[1].transaction_id.is_empty());
+    }
+
+    #[test]
+    fn bad_items_are_named() {
+        assert_eq!(error_of("{"), "the request body is not valid JSON: EOF while parsing an object at line 1 column 1");
+        assert_eq!(error_of("[]"), "the request body must be a JSON object");
+        assert_eq!(error_of("{}"), "items is required");
+        assert_eq!(error_of(r#"{"items":[]}"#), "items must not be empty");
+        assert_eq!(error_of(r#"{"items":[{"queue":"q"},{"payload":1}]}"#), "items[1].queue is required");
+        assert_eq!(error_of(r#"{"items":[{"queue":7}]}"#), "items[0].queue must be a string");
+        assert!(error_of(r#"{"items":[{"queue":"q","partition":""}]}"#).starts_with("items[0].partition"));
+        assert!(
+            error_of(r#"{"items":[{"queue":"q","traceId":"nope"}]}"#).starts_with("items[0].traceId must be a UUID")
+        );
+        assert!(error_of(r#"{"items":[1]}"#).starts_with("items[0] must be a JSON object"));
+    }
+
+    #[test]
+    fn too_many_items_are_refused() {
+        let body = format!(r#"{{"items":[{}]}}"#, [r#"{"queue":"q"}"#; 3].join(","));
+        assert!(parse_items(body.as_bytes(), 2).is_err());
+    }
+}

@@ -1,0 +1,13 @@
+//! The Queen broker.
+
+pub mod actors;
+pub mod broker;
+pub mod cli;
+pub mod config;
+pub mod database;
+pub mod error;
+pub mod http;
+pub mod metrics;
+pub mod names;
+pub mod startup;
+pub mod telemetry;

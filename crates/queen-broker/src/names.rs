@@ -1,0 +1,82 @@
+//! What a queue, partition, consumer group or transaction id may be.
+//!
+//! Names travel raw in URL paths (`/pop/queue/{queue}/partition/{partition}`), so they may not
+//! contain `/`; no name may contain control characters, and none may exceed
+//! [`MAX_NAME_BYTES`].
+
+/// Longest queue, partition, consumer group or transaction id, in bytes.
+pub const MAX_NAME_BYTES: usize = 255;
+
+/// The consumer group of a consumer that names none.
+pub const QUEUE_MODE_GROUP: &str = "__QUEUE_MODE__";
+
+/// The partition of a push that names none.
+pub const DEFAULT_PARTITION: &str = "Default";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NameKind {
+    Queue,
+    Partition,
+    ConsumerGroup,
+    TransactionId,
+}
+
+impl NameKind {
+    fn noun(self) -> &'static str {
+        match self {
+            NameKind::Queue => "queue name",
+            NameKind::Partition => "partition name",
+            NameKind::ConsumerGroup => "consumer group",
+            NameKind::TransactionId => "transaction id",
+        }
+    }
+}
+
+/// Checks a name; the error says what is wrong, naming `field`.
+pub fn check(kind: NameKind, field: &str, value: &str) -> Result<(), String> {
+    let noun = kind.noun();
+    if value.is_empty() {
+        return Err(format!("{field}: the {noun} must not be empty"));
+    }
+    if value.len() > MAX_NAME_BYTES {
+        return Err(format!("{field}: the {noun} is {} bytes long; at most {MAX_NAME_BYTES} are allowed", value.len()));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(format!("{field}: the {noun} must not contain control characters"));
+    }
+    if kind != NameKind::TransactionId && value.contains('/') {
+        return Err(format!("{field}: the {noun} must not contain '/'"));
+    }
+    Ok(())
+}
+
+/// The stored group name for what a request sent: absent, `null` and `__QUEUE_MODE__` are all
+/// queue mode.
+pub fn group_or_queue_mode(group: Option<&str>) -> &str {
+    match group {
+        Some(group) if !group.is_empty() => group,
+        _ => QUEUE_MODE_GROUP,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits() {
+        assert!(check(NameKind::Queue, "queue", "orders.eu-1").is_ok());
+        assert!(check(NameKind::Queue, "queue", "").is_err());
+        assert!(check(NameKind::Queue, "queue", &"q".repeat(MAX_NAME_BYTES)).is_ok());
+        assert!(check(NameKind::Queue, "queue", &"q".repeat(MAX_NAME_BYTES + 1)).is_err());
+        assert!(check(NameKind::Partition, "partition", "a/b").is_err());
+        assert!(check(NameKind::TransactionId, "transactionId", "a/b").is_ok());
+        assert!(check(NameKind::ConsumerGroup, "consumerGroup", "a\nb").is_err());
+    }
+
+    #[test]
+    fn the_error_names_the_field() {
+        let err = check(NameKind::Queue, "items[3].queue", "").unwrap_err();
+        assert!(err.starts_with("items[3].queue"), "{err}");
+    }
+}

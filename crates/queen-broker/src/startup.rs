@@ -1,0 +1,109 @@
+//! Building and running the broker: [`Application::build`] does everything up to an open
+//! listener (tests bind port 0 and read the port back), [`Application::run_until_stopped`]
+//! serves until the process is told to stop.
+
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::dev::Server;
+use actix_web::middleware::{NormalizePath, TrailingSlash};
+use actix_web::{App, HttpServer, web};
+use queen_store::StoreError;
+
+use crate::broker::Broker;
+use crate::config::Config;
+use crate::database::{Database, DatabaseError};
+use crate::http;
+
+/// How long start-up keeps retrying PostgreSQL before giving up.
+const DATABASE_STARTUP_ATTEMPTS: u32 = 30;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Database(#[from] DatabaseError),
+    #[error("cannot migrate the schema: {0}")]
+    Migrate(StoreError),
+    #[error("cannot listen on {address}: {source}")]
+    Bind { address: String, source: std::io::Error },
+}
+
+pub struct Application {
+    port: u16,
+    server: Server,
+    database: Database,
+}
+
+impl Application {
+    /// Opens the database (starting the embedded one if none is configured), migrates the
+    /// schema, starts the actors and binds the listener. Must run inside an actix system.
+    pub async fn build(config: Config) -> Result<Self, StartError> {
+        let database = Database::open(&config).await?;
+        let pool = queen_store::pool::build_pool(database.pg_config.clone(), &config.database.pool_settings())
+            .map_err(StartError::Migrate)?;
+        migrate_with_retries(&pool).await?;
+
+        let address = format!("{}:{}", config.http.host, config.http.port);
+        let listener =
+            TcpListener::bind(&address).map_err(|source| StartError::Bind { address: address.clone(), source })?;
+        let port = listener.local_addr().map_err(|source| StartError::Bind { address, source })?.port();
+        let broker_id = format!("{}:{port}:{}", hostname(), std::process::id());
+        let workers = match config.http.workers {
+            0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
+            n => n,
+        };
+        let broker = web::Data::new(Broker::new(pool, Arc::new(config), broker_id));
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(broker.clone())
+                .wrap(NormalizePath::new(TrailingSlash::MergeOnly))
+                .configure(http::routes)
+        })
+        .workers(workers)
+        .listen(listener)
+        .map_err(|source| StartError::Bind { address: format!("port {port}"), source })?
+        .run();
+        tracing::info!(port, "queen listening on port {port}");
+        Ok(Self { port, server, database })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Serves until SIGINT or SIGTERM, then stops the embedded database if this broker runs one.
+    pub async fn run_until_stopped(self) -> std::io::Result<()> {
+        let served = self.server.await;
+        self.database.close().await;
+        served
+    }
+}
+
+/// Runs the migrations, waiting for PostgreSQL to come up if it is not there yet.
+pub async fn migrate_with_retries(pool: &queen_store::Pool) -> Result<(), StartError> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let result = async {
+            let mut client = pool.get().await?;
+            queen_store::migrations::migrate(&mut client).await
+        }
+        .await;
+        match result {
+            Ok(report) => {
+                tracing::info!(version = report.current, applied = ?report.applied, "schema is current");
+                return Ok(());
+            }
+            Err(e) if e.is_unavailable() && attempt < DATABASE_STARTUP_ATTEMPTS => {
+                tracing::warn!(error = %e, attempt, "PostgreSQL is not reachable yet; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => return Err(StartError::Migrate(e)),
+        }
+    }
+}
+
+fn hostname() -> String {
+    nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "localhost".into())
+}

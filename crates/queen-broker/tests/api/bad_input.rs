@@ -1,0 +1,147 @@
+//! Bad input: each class gets a 4xx JSON error naming the problem, and nothing is written.
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::helpers::{Answer, TestApp};
+
+fn assert_refused(answer: &Answer, status: StatusCode, mentions: &str) {
+    assert_eq!(answer.status, status, "{answer:?}");
+    let error = answer.body["error"].as_str().unwrap_or_else(|| panic!("no JSON error in {answer:?}"));
+    assert!(error.contains(mentions), "the error {error:?} does not mention {mentions:?}");
+}
+
+async fn assert_nothing_written(app: &TestApp) {
+    for table in ["queues", "partitions", "log_segments", "log_message_ids", "log_consumers"] {
+        assert_eq!(app.count(&format!("SELECT count(*) FROM queen.{table}")).await, 0, "queen.{table} was written");
+    }
+}
+
+#[actix_web::test]
+async fn malformed_json_is_refused() {
+    let app = TestApp::spawn().await;
+    for path in ["/api/v1/push", "/api/v1/configure", "/api/v1/ack", "/api/v1/ack/batch"] {
+        assert_refused(&app.post_raw(path, "{\"items\": [").await, StatusCode::BAD_REQUEST, "not valid JSON");
+        assert_refused(&app.post_raw(path, "[1, 2]").await, StatusCode::BAD_REQUEST, "JSON object");
+        assert_refused(&app.post_raw(path, "").await, StatusCode::BAD_REQUEST, "empty");
+    }
+    assert_nothing_written(&app).await;
+}
+
+#[actix_web::test]
+async fn missing_fields_are_refused() {
+    let app = TestApp::spawn().await;
+    let cases: Vec<(&str, Value, &str)> = vec![
+        ("/api/v1/push", json!({}), "items"),
+        ("/api/v1/push", json!({"items": [{"queue": "q"}, {"payload": 1}]}), "items[1].queue"),
+        ("/api/v1/configure", json!({"options": {}}), "queue"),
+        ("/api/v1/ack", json!({"partitionId": "1"}), "transactionId"),
+        ("/api/v1/ack", json!({"transactionId": "t"}), "partitionId"),
+        ("/api/v1/ack/batch", json!({"consumerGroup": null}), "acknowledgments"),
+        ("/api/v1/ack/batch", json!({"acknowledgments": [{"transactionId": "t"}]}), "acknowledgments[0].partitionId"),
+    ];
+    for (path, body, mentions) in cases {
+        assert_refused(&app.post(path, &body).await, StatusCode::BAD_REQUEST, mentions);
+    }
+    assert_nothing_written(&app).await;
+}
+
+#[actix_web::test]
+async fn empty_and_mistyped_fields_are_refused() {
+    let app = TestApp::spawn().await;
+    let cases: Vec<(&str, Value, &str)> = vec![
+        ("/api/v1/push", json!({"items": []}), "items must not be empty"),
+        ("/api/v1/push", json!({"items": [{"queue": ""}]}), "items[0].queue"),
+        ("/api/v1/push", json!({"items": [{"queue": "q", "partition": ""}]}), "items[0].partition"),
+        ("/api/v1/push", json!({"items": [{"queue": "q", "transactionId": ""}]}), "items[0].transactionId"),
+        ("/api/v1/push", json!({"items": [{"queue": 5}]}), "items[0].queue must be a string"),
+        ("/api/v1/push", json!({"items": [{"queue": "q", "traceId": "not-a-uuid"}]}), "items[0].traceId"),
+        ("/api/v1/push", json!({"items": "all of them"}), "items must be an array"),
+        ("/api/v1/configure", json!({"queue": "q", "options": {"leaseTime": -5}}), "options.leaseTime"),
+        ("/api/v1/configure", json!({"queue": "q", "options": {"retryLimit": "3"}}), "options.retryLimit"),
+        ("/api/v1/configure", json!({"queue": "q", "options": []}), "options"),
+        ("/api/v1/ack/batch", json!({"acknowledgments": []}), "acknowledgments must not be empty"),
+        ("/api/v1/ack", json!({"transactionId": "t", "partitionId": "abc"}), "partitionId"),
+        ("/api/v1/ack", json!({"transactionId": "t", "partitionId": "1", "status": "maybe"}), "status"),
+        ("/api/v1/ack", json!({"transactionId": "t", "partitionId": "1", "leaseId": "nope"}), "leaseId"),
+    ];
+    for (path, body, mentions) in cases {
+        assert_refused(&app.post(path, &body).await, StatusCode::BAD_REQUEST, mentions);
+    }
+    // One bad item refuses the whole push: the good items before it are not written either.
+    let mixed = json!({"items": [{"queue": "good", "payload": 1}, {"queue": "good", "partition": "a/b"}]});
+    assert_refused(&app.post("/api/v1/push", &mixed).await, StatusCode::BAD_REQUEST, "items[1].partition");
+    assert_nothing_written(&app).await;
+}
+
+#[actix_web::test]
+async fn names_past_the_limits_are_refused() {
+    let app = TestApp::spawn().await;
+    let long = "n".repeat(256);
+    let push = |item: Value| json!({"items": [item]});
+    assert_refused(
+        &app.post("/api/v1/push", &push(json!({"queue": long}))).await,
+        StatusCode::BAD_REQUEST,
+        "at most 255",
+    );
+    let partition = push(json!({"queue": "q", "partition": long}));
+    assert_refused(&app.post("/api/v1/push", &partition).await, StatusCode::BAD_REQUEST, "at most 255");
+    let transaction = push(json!({"queue": "q", "transactionId": long}));
+    assert_refused(&app.post("/api/v1/push", &transaction).await, StatusCode::BAD_REQUEST, "at most 255");
+    let control = push(json!({"queue": "bad\u{7}name"}));
+    assert_refused(&app.post("/api/v1/push", &control).await, StatusCode::BAD_REQUEST, "control characters");
+    let group = app.pop("queue/q", &format!("consumerGroup={long}")).await;
+    assert_refused(&group, StatusCode::BAD_REQUEST, "consumerGroup");
+    assert_refused(&app.pop(&format!("queue/{long}"), "batch=1").await, StatusCode::BAD_REQUEST, "queue");
+    assert_nothing_written(&app).await;
+}
+
+#[actix_web::test]
+async fn bad_pop_parameters_are_refused() {
+    let app = TestApp::spawn().await;
+    for (query, mentions) in [
+        ("batch=0", "batch"),
+        ("batch=abc", "batch"),
+        ("batch=100000", "batch"),
+        ("partitions=0", "partitions"),
+        ("wait=maybe", "wait"),
+        ("timeout=-1", "timeout"),
+        ("timeout=99999999999", "timeout"),
+        ("subscriptionMode=sometimes", "subscriptionMode"),
+        ("subscriptionFrom=yesterday", "subscriptionFrom"),
+        ("consumerGroup=g&conflation=true", "conflation"),
+    ] {
+        let answer = app.pop("queue/q", query).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{query}");
+        assert_refused(&answer, StatusCode::BAD_REQUEST, mentions);
+    }
+    assert_nothing_written(&app).await;
+}
+
+#[actix_web::test]
+async fn unknown_and_malformed_lease_ids_are_refused() {
+    let app = TestApp::spawn().await;
+    let unknown = app.post("/api/v1/lease/0192f0c4-0000-7000-8000-000000000000/extend", &json!({})).await;
+    assert_refused(&unknown, StatusCode::NOT_FOUND, "not found");
+    let malformed = app.post("/api/v1/lease/not-a-lease/extend", &json!({})).await;
+    assert_refused(&malformed, StatusCode::BAD_REQUEST, "not a lease id");
+    let seconds = app.post("/api/v1/lease/0192f0c4-0000-7000-8000-000000000000/extend", &json!({"seconds": 0})).await;
+    assert_refused(&seconds, StatusCode::BAD_REQUEST, "seconds");
+    assert_nothing_written(&app).await;
+}
+
+#[actix_web::test]
+async fn bodies_over_the_configured_size_are_refused() {
+    let app = TestApp::spawn_with(|config| config.http.max_body_bytes = 4096).await;
+    let body = json!({"items": [{"queue": "big", "payload": "x".repeat(8192)}]});
+    assert_refused(&app.post("/api/v1/push", &body).await, StatusCode::PAYLOAD_TOO_LARGE, "4096 bytes");
+    assert_nothing_written(&app).await;
+}
+
+#[actix_web::test]
+async fn unknown_routes_and_methods_get_json_errors() {
+    let app = TestApp::spawn().await;
+    assert_refused(&app.get("/api/v1/nothing-here").await, StatusCode::NOT_FOUND, "no route");
+    assert_refused(&app.get("/api/v1/push").await, StatusCode::METHOD_NOT_ALLOWED, "not allowed");
+    assert_refused(&app.get("/api/v1/resources/queues/absent").await, StatusCode::NOT_FOUND, "absent");
+}

@@ -1,0 +1,129 @@
+//! A broker per test, on its own database, with typed request helpers.
+
+use std::time::Duration;
+
+use queen_broker::config::Config;
+use queen_broker::startup::Application;
+use queen_testkit::TestDatabase;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+pub struct TestApp {
+    pub base: String,
+    pub http: reqwest::Client,
+    pub db: TestDatabase,
+}
+
+/// An answer: status and JSON body (`Value::Null` when there is none).
+#[derive(Debug)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub body: Value,
+}
+
+impl Answer {
+    /// The messages of a pop answer; none for a 204.
+    pub fn messages(&self) -> Vec<Value> {
+        self.body.get("messages").and_then(Value::as_array).cloned().unwrap_or_default()
+    }
+
+    pub fn transaction_ids(&self) -> Vec<String> {
+        self.messages().iter().map(|m| m["transactionId"].as_str().unwrap_or_default().to_owned()).collect()
+    }
+}
+
+fn test_label() -> String {
+    std::thread::current().name().unwrap_or("api").rsplit("::").next().unwrap_or("api").to_owned()
+}
+
+impl TestApp {
+    pub async fn spawn() -> TestApp {
+        Self::spawn_with(|_| {}).await
+    }
+
+    /// A broker whose configuration `tweak` adjusts first.
+    pub async fn spawn_with(tweak: impl FnOnce(&mut Config)) -> TestApp {
+        let db = TestDatabase::create(&test_label()).await;
+        let mut config = Config::default();
+        config.http.host = "127.0.0.1".into();
+        config.http.port = 0;
+        config.http.workers = 2;
+        config.database.url = Some(db.url().to_owned());
+        config.database.pool_size = 8;
+        tweak(&mut config);
+        let app = Application::build(config).await.expect("the broker starts");
+        let base = format!("http://127.0.0.1:{}", app.port());
+        actix_web::rt::spawn(app.run_until_stopped());
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().expect("an HTTP client");
+        TestApp { base, http, db }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    async fn answer(response: reqwest::Response) -> Answer {
+        let status = response.status();
+        let text = response.text().await.expect("a body");
+        let body = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+        };
+        Answer { status, body }
+    }
+
+    pub async fn get(&self, path: &str) -> Answer {
+        Self::answer(self.http.get(self.url(path)).send().await.expect("GET")).await
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> Answer {
+        Self::answer(self.http.post(self.url(path)).json(body).send().await.expect("POST")).await
+    }
+
+    pub async fn post_raw(&self, path: &str, body: impl Into<reqwest::Body>) -> Answer {
+        let request = self.http.post(self.url(path)).header("content-type", "application/json").body(body);
+        Self::answer(request.send().await.expect("POST")).await
+    }
+
+    pub async fn delete(&self, path: &str) -> Answer {
+        Self::answer(self.http.delete(self.url(path)).send().await.expect("DELETE")).await
+    }
+
+    /// Pushes items and insists on a 201.
+    pub async fn push(&self, items: Value) -> Vec<Value> {
+        let answer = self.post("/api/v1/push", &json!({ "items": items })).await;
+        assert_eq!(answer.status, StatusCode::CREATED, "push answered {answer:?}");
+        answer.body.as_array().cloned().expect("an array")
+    }
+
+    /// Pushes one message and returns its result.
+    pub async fn push_one(&self, queue: &str, partition: &str, transaction_id: &str, payload: Value) -> Value {
+        let item = json!({"queue": queue, "partition": partition, "transactionId": transaction_id, "payload": payload});
+        self.push(json!([item])).await.remove(0)
+    }
+
+    /// `GET /api/v1/pop/{route}?{query}` (route is `queue/q` or `queue/q/partition/p`).
+    pub async fn pop(&self, route: &str, query: &str) -> Answer {
+        self.get(&format!("/api/v1/pop/{route}?{query}")).await
+    }
+
+    /// Acknowledges messages of a pop answer with one status, as one batch call.
+    pub async fn ack_all(&self, messages: &[Value], status: &str, group: Option<&str>) -> Vec<Value> {
+        let acks: Vec<Value> = messages
+            .iter()
+            .map(|m| {
+                json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+                       "leaseId": m["leaseId"], "status": status})
+            })
+            .collect();
+        let answer = self.post("/api/v1/ack/batch", &json!({"acknowledgments": acks, "consumerGroup": group})).await;
+        assert_eq!(answer.status, StatusCode::OK, "ack answered {answer:?}");
+        answer.body.as_array().cloned().expect("an array")
+    }
+
+    /// One number from the database.
+    pub async fn count(&self, sql: &str) -> i64 {
+        self.db.connect().await.query_one(sql, &[]).await.unwrap_or_else(|e| panic!("{sql}: {e}")).get(0)
+    }
+}

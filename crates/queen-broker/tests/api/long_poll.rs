@@ -1,0 +1,96 @@
+//! Long polls: answered by a push, or empty at their timeout, holding no database connection.
+
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use reqwest::StatusCode;
+use serde_json::json;
+
+use crate::helpers::TestApp;
+
+/// Waits until the broker reports `n` parked long polls.
+async fn until_parked(app: &TestApp, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = app.http.get(app.url("/metrics")).send().await.expect("metrics").text().await.expect("text");
+        let parked = text
+            .lines()
+            .find_map(|line| line.strip_prefix("queen_long_poll_waiters "))
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .unwrap_or(0);
+        if parked >= n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "only {parked} of {n} pops parked");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[actix_web::test]
+async fn a_waiting_pop_answers_as_soon_as_a_push_arrives() {
+    let app = TestApp::spawn().await;
+    let waiting = app.pop("queue/wake", "batch=1&wait=true&timeout=20000");
+    let push = async {
+        until_parked(&app, 1).await;
+        let pushed_at = Instant::now();
+        app.push_one("wake", "p", "hello", json!("hi")).await;
+        pushed_at
+    };
+    let (answer, pushed_at) = futures::join!(waiting, push);
+    let latency = pushed_at.elapsed();
+    assert_eq!(answer.transaction_ids(), vec!["hello"]);
+    assert!(latency < Duration::from_secs(2), "answered {latency:?} after the push, with a 20 s timeout");
+}
+
+#[actix_web::test]
+async fn a_waiting_pop_with_nothing_to_deliver_answers_empty_at_its_timeout() {
+    let app = TestApp::spawn().await;
+    let started = Instant::now();
+    let answer = app.pop("queue/quiet", "batch=1&wait=true&timeout=1000").await;
+    let waited = started.elapsed();
+    assert_eq!(answer.status, StatusCode::NO_CONTENT);
+    assert!(waited >= Duration::from_millis(950), "answered after {waited:?}, before its timeout");
+    assert!(waited < Duration::from_millis(3000), "answered after {waited:?}, long past its timeout");
+}
+
+#[actix_web::test]
+async fn a_pop_that_does_not_wait_answers_at_once() {
+    let app = TestApp::spawn().await;
+    let started = Instant::now();
+    let answer = app.pop("queue/none", "batch=1&wait=false&timeout=30000").await;
+    assert_eq!(answer.status, StatusCode::NO_CONTENT);
+    assert!(started.elapsed() < Duration::from_secs(1));
+}
+
+#[actix_web::test]
+async fn waiting_pops_hold_no_database_connection() {
+    const WAITERS: usize = 8;
+    let app = TestApp::spawn_with(|config| {
+        config.database.pool_size = 2;
+        config.database.pool_wait_timeout_ms = 1000;
+    })
+    .await;
+    let routes: Vec<String> = (0..WAITERS).map(|i| format!("queue/idle-{i}")).collect();
+    let waiters = routes.iter().map(|route| app.pop(route, "batch=1&wait=true&timeout=8000"));
+    let busy = async {
+        until_parked(&app, WAITERS).await;
+        // With 8 pops parked and 2 connections, work still flows: the waiters hold none.
+        let started = Instant::now();
+        app.push_one("work", "p", "w", json!(1)).await;
+        let popped = app.pop("queue/work", "batch=1").await;
+        assert_eq!(popped.transaction_ids(), vec!["w"]);
+        let connections = app
+            .count("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'queen'")
+            .await;
+        assert!(connections <= 2, "{connections} broker connections with a pool of 2");
+        let elapsed = started.elapsed();
+        // Release the waiters so the test ends promptly.
+        for i in 0..WAITERS {
+            app.push_one(&format!("idle-{i}"), "p", "done", json!(1)).await;
+        }
+        elapsed
+    };
+    let (answers, elapsed) = futures::join!(join_all(waiters), busy);
+    assert!(elapsed < Duration::from_secs(1), "push and pop took {elapsed:?} beside parked pops");
+    assert!(answers.iter().all(|a| a.status == StatusCode::OK), "every waiter was woken by its push");
+}

@@ -1,0 +1,212 @@
+//! Pop, ack and lease extension: what a consumer sees.
+
+use chrono::{DateTime, Utc};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::helpers::TestApp;
+
+#[actix_web::test]
+async fn a_popped_message_carries_every_field_of_the_contract() {
+    let app = TestApp::spawn().await;
+    let trace = "1b4e28ba-2fa1-41d2-883f-0016d3cca427";
+    let pushed = app
+        .push(json!([{"queue": "fields", "partition": "p1", "transactionId": "t-1", "traceId": trace, "payload": {"a": 1}}]))
+        .await;
+    let answer = app.pop("queue/fields", "batch=1&wait=false").await;
+    assert_eq!(answer.status, StatusCode::OK);
+    let m = &answer.messages()[0];
+    assert_eq!(m["id"], pushed[0]["message_id"]);
+    assert_eq!(m["transactionId"], "t-1");
+    assert_eq!(m["traceId"], trace);
+    assert_eq!(m["queue"], "fields");
+    assert_eq!(m["partition"], "p1");
+    assert_eq!(m["partitionId"], pushed[0]["partition_id"]);
+    assert_eq!(m["data"], json!({"a": 1}));
+    assert_eq!(m["consumerGroup"], "__QUEUE_MODE__");
+    assert_eq!(m["offset"], 1);
+    assert_eq!(m["deliveryAttempt"], 1);
+    assert!(m["leaseId"].as_str().is_some_and(|l| !l.is_empty()));
+    assert_eq!(m["leaseId"], answer.body["leaseId"]);
+    let created: DateTime<Utc> = m["createdAt"].as_str().expect("createdAt").parse().expect("ISO-8601");
+    assert!((Utc::now() - created).num_seconds().abs() < 60);
+    assert!(m["createdAt"].as_str().is_some_and(|t| t.ends_with('Z')));
+    assert_eq!(answer.body["partitionsClaimed"], 1);
+}
+
+#[actix_web::test]
+async fn payloads_come_back_exactly_as_pushed() {
+    let app = TestApp::spawn().await;
+    let big = json!({"blob": "x".repeat(1 << 20)});
+    let payloads =
+        vec![Value::Null, json!({}), json!("text"), json!([1, "two", 3.5]), json!({"n": {"d": [true]}}), big];
+    for (i, payload) in payloads.iter().enumerate() {
+        app.push_one("payloads", "p", &format!("p{i}"), payload.clone()).await;
+    }
+    let answer = app.pop("queue/payloads/partition/p", "batch=10").await;
+    let data: Vec<Value> = answer.messages().iter().map(|m| m["data"].clone()).collect();
+    assert_eq!(data, payloads);
+}
+
+#[actix_web::test]
+async fn a_partition_pop_takes_only_that_partition() {
+    let app = TestApp::spawn().await;
+    app.push_one("routes", "p1", "a", json!(1)).await;
+    app.push_one("routes", "p2", "b", json!(2)).await;
+    let answer = app.pop("queue/routes/partition/p1", "batch=10").await;
+    assert_eq!(answer.transaction_ids(), vec!["a"]);
+    let missing = app.pop("queue/routes/partition/nope", "batch=10").await;
+    assert_eq!(missing.status, StatusCode::NO_CONTENT);
+}
+
+#[actix_web::test]
+async fn batch_is_a_global_cap_and_one_lease_covers_every_claimed_partition() {
+    let app = TestApp::spawn().await;
+    for p in ["p0", "p1", "p2"] {
+        app.push(
+            json!([{"queue": "wide", "partition": p, "payload": 1}, {"queue": "wide", "partition": p, "payload": 2}]),
+        )
+        .await;
+    }
+    let answer = app.pop("queue/wide", "batch=100&partitions=3").await;
+    let messages = answer.messages();
+    assert_eq!(messages.len(), 6);
+    let partitions: std::collections::BTreeSet<&str> =
+        messages.iter().map(|m| m["partitionId"].as_str().expect("id")).collect();
+    assert_eq!(partitions.len(), 3);
+    let leases: std::collections::BTreeSet<&str> =
+        messages.iter().map(|m| m["leaseId"].as_str().expect("lease")).collect();
+    assert_eq!(leases.len(), 1, "one lease for the whole pop");
+    assert_eq!(answer.body["partitionsClaimed"], 3);
+
+    let lease = answer.body["leaseId"].as_str().expect("lease");
+    let extended = app.post(&format!("/api/v1/lease/{lease}/extend"), &json!({})).await;
+    assert_eq!(extended.status, StatusCode::OK);
+    assert_eq!(extended.body["success"], true);
+    assert_eq!(extended.body["renewed"], 3, "one extension covers every partition of the lease");
+
+    let acks = app.ack_all(&messages, "completed", None).await;
+    assert!(acks.iter().all(|a| a["success"] == true), "{acks:?}");
+    assert_eq!(app.pop("queue/wide", "batch=100&partitions=3").await.status, StatusCode::NO_CONTENT);
+}
+
+#[actix_web::test]
+async fn the_batch_cap_holds_across_many_full_partitions() {
+    let app = TestApp::spawn().await;
+    for p in 0..5 {
+        let items: Vec<Value> =
+            (0..100).map(|i| json!({"queue": "cap", "partition": format!("p{p}"), "payload": i})).collect();
+        app.push(Value::Array(items)).await;
+    }
+    assert_eq!(app.pop("queue/cap", "batch=10&partitions=5").await.messages().len(), 10);
+    let single = app.pop("queue/cap", "batch=100").await.messages();
+    assert_eq!(single.len(), 100, "without `partitions`, a pop claims one partition");
+    assert!(single.iter().all(|m| m["partitionId"] == single[0]["partitionId"]));
+}
+
+#[actix_web::test]
+async fn messages_of_a_partition_come_in_push_order() {
+    let app = TestApp::spawn().await;
+    for i in 0..30 {
+        app.push_one("fifo", "p", &format!("m{i}"), json!({"id": i})).await;
+    }
+    let mut seen = Vec::new();
+    loop {
+        let answer = app.pop("queue/fifo", "batch=4").await;
+        if answer.status == StatusCode::NO_CONTENT {
+            break;
+        }
+        let messages = answer.messages();
+        seen.extend(messages.iter().map(|m| m["data"]["id"].as_i64().expect("id")));
+        app.ack_all(&messages, "completed", None).await;
+    }
+    assert_eq!(seen, (0..30).collect::<Vec<_>>());
+}
+
+#[actix_web::test]
+async fn acknowledging_completes_and_the_queue_is_then_empty() {
+    let app = TestApp::spawn().await;
+    app.push_one("acks", "p", "only", json!(1)).await;
+    let m = app.pop("queue/acks", "batch=1").await.messages().remove(0);
+    let answer = app
+        .post(
+            "/api/v1/ack",
+            &json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": m["leaseId"],
+                    "status": "completed", "error": null, "consumerGroup": null}),
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::OK);
+    let result = &answer.body.as_array().expect("a one-element array")[0];
+    assert_eq!(result["success"], true);
+    assert_eq!(result["noop"], false);
+    assert_eq!(result["leaseReleased"], true);
+    assert_eq!(app.pop("queue/acks", "batch=1").await.status, StatusCode::NO_CONTENT);
+    assert_eq!(app.count("SELECT committed FROM queen.log_consumers").await, 1);
+}
+
+#[actix_web::test]
+async fn a_batch_ack_answers_every_item_in_order_even_when_some_are_refused() {
+    let app = TestApp::spawn().await;
+    app.push(json!([{"queue": "batch", "payload": 1}, {"queue": "batch", "payload": 2}])).await;
+    let messages = app.pop("queue/batch", "batch=2").await.messages();
+    let ghost =
+        json!({"transactionId": "ghost", "partitionId": messages[0]["partitionId"], "leaseId": messages[0]["leaseId"]});
+    let real = json!({"transactionId": messages[1]["transactionId"], "partitionId": messages[1]["partitionId"],
+                      "leaseId": messages[1]["leaseId"], "status": "completed"});
+    let answer = app.post("/api/v1/ack/batch", &json!({"acknowledgments": [ghost, real], "consumerGroup": null})).await;
+    assert_eq!(answer.status, StatusCode::OK, "per-item verdicts come in a 200");
+    let results = answer.body.as_array().expect("an array");
+    assert_eq!(results.len(), 2);
+    assert_eq!(results[0]["success"], false);
+    assert!(results[0]["error"].as_str().is_some_and(|e| e.contains("unresolvable")), "{results:?}");
+    assert_eq!(results[1]["success"], true);
+    assert_eq!(results[1]["transactionId"], messages[1]["transactionId"]);
+}
+
+#[actix_web::test]
+async fn extending_a_lease_moves_its_expiry_and_an_expired_one_cannot_be_revived() {
+    let app = TestApp::spawn().await;
+    app.push_one("renew", "p", "r", json!(1)).await;
+    let m = app.pop("queue/renew", "batch=1&leaseSeconds=1").await.messages().remove(0);
+    let lease = m["leaseId"].as_str().expect("lease").to_owned();
+    let extended = app.post(&format!("/api/v1/lease/{lease}/extend"), &json!({"seconds": 120})).await;
+    assert_eq!(extended.body["success"], true, "{extended:?}");
+    let expires: DateTime<Utc> = extended.body["newExpiresAt"].as_str().expect("expiry").parse().expect("ISO-8601");
+    assert!(expires - Utc::now() > chrono::Duration::seconds(100));
+
+    // Acknowledging the whole span releases the lease.
+    let released = app
+        .post("/api/v1/ack", &json!({"transactionId": "r", "partitionId": m["partitionId"], "leaseId": lease}))
+        .await;
+    assert_eq!(released.body[0]["success"], true);
+    let again = app.post(&format!("/api/v1/lease/{lease}/extend"), &json!({})).await;
+    assert_eq!(again.status, StatusCode::OK);
+    assert_eq!(again.body["success"], false, "a released lease cannot be extended: {again:?}");
+}
+
+#[actix_web::test]
+async fn auto_ack_commits_at_delivery_and_grants_no_lease() {
+    let app = TestApp::spawn().await;
+    app.push(json!([{"queue": "auto", "payload": 1}, {"queue": "auto", "payload": 2}])).await;
+    let answer = app.pop("queue/auto", "batch=10&autoAck=true").await;
+    assert_eq!(answer.messages().len(), 2);
+    assert!(answer.body["leaseId"].is_null());
+    assert!(answer.messages().iter().all(|m| m["leaseId"].is_null()));
+    assert_eq!(app.pop("queue/auto", "batch=10").await.status, StatusCode::NO_CONTENT);
+    assert_eq!(app.count("SELECT committed FROM queen.log_consumers").await, 2);
+}
+
+#[actix_web::test]
+async fn a_deleted_queue_is_gone_and_a_push_starts_it_afresh() {
+    let app = TestApp::spawn().await;
+    app.push_one("doomed", "p", "old", json!(1)).await;
+    assert_eq!(app.get("/api/v1/resources/queues/doomed").await.status, StatusCode::OK);
+    let deleted = app.delete("/api/v1/resources/queues/doomed").await;
+    assert_eq!(deleted.body["existed"], true);
+    assert_eq!(app.get("/api/v1/resources/queues/doomed").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(app.count("SELECT count(*) FROM queen.log_segments").await, 0);
+
+    let fresh = app.push_one("doomed", "p", "old", json!(2)).await;
+    assert_eq!(fresh["status"], "queued", "a recreated queue remembers nothing of the old one");
+    assert_eq!(fresh["offset"], 1);
+}
