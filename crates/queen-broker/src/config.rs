@@ -201,6 +201,12 @@ fn invalid(setting: &str, problem: impl Into<String>) -> ConfigError {
     ConfigError { setting: setting.into(), problem: problem.into() }
 }
 
+/// `QUEEN_<SECTION>__<KEY>` variables. Other `QUEEN_*` variables (the official client reads
+/// `QUEEN_SDK_POP_AUTOPILOT`, say) are not settings and are left alone.
+fn queen_env() -> Env {
+    Env::prefixed("QUEEN_").filter(|key| key.as_str().contains("__")).split("__")
+}
+
 impl Config {
     /// Loads every layer. `overrides` are the command-line flags (only the keys they set).
     pub fn load(file: Option<&Path>, overrides: Figment) -> Result<Self, ConfigError> {
@@ -214,15 +220,12 @@ impl Config {
         let aliases = Env::raw().filter_map(|key| {
             ENV_ALIASES.iter().find(|(name, _)| key.as_str().eq_ignore_ascii_case(name)).map(|(_, path)| (*path).into())
         });
-        let config: Config =
-            figment.merge(aliases).merge(Env::prefixed("QUEEN_").split("__")).merge(overrides).extract().map_err(
-                |e| {
-                    let setting = e.path.join(".");
-                    let problem = e.kind.to_string();
-                    let source = e.metadata.as_ref().map(|m| format!(" (from {})", m.name)).unwrap_or_default();
-                    invalid(if setting.is_empty() { "configuration" } else { &setting }, format!("{problem}{source}"))
-                },
-            )?;
+        let config: Config = figment.merge(aliases).merge(queen_env()).merge(overrides).extract().map_err(|e| {
+            let setting = e.path.join(".");
+            let problem = e.kind.to_string();
+            let source = e.metadata.as_ref().map(|m| format!(" (from {})", m.name)).unwrap_or_default();
+            invalid(if setting.is_empty() { "configuration" } else { &setting }, format!("{problem}{source}"))
+        })?;
         config.validate()?;
         Ok(config)
     }
@@ -316,6 +319,18 @@ mod tests {
         let mut config = Config::default();
         config.database.pool_size = 0;
         assert_eq!(config.validate().unwrap_err().setting, "database.pool_size");
+    }
+
+    #[test]
+    fn only_section_keyed_queen_variables_are_settings() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("QUEEN_HTTP__PORT", "7000");
+            jail.set_env("QUEEN_SDK_POP_AUTOPILOT", "off");
+            jail.set_env("QUEEN_COMPAT_PYTHON", "/usr/bin/python3");
+            let config = Config::load(None, Figment::new()).map_err(|e| e.to_string())?;
+            assert_eq!(config.http.port, 7000);
+            Ok(())
+        });
     }
 
     #[test]

@@ -25,7 +25,6 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e}");
             eprintln!("queen: {e}");
             ExitCode::FAILURE
         }

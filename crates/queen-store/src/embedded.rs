@@ -16,7 +16,7 @@ use std::fs::{File, OpenOptions, TryLockError};
 use std::io;
 use std::net::{Ipv4Addr, TcpListener};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Output};
 
@@ -58,6 +58,9 @@ pub struct EmbeddedOptions {
 pub struct EmbeddedPostgres {
     cluster: Cluster,
     port: u16,
+    /// The superuser's password; `None` for a cluster made before passwords were set, which
+    /// trusts loopback connections.
+    password: Option<String>,
 }
 
 /// Why the embedded PostgreSQL could not be set up, started or stopped.
@@ -125,16 +128,17 @@ impl EmbeddedPostgres {
         if !cluster.data_dir.join("PG_VERSION").exists() {
             cluster.initdb().await?;
         }
+        let password = cluster.password().await?;
         if let Some(port) = cluster.running_port().await? {
             info!(data_dir = %cluster.data_dir.display(), port, "adopting the running PostgreSQL");
-            return Ok(Self { cluster, port });
+            return Ok(Self { cluster, port, password });
         }
         let port = match opts.port {
             Some(port) => port,
             None => free_port()?,
         };
         cluster.start_server(port, &opts.settings).await?;
-        Ok(Self { cluster, port })
+        Ok(Self { cluster, port, password })
     }
 
     pub fn port(&self) -> u16 {
@@ -152,7 +156,10 @@ impl EmbeddedPostgres {
 
     /// Connection URL for `database` as the `postgres` superuser, over TCP on loopback.
     pub fn url(&self, database: &str) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
+        match &self.password {
+            Some(password) => format!("postgres://postgres:{password}@127.0.0.1:{}/{database}", self.port),
+            None => format!("postgres://postgres@127.0.0.1:{}/{database}", self.port),
+        }
     }
 
     /// Stops the server (fast shutdown: open sessions are ended) and waits for it to exit.
@@ -267,13 +274,23 @@ impl Cluster {
         Ok(())
     }
 
+    /// Creates the cluster. Its superuser gets a random password, kept in `<data_dir>.password`
+    /// (readable only by us): the server listens on loopback, where any local user could
+    /// otherwise connect as superuser.
     async fn initdb(&self) -> Result<(), EmbeddedError> {
         info!(data_dir = %self.data_dir.display(), "initialising a new PostgreSQL cluster");
+        let password = format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
+        let password_file = self.sibling("password");
+        write_private(&password_file, &password, None).await?;
+        // initdb runs as the server user, who must be able to read the password it sets.
+        let initdb_file = self.sibling("pwinit");
+        write_private(&initdb_file, &password, self.server_user.as_ref()).await?;
         let mut initdb = self.command("initdb");
-        // Trust, without passwords: the server listens only on loopback and on a socket in the data directory.
-        initdb.arg("-D").arg(&self.data_dir).args(["-U", "postgres", "--auth=trust"]);
-        initdb.args(["-E", "UTF8", "--no-instructions"]);
-        let output = output_of(initdb).await?;
+        initdb.arg("-D").arg(&self.data_dir).args(["-U", "postgres", "--auth-local=peer", "--auth-host=scram-sha-256"]);
+        initdb.arg("--pwfile").arg(&initdb_file).args(["-E", "UTF8", "--no-instructions"]);
+        let output = output_of(initdb).await;
+        let _ = tokio::fs::remove_file(&initdb_file).await;
+        let output = output?;
         if !output.status.success() {
             return Err(EmbeddedError::Initdb {
                 data_dir: self.data_dir.clone(),
@@ -282,6 +299,16 @@ impl Cluster {
             });
         }
         Ok(())
+    }
+
+    /// The superuser's password, when the cluster has one.
+    async fn password(&self) -> Result<Option<String>, EmbeddedError> {
+        let path = self.sibling("password");
+        match tokio::fs::read_to_string(&path).await {
+            Ok(password) => Ok(Some(password.trim().to_owned())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(cause) => Err(EmbeddedError::Io { action: format!("reading {}", path.display()), cause }),
+        }
     }
 
     /// The port of the server running on this cluster, if one is.
@@ -358,6 +385,24 @@ impl Cluster {
         }
         command
     }
+}
+
+/// Writes `text` to a file only its owner can read: `owner`, or us when `None`.
+async fn write_private(path: &Path, text: &str, owner: Option<&ServerUser>) -> Result<(), EmbeddedError> {
+    let (path, text) = (path.to_path_buf(), text.to_owned());
+    let ids = owner.map(|user| (user.uid.as_raw(), user.gid.as_raw()));
+    let action = format!("writing {}", path.display());
+    blocking(move || {
+        let _ = std::fs::remove_file(&path);
+        let mut file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
+        std::io::Write::write_all(&mut file, text.as_bytes())?;
+        if let Some((uid, gid)) = ids {
+            std::os::unix::fs::fchown(&file, Some(uid), Some(gid))?;
+        }
+        Ok(())
+    })
+    .await
+    .map_err(io_error(action))
 }
 
 /// Runs `command` to completion, capturing its output.

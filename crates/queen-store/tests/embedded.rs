@@ -36,6 +36,11 @@ async fn lifecycle(data_dir: &Path, running: &mut Option<EmbeddedPostgres>) {
     assert!(data_dir.join("PG_VERSION").is_file(), "the first start must create the cluster");
     let (first_url, first_port) = (first.url("postgres"), first.port());
     assert_eq!(select_one(&first_url).await, 1);
+    let without_password = format!("postgres://postgres@127.0.0.1:{first_port}/postgres");
+    assert!(
+        tokio_postgres::connect(&without_password, NoTls).await.is_err(),
+        "the superuser needs its password on loopback"
+    );
 
     let adopted = start(data_dir, "second start").await;
     assert_eq!(adopted.port(), first_port, "a second start must adopt the running server");

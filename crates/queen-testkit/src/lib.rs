@@ -8,11 +8,15 @@
 //!
 //! Failures panic: this crate runs only inside tests, where a panic is how a test fails.
 
+mod process;
+
 use std::path::{Path, PathBuf};
 
 use queen_store::embedded::{EmbeddedOptions, EmbeddedPostgres};
 use tokio::sync::OnceCell;
 use tokio_postgres::{Client, NoTls};
+
+pub use process::BrokerProcess;
 
 /// Admin URL of an existing server to use instead of the embedded cluster.
 const EXTERNAL_URL_VAR: &str = "QUEEN_TEST_DATABASE_URL";
@@ -56,7 +60,7 @@ async fn start_or_adopt_cluster() -> String {
 }
 
 /// Cargo's target directory: `CARGO_TARGET_DIR`, else `<workspace root>/target`.
-fn target_dir() -> PathBuf {
+pub fn target_dir() -> PathBuf {
     let workspace_root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
     // A relative CARGO_TARGET_DIR is relative to where cargo ran, normally the workspace root, but
     // tests run in their package's directory. Joining an absolute path replaces the root.

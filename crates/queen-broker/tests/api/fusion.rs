@@ -33,15 +33,22 @@ async fn concurrent_pushes_to_one_partition_fuse_into_fewer_segments_with_dense_
 
     let db = app.db.connect().await;
     let segments = db
-        .query("SELECT base_offset, end_offset, frame_count FROM queen.log_segments ORDER BY base_offset", &[])
+        .query(
+            "SELECT base_offset, end_offset, frame_count, created_at FROM queen.log_segments ORDER BY base_offset",
+            &[],
+        )
         .await
         .expect("segments");
     assert!(segments.len() < PUSHES, "{} segments for {PUSHES} pushes: nothing was fused", segments.len());
     let mut next = 1;
+    let mut previous_created_at = None;
     for segment in &segments {
         let (base, end, frames): (i64, i64, i32) = (segment.get(0), segment.get(1), segment.get(2));
+        let created_at: chrono::DateTime<chrono::Utc> = segment.get(3);
         assert_eq!(base, next, "segments are contiguous, without gap or overlap");
         assert_eq!(end - base + 1, i64::from(frames));
+        assert!(previous_created_at <= Some(created_at), "created_at never decreases along offsets");
+        previous_created_at = Some(created_at);
         next = end + 1;
     }
     assert_eq!(next, PUSHES as i64 + 1);

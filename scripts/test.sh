@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Runs every test of the project, setting up what they need on a fresh machine:
+#   - PostgreSQL server binaries (installed with apt-get only when missing);
+#   - a Python virtual environment with the official client (tests/compat/requirements.txt);
+#   - the shared PostgreSQL test cluster, which the test harness starts under target/ and this
+#     script stops when the tests end.
+# Extra arguments go to the test runner (e.g. `scripts/test.sh -E 'test(fusion)'` with nextest).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+target=${CARGO_TARGET_DIR:-$root/target}
+case "$target" in /*) ;; *) target="$root/$target" ;; esac
+
+have_pg_binaries() {
+    compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || command -v initdb >/dev/null
+}
+if ! have_pg_binaries; then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "PostgreSQL server binaries are missing; install them (apt-get install postgresql) and rerun." >&2
+        exit 1
+    fi
+    echo "== installing PostgreSQL server binaries"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+fi
+
+venv="$target/compat-venv"
+requirements=tests/compat/requirements.txt
+if [ ! -x "$venv/bin/python" ] || ! cmp -s "$requirements" "$venv/requirements.txt"; then
+    echo "== creating $venv with $(tr '\n' ' ' <"$requirements")"
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$requirements"
+    cp "$requirements" "$venv/requirements.txt"
+fi
+export QUEEN_COMPAT_PYTHON="$venv/bin/python"
+
+stop_test_cluster() {
+    local data="$target/queen-test-pg"
+    [ -f "$data/postmaster.pid" ] || return 0
+    local pg_ctl
+    pg_ctl=$(compgen -G "/usr/lib/postgresql/*/bin/pg_ctl" | sort -V | tail -n 1 || true)
+    pg_ctl=${pg_ctl:-$(command -v pg_ctl)}
+    if [ "$(id -u)" -eq 0 ]; then
+        runuser -u "$(stat -c %U "$data")" -- "$pg_ctl" -D "$data" -m fast -w stop >/dev/null || true
+    else
+        "$pg_ctl" -D "$data" -m fast -w stop >/dev/null || true
+    fi
+}
+trap stop_test_cluster EXIT
+
+if cargo nextest --version >/dev/null 2>&1; then
+    cargo nextest run --workspace --profile ci "$@"
+else
+    cargo test --workspace "$@"
+fi

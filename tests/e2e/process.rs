@@ -1,0 +1,74 @@
+//! Starting, configuring and stopping the broker process.
+
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use queen_testkit::{BrokerProcess, TestDatabase, target_dir};
+use reqwest::StatusCode;
+
+use crate::support::{queen_binary, round_trip};
+
+#[tokio::test]
+async fn the_broker_serves_a_configured_database() {
+    let db = TestDatabase::create("e2e_configured").await;
+    let broker = BrokerProcess::start(queen_binary(), &["--database-url", db.url()], &[]).await;
+    for probe in ["/health", "/ready"] {
+        let answer = reqwest::get(format!("{}{probe}", broker.url())).await.expect(probe);
+        assert_eq!(answer.status(), StatusCode::OK, "{probe}");
+    }
+    round_trip(&broker.url(), "configured").await;
+}
+
+#[tokio::test]
+async fn with_no_database_configured_the_broker_runs_and_owns_its_own_postgresql() {
+    let data_dir = target_dir().join(format!("e2e-embedded-{}", uuid::Uuid::new_v4().simple()));
+    let data_arg = data_dir.to_string_lossy().into_owned();
+    let mut broker = BrokerProcess::start(queen_binary(), &["--data-dir", &data_arg], &[]).await;
+    let first = broker.log().first().cloned().unwrap_or_default();
+    assert!(
+        first.contains("embedded PostgreSQL") && first.contains(&data_arg),
+        "the first log line says where the embedded database lives: {first}"
+    );
+    round_trip(&broker.url(), "embedded").await;
+    let pid_file = data_dir.join("pg").join("postmaster.pid");
+    assert!(pid_file.exists(), "the embedded server runs");
+
+    broker.signal(Signal::SIGTERM);
+    let status = broker.wait(Duration::from_secs(60)).await.expect("the broker exits after SIGTERM");
+    assert!(status.success(), "exit status {status:?}; log:\n{}", broker.log().join("\n"));
+    assert!(!pid_file.exists(), "the broker stopped the PostgreSQL it owns");
+    std::fs::remove_dir_all(&data_dir).expect("the data dir can be removed");
+}
+
+#[tokio::test]
+async fn queen_migrate_brings_a_database_up_to_date_and_can_run_again() {
+    let db = TestDatabase::create("e2e_migrate").await;
+    for run in 0..2 {
+        let output = tokio::process::Command::new(queen_binary())
+            .args(["migrate", "--database-url", db.url()])
+            .output()
+            .await
+            .expect("queen migrate runs");
+        assert!(output.status.success(), "run {run}: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    let client = db.connect().await;
+    let applied: i64 =
+        client.query_one("SELECT count(*) FROM queen.schema_migrations", &[]).await.expect("migrations").get(0);
+    assert_eq!(applied, i64::from(queen_store::migrations::latest_version()));
+}
+
+#[tokio::test]
+async fn an_invalid_setting_stops_start_up_with_one_line_naming_it() {
+    for (variable, value, setting) in [
+        ("QUEEN_DATABASE__POOL_SIZE", "0", "database.pool_size"),
+        ("DB_POOL_SIZE", "many", "database.pool_size"),
+        ("QUEEN_HTTP__PORT", "99999", "http.port"),
+    ] {
+        let output =
+            tokio::process::Command::new(queen_binary()).env(variable, value).output().await.expect("queen runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{variable}={value}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+        assert!(stderr.contains(setting), "{variable}={value} should name {setting}: {stderr}");
+    }
+}
