@@ -38,10 +38,6 @@ impl SegmentBuilder {
         self.frame_count
     }
 
-    pub fn raw_len(&self) -> usize {
-        self.raw.len()
-    }
-
     pub fn is_empty(&self) -> bool {
         self.frame_count == 0
     }
@@ -63,10 +59,6 @@ pub struct DecodedSegment {
 impl DecodedSegment {
     pub fn frame_count(&self) -> usize {
         self.frame_count
-    }
-
-    pub fn raw(&self) -> &[u8] {
-        &self.raw
     }
 
     /// The frames in offset order. Every frame was validated by [`decode_segment`], so the

@@ -1,5 +1,4 @@
 use thiserror::Error;
-use tokio_postgres::error::SqlState;
 
 /// What went wrong talking to PostgreSQL.
 #[derive(Debug, Error)]
@@ -34,14 +33,6 @@ impl StoreError {
             StoreError::Unavailable(_) => true,
             StoreError::Db(e) => is_connection_failure(e),
             _ => false,
-        }
-    }
-
-    /// The SQLSTATE, when PostgreSQL refused a statement.
-    pub fn sql_state(&self) -> Option<&SqlState> {
-        match self {
-            StoreError::Db(e) => e.code(),
-            _ => None,
         }
     }
 }

@@ -303,19 +303,6 @@ pub async fn read_spans(client: &impl GenericClient, spans: &[Span]) -> Result<V
         .collect()
 }
 
-/// The message at `offset` of a partition, if it is still stored.
-pub async fn read_message(
-    client: &impl GenericClient,
-    partition_id: i64,
-    offset: i64,
-) -> Result<Option<(StoredSegment, usize)>, StoreError> {
-    let segments = read_spans(client, &[Span { partition_id, first: offset, last: offset }]).await?;
-    Ok(segments.into_iter().find_map(|segment| {
-        let index = offset - segment.base_offset;
-        (index >= 0 && (index as usize) < segment.frames.frame_count()).then_some((segment, index as usize))
-    }))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

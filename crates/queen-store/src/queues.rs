@@ -183,35 +183,6 @@ pub async fn find_partition(client: &impl GenericClient, queue_id: i64, name: &s
     Ok(client.query_opt(&statement, &[&queue_id, &name]).await?.map(|row| row.get(0)))
 }
 
-/// A partition with the queue it belongs to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PartitionRef {
-    pub partition_id: i64,
-    pub partition: String,
-    pub queue_id: i64,
-    pub queue: String,
-}
-
-/// Looks partitions up by id (for acks, which name partitions only by id).
-pub async fn partitions_by_id(client: &impl GenericClient, ids: &[i64]) -> Result<Vec<PartitionRef>, StoreError> {
-    let statement = client
-        .prepare_cached(
-            "SELECT p.id, p.name, q.id, q.name FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
-              WHERE p.id = ANY($1)",
-        )
-        .await?;
-    let rows = client.query(&statement, &[&ids]).await?;
-    Ok(rows
-        .iter()
-        .map(|row| PartitionRef {
-            partition_id: row.get(0),
-            partition: row.get(1),
-            queue_id: row.get(2),
-            queue: row.get(3),
-        })
-        .collect())
-}
-
 /// Deletes the queue with its partitions, segments, cursors and the rest. Whether it existed.
 pub async fn delete_queue(client: &impl GenericClient, name: &str) -> Result<bool, StoreError> {
     Ok(client.execute("DELETE FROM queen.queues WHERE name = $1", &[&name]).await? > 0)

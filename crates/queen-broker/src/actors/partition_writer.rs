@@ -181,9 +181,4 @@ impl Writers {
             Err(SendError::Closed(_)) => Err(WorkError::Failed("the partition writer could not be started".into())),
         }
     }
-
-    /// How many partitions have a live writer.
-    pub fn live(&self) -> usize {
-        self.registry.len()
-    }
 }

@@ -66,8 +66,4 @@ impl<K: Eq + Hash + Clone, A: Actor> Registry<K, A> {
             actors.remove(key);
         }
     }
-
-    pub fn len(&self) -> usize {
-        self.actors.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).len()
-    }
 }

@@ -54,7 +54,6 @@ pub struct DeliveredMessage {
 #[derive(Debug, Default)]
 pub struct Delivery {
     pub lease_id: Option<Uuid>,
-    pub lease_expires_at: Option<DateTime<Utc>>,
     pub partitions_claimed: usize,
     pub messages: Vec<DeliveredMessage>,
 }
@@ -191,7 +190,6 @@ async fn pop_once(broker: &Broker, request: &PopRequest) -> Result<Attempt, ApiE
     metrics.leases_expired.inc_by(claims.iter().filter(|c| c.took_over_expired_lease).count() as u64);
     Ok(Attempt::Delivered(Delivery {
         lease_id: (!request.auto_ack).then_some(lease_id),
-        lease_expires_at: claims.iter().filter_map(|c| c.lease_expires_at).min(),
         partitions_claimed: claims.len(),
         messages,
     }))

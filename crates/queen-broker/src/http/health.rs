@@ -32,9 +32,20 @@ pub async fn health(broker: web::Data<Broker>) -> HttpResponse {
     HttpResponse::Ok().json(Health { status: "healthy", database, version: env!("CARGO_PKG_VERSION") })
 }
 
-/// The broker can serve: PostgreSQL answers (migrations ran before the listener opened).
+/// The schema is at the version this broker needs (another broker may have rolled the
+/// database back or replaced it).
+async fn schema_current(broker: &Broker) -> bool {
+    let check = async {
+        let client = broker.pool.get().await.ok()?;
+        queen_store::migrations::current_version(&client).await.ok()
+    };
+    let latest = queen_store::migrations::latest_version();
+    matches!(tokio::time::timeout(PROBE_TIMEOUT, check).await, Ok(Some(version)) if version >= latest)
+}
+
+/// The broker can serve: PostgreSQL answers and holds the schema this broker needs.
 pub async fn ready(broker: web::Data<Broker>) -> HttpResponse {
-    if database_reachable(&broker).await {
+    if schema_current(&broker).await {
         HttpResponse::Ok().json(Health { status: "ready", database: "connected", version: env!("CARGO_PKG_VERSION") })
     } else {
         HttpResponse::ServiceUnavailable().json(Health {
