@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
+use queen_store::embedded::{EmbeddedOptions, EmbeddedPostgres};
 use queen_testkit::{BrokerProcess, TestDatabase, target_dir};
 use reqwest::StatusCode;
 
@@ -71,4 +72,49 @@ async fn an_invalid_setting_stops_start_up_with_one_line_naming_it() {
         assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
         assert!(stderr.contains(setting), "{variable}={value} should name {setting}: {stderr}");
     }
+}
+
+#[tokio::test]
+async fn the_broker_answers_503_while_postgresql_is_down_and_recovers_when_it_is_back() {
+    // A PostgreSQL of this test's own, so it can be stopped.
+    let data_dir = target_dir().join(format!("e2e-outage-{}", uuid::Uuid::new_v4().simple()));
+    let options = || EmbeddedOptions { data_dir: data_dir.join("pg"), bin_dir: None, port: None, settings: Vec::new() };
+    let server = EmbeddedPostgres::start(options()).await.expect("a PostgreSQL for the test");
+    let port = server.port();
+    let broker = BrokerProcess::start(queen_binary(), &["--database-url", &server.url("postgres")], &[]).await;
+    round_trip(&broker.url(), "before").await;
+
+    server.stop().await.expect("PostgreSQL stops");
+    let http = reqwest::Client::new();
+    let push = |txn: &'static str| {
+        let body = serde_json::json!({"items": [{"queue": "outage", "transactionId": txn, "payload": 1}]});
+        http.post(format!("{}/api/v1/push", broker.url())).json(&body).send()
+    };
+    let down = push("while-down").await.expect("an answer while PostgreSQL is down");
+    assert_eq!(down.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(down.headers().get("retry-after").map(|v| v.as_bytes()), Some(&b"1"[..]));
+    let error: serde_json::Value = down.json().await.expect("a JSON error");
+    assert!(error["error"].as_str().is_some_and(|e| e.contains("unavailable")), "{error}");
+    let health = reqwest::get(format!("{}/health", broker.url())).await.expect("health");
+    assert_eq!(health.status(), StatusCode::OK, "liveness does not fail because PostgreSQL is down");
+    let ready = reqwest::get(format!("{}/ready", broker.url())).await.expect("ready");
+    assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
+
+    let server = EmbeddedPostgres::start(EmbeddedOptions { port: Some(port), ..options() })
+        .await
+        .expect("PostgreSQL starts again");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let answer = push("after").await.expect("an answer");
+        if answer.status() == StatusCode::CREATED {
+            break;
+        }
+        assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(std::time::Instant::now() < deadline, "the broker did not recover");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    round_trip(&broker.url(), "recovered").await;
+    drop(broker);
+    server.stop().await.expect("PostgreSQL stops");
+    std::fs::remove_dir_all(&data_dir).expect("the data dir can be removed");
 }
