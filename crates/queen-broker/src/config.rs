@@ -322,6 +322,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::result_large_err, reason = "figment::Jail's closures return figment's own error")]
     fn only_section_keyed_queen_variables_are_settings() {
         figment::Jail::expect_with(|jail| {
             jail.set_env("QUEEN_HTTP__PORT", "7000");
