@@ -38,8 +38,11 @@ impl ApiError {
     }
 }
 
+/// `success: false` rides along so that clients which read `success` (the official client does on
+/// several routes) see the failure too.
 #[derive(Serialize)]
 struct ErrorBody<'a> {
+    success: bool,
     error: String,
     code: &'a str,
 }
@@ -60,7 +63,7 @@ impl ResponseError for ApiError {
         if matches!(self, ApiError::Unavailable(_)) {
             response.insert_header(("Retry-After", "1"));
         }
-        response.json(ErrorBody { error: self.to_string(), code: self.code() })
+        response.json(ErrorBody { success: false, error: self.to_string(), code: self.code() })
     }
 }
 

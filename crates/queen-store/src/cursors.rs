@@ -68,36 +68,40 @@ pub async fn candidates(
         .collect())
 }
 
-/// Creates the group's cursor on each partition that has none, seeded as `seed` says. An existing
-/// cursor is never re-seeded.
+/// Creates the group's cursor on each partition that has none. The group's registration on the
+/// queue (`queen.consumer_groups_metadata`) decides where it starts; `fallback` only when the
+/// group has none. An existing cursor is never re-seeded.
 pub async fn ensure_cursors(
     client: &impl GenericClient,
     group: &str,
     partition_ids: &[i64],
-    seed: CursorSeed,
+    fallback: CursorSeed,
 ) -> Result<(), StoreError> {
     if partition_ids.is_empty() {
         return Ok(());
     }
-    let (mode, from): (&str, Option<DateTime<Utc>>) = match seed {
-        CursorSeed::Oldest => ("oldest", None),
+    let (mode, from): (&str, Option<DateTime<Utc>>) = match fallback {
+        CursorSeed::Oldest => ("all", None),
         CursorSeed::End => ("end", None),
-        CursorSeed::From(at) => ("from", Some(at)),
+        CursorSeed::From(at) => ("timestamp", Some(at)),
     };
     let statement = client
         .prepare_cached(
             "INSERT INTO queen.log_consumers (partition_id, consumer_group, committed)
              SELECT p.id, $2,
-                    CASE $3
+                    CASE COALESCE(m.subscription_mode, $3)
+                        WHEN 'all' THEN p.retained_from - 1
                         WHEN 'end' THEN p.last_offset
-                        WHEN 'from' THEN COALESCE(
+                        ELSE COALESCE(
                             (SELECT s.base_offset - 1 FROM queen.log_segments s
-                              WHERE s.partition_id = p.id AND s.created_at >= $4 AND s.base_offset >= p.retained_from
+                              WHERE s.partition_id = p.id AND s.created_at >= COALESCE(m.subscription_from, $4)
+                                AND s.base_offset >= p.retained_from
                               ORDER BY s.created_at, s.base_offset LIMIT 1),
                             p.last_offset)
-                        ELSE p.retained_from - 1
                     END
                FROM queen.partitions p
+               JOIN queen.queues q ON q.id = p.queue_id
+               LEFT JOIN queen.consumer_groups_metadata m ON m.queue_name = q.name AND m.consumer_group = $2
               WHERE p.id = ANY($1)
              ON CONFLICT (partition_id, consumer_group) DO NOTHING",
         )

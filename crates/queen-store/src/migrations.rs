@@ -26,7 +26,8 @@ macro_rules! migration {
 }
 
 /// Every migration, in order.
-pub const MIGRATIONS: &[Migration] = &[migration!(1, "0001_log"), migration!(2, "0002_dlq")];
+pub const MIGRATIONS: &[Migration] =
+    &[migration!(1, "0001_log"), migration!(2, "0002_dlq"), migration!(3, "0003_consumer_groups")];
 
 /// The newest schema version this build knows.
 pub fn latest_version() -> i32 {

@@ -1,6 +1,7 @@
 //! The broker's operations, between the HTTP edge and the store: push, pop, ack.
 
 pub mod ack;
+pub mod groups;
 mod names_cache;
 pub mod pop;
 pub mod push;
@@ -9,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::Addr;
+use moka::sync::Cache;
 use queen_store::Pool;
 
 use crate::actors::coordinator::Coordinator;
@@ -23,6 +25,8 @@ pub struct Broker {
     pub pool: Pool,
     pub config: Arc<Config>,
     pub names: NamesCache,
+    /// (queue, group) pairs whose registration this broker has written or seen.
+    pub registered: Cache<(String, String), ()>,
     pub writers: Writers,
     pub groups: Groups,
     pub coordinator: Addr<Coordinator>,
@@ -49,6 +53,7 @@ impl Broker {
             metrics: Arc::clone(&metrics),
         });
         let groups = Groups::new(pool.clone(), coordinator.clone(), idle);
-        Self { pool, config, names: NamesCache::new(), writers, groups, coordinator, metrics, broker_id }
+        let registered = Cache::builder().max_capacity(100_000).time_to_live(Duration::from_secs(60)).build();
+        Self { pool, config, names: NamesCache::new(), registered, writers, groups, coordinator, metrics, broker_id }
     }
 }

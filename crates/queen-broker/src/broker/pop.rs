@@ -73,6 +73,7 @@ const AFTER_EXPIRY: Duration = Duration::from_millis(20);
 /// no database connection.
 pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, ApiError> {
     let deadline = Instant::now() + request.timeout;
+    super::groups::register_on_first_pop(broker, &request.queue, &request.group, request.seed).await?;
     let queue: Arc<str> = Arc::from(request.queue.as_str());
     loop {
         let seen = if request.wait { Some(observe(broker, &queue).await?) } else { None };

@@ -56,6 +56,11 @@ impl<'a> JsonObject<'a> {
         if self.path.is_empty() { key.to_owned() } else { format!("{}.{key}", self.path) }
     }
 
+    /// Whether the object has no members at all.
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
     /// The member as raw JSON; `None` when absent or `null`.
     pub fn raw(&self, key: &str) -> Option<&'a RawValue> {
         self.members.get(key).copied().filter(|raw| raw.get() != "null")

@@ -4,8 +4,10 @@
 mod ack;
 mod body;
 mod configure;
+mod consumer_groups;
 mod health;
 mod lease;
+mod messages;
 mod pop;
 mod push;
 mod resources;
@@ -18,6 +20,21 @@ use crate::error::ApiError;
 /// Times as the API writes them: RFC 3339 in UTC with microseconds and `Z`.
 pub fn timestamp(at: DateTime<Utc>) -> String {
     at.to_rfc3339_opts(SecondsFormat::Micros, true)
+}
+
+/// What every answer that carries a stored message says about it.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredMessageJson<'a> {
+    pub id: uuid::Uuid,
+    pub transaction_id: &'a str,
+    pub trace_id: Option<uuid::Uuid>,
+    pub queue: &'a str,
+    pub partition: &'a str,
+    pub partition_id: String,
+    pub offset: i64,
+    pub created_at: String,
+    pub data: &'a serde_json::value::RawValue,
 }
 
 async fn no_such_route(req: HttpRequest) -> Result<HttpResponse, ApiError> {
@@ -52,7 +69,33 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                     resource("/resources/queues/{queue}")
                         .route(web::get().to(resources::get_queue))
                         .route(web::delete().to(resources::delete_queue)),
-                ),
+                )
+                .service(resource("/messages/{partition_id}/{transaction_id:.+}").route(web::get().to(messages::get)))
+                .service(resource("/consumer-groups").route(web::get().to(consumer_groups::list)))
+                // Before `{group}`: a literal beats the parameter only when registered first.
+                .service(resource("/consumer-groups/lagging").route(web::get().to(consumer_groups::lagging)))
+                .service(
+                    resource("/consumer-groups/{group}")
+                        .route(web::get().to(consumer_groups::detail))
+                        .route(web::delete().to(consumer_groups::delete_group)),
+                )
+                .service(
+                    resource("/consumer-groups/{group}/subscription")
+                        .route(web::post().to(consumer_groups::update_subscription)),
+                )
+                .service(
+                    resource("/consumer-groups/{group}/queues/{queue}")
+                        .route(web::delete().to(consumer_groups::delete_group_on_queue)),
+                )
+                .service(
+                    resource("/consumer-groups/{group}/queues/{queue}/seek")
+                        .route(web::post().to(consumer_groups::seek_queue)),
+                )
+                .service(
+                    resource("/consumer-groups/{group}/queues/{queue}/partitions/{partition_id}/seek")
+                        .route(web::post().to(consumer_groups::seek_partition)),
+                )
+                .service(resource("/stats/refresh").route(web::post().to(consumer_groups::refresh_stats))),
         )
         .default_service(web::to(no_such_route));
 }

@@ -7,11 +7,10 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use chrono::{DateTime, Utc};
 use queen_store::cursors::CursorSeed;
 use serde::Serialize;
-use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use super::body::{query_bool, query_int, query_pairs};
-use super::timestamp;
+use super::{StoredMessageJson, timestamp};
 use crate::broker::Broker;
 use crate::broker::pop::{Delivery, PopRequest, pop};
 use crate::error::ApiError;
@@ -133,19 +132,12 @@ struct PopAnswer<'a> {
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct MessageJson<'a> {
-    id: Uuid,
-    transaction_id: &'a str,
-    trace_id: Option<Uuid>,
-    queue: &'a str,
-    partition: &'a str,
-    partition_id: String,
-    data: &'a RawValue,
-    created_at: String,
+    #[serde(flatten)]
+    stored: StoredMessageJson<'a>,
     lease_id: Option<Uuid>,
     consumer_group: &'a str,
     producer_sub: Option<&'a str>,
     delivery_attempt: i32,
-    offset: i64,
 }
 
 impl<'a> PopAnswer<'a> {
@@ -162,19 +154,21 @@ impl<'a> PopAnswer<'a> {
                 .messages
                 .iter()
                 .map(|m| MessageJson {
-                    id: m.message_id,
-                    transaction_id: &m.transaction_id,
-                    trace_id: m.trace_id,
-                    queue: &request.queue,
-                    partition: &m.partition,
-                    partition_id: m.partition_id.to_string(),
-                    data: &m.data,
-                    created_at: timestamp(m.created_at),
+                    stored: StoredMessageJson {
+                        id: m.message_id,
+                        transaction_id: &m.transaction_id,
+                        trace_id: m.trace_id,
+                        queue: &request.queue,
+                        partition: &m.partition,
+                        partition_id: m.partition_id.to_string(),
+                        offset: m.offset,
+                        created_at: timestamp(m.created_at),
+                        data: &m.data,
+                    },
                     lease_id: delivery.lease_id,
                     consumer_group: &request.group,
                     producer_sub: None,
                     delivery_attempt: m.delivery_attempt,
-                    offset: m.offset,
                 })
                 .collect(),
             partitions_claimed: delivery.partitions_claimed,

@@ -27,6 +27,11 @@ impl Answer {
         self.body.get("messages").and_then(Value::as_array).cloned().unwrap_or_default()
     }
 
+    /// The integer `data[field]` of each message, in delivery order.
+    pub fn data_ints(&self, field: &str) -> Vec<i64> {
+        self.messages().iter().map(|m| m["data"][field].as_i64().expect("an integer field")).collect()
+    }
+
     pub fn transaction_ids(&self) -> Vec<String> {
         self.messages().iter().map(|m| m["transactionId"].as_str().unwrap_or_default().to_owned()).collect()
     }
@@ -120,6 +125,15 @@ impl TestApp {
         let answer = self.post("/api/v1/ack/batch", &json!({"acknowledgments": acks, "consumerGroup": group})).await;
         assert_eq!(answer.status, StatusCode::OK, "ack answered {answer:?}");
         answer.body.as_array().cloned().expect("an array")
+    }
+
+    /// The segment `created_at` of a pushed message (from its push result), read back through
+    /// the message route.
+    pub async fn segment_time(&self, pushed: &Value) -> chrono::DateTime<chrono::Utc> {
+        let partition = pushed["partition_id"].as_str().expect("partition_id");
+        let transaction = pushed["transaction_id"].as_str().expect("transaction_id");
+        let message = self.get(&format!("/api/v1/messages/{partition}/{transaction}")).await;
+        message.body["createdAt"].as_str().expect("createdAt").parse().expect("ISO-8601")
     }
 
     /// One number from the database.

@@ -210,3 +210,34 @@ async fn a_deleted_queue_is_gone_and_a_push_starts_it_afresh() {
     assert_eq!(fresh["status"], "queued", "a recreated queue remembers nothing of the old one");
     assert_eq!(fresh["offset"], 1);
 }
+
+#[actix_web::test]
+async fn a_message_reports_each_groups_progress_and_is_completed_when_all_passed_it() {
+    let app = TestApp::spawn().await;
+    let pushed = app.push_one("status", "p", "known", json!({"k": 1})).await;
+    let path = format!("/api/v1/messages/{}/known", pushed["partition_id"].as_str().expect("id"));
+    let untouched = app.get(&path).await;
+    assert_eq!(untouched.status, StatusCode::OK);
+    assert_eq!(untouched.body["data"], json!({"k": 1}));
+    assert_eq!(untouched.body["consumerGroups"], json!([]));
+    assert_eq!(untouched.body["status"], "pending");
+
+    app.pop("queue/status", "batch=1&autoAck=true").await;
+    let leased = app.pop("queue/status", "batch=1&consumerGroup=slow").await.messages();
+    let mid = app.get(&path).await;
+    let groups = mid.body["consumerGroups"].as_array().expect("groups");
+    assert_eq!(groups.len(), 2);
+    let queue_mode = groups.iter().find(|g| g["name"] == "__QUEUE_MODE__").expect("queue mode");
+    assert_eq!((&queue_mode["consumed"], &queue_mode["leaseExpiresAt"]), (&json!(true), &Value::Null));
+    let slow = groups.iter().find(|g| g["name"] == "slow").expect("slow");
+    assert_eq!(slow["consumed"], false);
+    assert!(slow["leaseExpiresAt"].is_string(), "a live lease holds it: {slow}");
+    assert_eq!(mid.body["status"], "processing");
+
+    app.ack_all(&leased, "completed", Some("slow")).await;
+    assert_eq!(app.get(&path).await.body["status"], "completed");
+    assert_eq!(
+        app.get(&format!("/api/v1/messages/{}/unknown", pushed["partition_id"].as_str().unwrap())).await.status,
+        StatusCode::NOT_FOUND
+    );
+}

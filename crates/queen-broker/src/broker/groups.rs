@@ -1,0 +1,96 @@
+//! Consumer-group administration: registration on first pop, seek, subscription changes,
+//! deletion, and the lag views.
+
+use std::sync::Arc;
+
+use queen_store::cursors::CursorSeed;
+use queen_store::groups::{self, CursorLag, GroupDeleted, Registration, SeekTarget, SeekedPartition};
+
+use super::Broker;
+use crate::actors::coordinator::DataAvailable;
+use crate::error::ApiError;
+use crate::names::QUEUE_MODE_GROUP;
+
+/// Records where a named group starts on a queue the first time this broker sees it pop there.
+/// Queue mode needs no registration: it always starts at the oldest retained message.
+pub async fn register_on_first_pop(
+    broker: &Broker,
+    queue: &str,
+    group: &str,
+    seed: CursorSeed,
+) -> Result<(), ApiError> {
+    if group == QUEUE_MODE_GROUP {
+        return Ok(());
+    }
+    let key = (queue.to_owned(), group.to_owned());
+    if broker.registered.contains_key(&key) {
+        return Ok(());
+    }
+    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
+    groups::register(&client, queue, group, seed).await?;
+    broker.registered.insert(key, ());
+    Ok(())
+}
+
+/// Tells parked pops of these queues to look again: a cursor moved or a group started over.
+fn wake(broker: &Broker, queues: impl IntoIterator<Item = String>) {
+    for queue in queues {
+        broker.coordinator.do_send(DataAvailable { queue: Arc::from(queue) });
+    }
+}
+
+/// Seeks the group on one partition of the queue, or on all of them. `Ok(None)` when the queue
+/// does not exist or has no such partition.
+pub async fn seek(
+    broker: &Broker,
+    queue: &str,
+    partition_id: Option<i64>,
+    group: &str,
+    target: SeekTarget,
+) -> Result<Option<Vec<SeekedPartition>>, ApiError> {
+    let Some(queue_id) = broker.names.queue(&broker.pool, queue).await? else { return Ok(None) };
+    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
+    let moved = groups::seek(&client, queue_id, partition_id, group, target).await?;
+    if moved.is_empty() {
+        return Ok(None);
+    }
+    wake(broker, [queue.to_owned()]);
+    Ok(Some(moved))
+}
+
+/// Changes where the group starts on partitions it has not read yet; no cursor moves.
+pub async fn update_subscription(
+    broker: &Broker,
+    group: &str,
+    from: chrono::DateTime<chrono::Utc>,
+) -> Result<Vec<String>, ApiError> {
+    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
+    let queues = groups::update_subscription(&client, group, from).await?;
+    wake(broker, queues.clone());
+    Ok(queues)
+}
+
+/// Drops the group's cursors (everywhere, or on one queue) and, with `delete_metadata`, its
+/// registrations, so that a group of the same name starts over.
+pub async fn delete(
+    broker: &Broker,
+    group: &str,
+    queue: Option<&str>,
+    delete_metadata: bool,
+) -> Result<GroupDeleted, ApiError> {
+    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
+    let deleted = groups::delete_group(&client, group, queue, delete_metadata).await?;
+    for queue in &deleted.queues {
+        broker.registered.invalidate(&(queue.clone(), group.to_owned()));
+    }
+    wake(broker, deleted.queues.clone());
+    Ok(deleted)
+}
+
+/// Every cursor (of one group) with its lag, and the registrations.
+pub async fn overview(broker: &Broker, group: Option<&str>) -> Result<(Vec<CursorLag>, Vec<Registration>), ApiError> {
+    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
+    let lags = groups::cursor_lags(&client, group).await?;
+    let registrations = groups::registrations(&client, group).await?;
+    Ok((lags, registrations))
+}

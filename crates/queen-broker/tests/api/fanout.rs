@@ -1,0 +1,134 @@
+//! Fan-out: the rows of the fan-out seed's "What to expect" table, and what a group costs.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::helpers::TestApp;
+
+async fn push(app: &TestApp, queue: &str, partitions: &[&str], per_partition: usize) {
+    let mut items = Vec::new();
+    for partition in partitions {
+        for i in 0..per_partition {
+            items.push(json!({"queue": queue, "partition": partition, "payload": {"p": partition, "i": i}}));
+        }
+    }
+    app.push(Value::Array(items)).await;
+}
+
+/// Row counts of every table of the schema.
+async fn row_counts(app: &TestApp) -> BTreeMap<String, i64> {
+    let db = app.db.connect().await;
+    let tables: Vec<String> = db
+        .query("SELECT tablename::text FROM pg_tables WHERE schemaname = 'queen' ORDER BY 1", &[])
+        .await
+        .expect("tables")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut counts = BTreeMap::new();
+    for table in tables {
+        let count: i64 = db.query_one(&format!("SELECT count(*) FROM queen.{table}"), &[]).await.expect("count").get(0);
+        counts.insert(table, count);
+    }
+    counts
+}
+
+#[actix_web::test]
+async fn ten_groups_cost_one_cursor_row_per_partition_each_and_no_other_write() {
+    const GROUPS: usize = 10;
+    let app = TestApp::spawn().await;
+    push(&app, "fan", &["a", "b", "c"], 20).await;
+    let before = row_counts(&app).await;
+    let segment_bodies: i64 = app.count("SELECT sum(length(body))::bigint FROM queen.log_segments").await;
+
+    for g in 0..GROUPS {
+        let mut received = 0;
+        loop {
+            let answer = app.pop("queue/fan", &format!("batch=100&partitions=3&consumerGroup=g{g}")).await;
+            if answer.status == StatusCode::NO_CONTENT {
+                break;
+            }
+            let messages = answer.messages();
+            received += messages.len();
+            app.ack_all(&messages, "completed", Some(&format!("g{g}"))).await;
+        }
+        assert_eq!(received, 60, "group g{g} receives every message");
+    }
+
+    let after = row_counts(&app).await;
+    assert_eq!(after["log_segments"], before["log_segments"], "segment rows are shared");
+    assert_eq!(app.count("SELECT sum(length(body))::bigint FROM queen.log_segments").await, segment_bodies);
+    assert_eq!(after["log_message_ids"], before["log_message_ids"]);
+    assert_eq!(after["log_consumers"] - before["log_consumers"], (GROUPS * 3) as i64, "one cursor per partition");
+    assert_eq!(
+        after["consumer_groups_metadata"] - before["consumer_groups_metadata"],
+        GROUPS as i64,
+        "one registration per (queue, group), as the seeds specify"
+    );
+    let grown: BTreeSet<&String> = after.keys().filter(|t| after[*t] != before[*t]).collect();
+    assert_eq!(grown, BTreeSet::from([&"log_consumers".to_owned(), &"consumer_groups_metadata".to_owned()]));
+    let per_group: Vec<i64> = app
+        .db
+        .connect()
+        .await
+        .query("SELECT count(*) FROM queen.log_consumers GROUP BY consumer_group", &[])
+        .await
+        .expect("cursors")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(per_group, vec![3; GROUPS]);
+}
+
+#[actix_web::test]
+async fn a_second_group_added_to_a_live_queue_reads_the_backlog_independently() {
+    let app = TestApp::spawn().await;
+    push(&app, "live", &["p"], 5).await;
+    let first = app.pop("queue/live", "batch=10&consumerGroup=first").await.messages();
+    app.ack_all(&first, "completed", Some("first")).await;
+    push(&app, "live", &["p"], 2).await;
+    assert_eq!(app.pop("queue/live", "batch=10&consumerGroup=second").await.messages().len(), 7);
+    assert_eq!(app.pop("queue/live", "batch=10&consumerGroup=first").await.messages().len(), 2);
+}
+
+#[actix_web::test]
+async fn a_group_whose_handler_keeps_failing_stalls_only_its_own_cursor() {
+    let app = TestApp::spawn().await;
+    app.post("/api/v1/configure", &json!({"queue": "poison", "options": {"retryLimit": 1}})).await;
+    push(&app, "poison", &["p"], 3).await;
+    let healthy = app.pop("queue/poison", "batch=10&consumerGroup=healthy").await.messages();
+    app.ack_all(&healthy, "completed", Some("healthy")).await;
+
+    // The failing group's first message fails on every delivery: its retry budget runs out.
+    for delivery in 1..=2 {
+        let batch = app.pop("queue/poison", "batch=1&consumerGroup=failing").await.messages();
+        assert_eq!(batch[0]["data"]["i"], 0, "delivery {delivery} is the poison message again");
+        app.ack_all(&batch, "failed", Some("failing")).await;
+    }
+    let next = app.pop("queue/poison", "batch=10&consumerGroup=failing").await.messages();
+    assert_eq!(next.len(), 2, "after its retry budget the group moves past the message");
+    assert_eq!(app.count("SELECT count(*) FROM queen.log_dlq WHERE consumer_group = 'failing'").await, 1);
+    assert_eq!(app.count("SELECT count(*) FROM queen.log_dlq WHERE consumer_group = 'healthy'").await, 0);
+    assert_eq!(app.count("SELECT committed FROM queen.log_consumers WHERE consumer_group = 'healthy'").await, 3);
+}
+
+#[actix_web::test]
+async fn consumers_of_one_group_claim_different_partitions() {
+    let app = TestApp::spawn().await;
+    push(&app, "spread", &["a", "b", "c"], 2).await;
+    let mut partitions = BTreeSet::new();
+    let mut leases = BTreeSet::new();
+    for _ in 0..3 {
+        let answer = app.pop("queue/spread", "batch=10&consumerGroup=workers").await;
+        let messages = answer.messages();
+        let claimed: BTreeSet<&str> = messages.iter().map(|m| m["partition"].as_str().expect("partition")).collect();
+        assert_eq!(claimed.len(), 1, "one partition per pop");
+        assert!(partitions.insert(claimed.into_iter().next().expect("one").to_owned()), "a partition claimed twice");
+        leases.insert(answer.body["leaseId"].as_str().expect("lease").to_owned());
+    }
+    assert_eq!(partitions.len(), 3);
+    assert_eq!(leases.len(), 3);
+    assert_eq!(app.pop("queue/spread", "batch=10&consumerGroup=workers").await.status, StatusCode::NO_CONTENT);
+}

@@ -1,0 +1,269 @@
+//! Consumer groups as a whole: registration of where a group starts, seek, subscription
+//! changes, deletion, and lag.
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::GenericClient;
+
+use crate::StoreError;
+use crate::cursors::CursorSeed;
+
+/// Records where `group` starts on `queue`, unless it already has a registration: the first pop
+/// of a (queue, group) pair decides, and later requests with other settings change nothing.
+/// `new` is stored as the registration time, so partitions created later are read from then.
+pub async fn register(
+    client: &impl GenericClient,
+    queue: &str,
+    group: &str,
+    seed: CursorSeed,
+) -> Result<(), StoreError> {
+    let (mode, from): (&str, Option<DateTime<Utc>>) = match seed {
+        CursorSeed::Oldest => ("all", None),
+        CursorSeed::End => ("new", None),
+        CursorSeed::From(at) => ("timestamp", Some(at)),
+    };
+    let statement = client
+        .prepare_cached(
+            "INSERT INTO queen.consumer_groups_metadata (queue_name, consumer_group, subscription_mode, subscription_from)
+             VALUES ($1, $2, $3, CASE WHEN $3 = 'new' THEN now() ELSE $4 END)
+             ON CONFLICT (queue_name, consumer_group) DO NOTHING",
+        )
+        .await?;
+    client.execute(&statement, &[&queue, &group, &mode, &from]).await?;
+    Ok(())
+}
+
+/// Where a seek moves a cursor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeekTarget {
+    /// The partition's last offset: skip everything pending.
+    End,
+    /// Just below the first segment created at or after the time (the partition's end when none
+    /// is; the oldest retained segment when the time is older than all of them).
+    Time(DateTime<Utc>),
+}
+
+/// One cursor a seek set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeekedPartition {
+    pub partition_id: i64,
+    pub partition: String,
+    pub committed: i64,
+}
+
+/// Moves the group's cursor on every partition of the queue (or just `only_partition`). On each
+/// partition it sets `committed`, releases any live lease (the lease id stays, so the abandoned
+/// batch's acks are refused as an expired lease), resets the retry and redelivery counters, and
+/// creates the cursor when the group has none. The timestamp walk starts at the retention
+/// watermark and is segment-granular.
+pub async fn seek(
+    client: &impl GenericClient,
+    queue_id: i64,
+    only_partition: Option<i64>,
+    group: &str,
+    target: SeekTarget,
+) -> Result<Vec<SeekedPartition>, StoreError> {
+    let (to_end, at): (bool, Option<DateTime<Utc>>) = match target {
+        SeekTarget::End => (true, None),
+        SeekTarget::Time(at) => (false, Some(at)),
+    };
+    let statement = client
+        .prepare_cached(
+            "WITH target AS (
+                 SELECT p.id, p.name,
+                        CASE WHEN $4 THEN p.last_offset
+                             ELSE COALESCE(
+                                 (SELECT s.base_offset - 1 FROM queen.log_segments s
+                                   WHERE s.partition_id = p.id AND s.created_at >= $5 AND s.base_offset >= p.retained_from
+                                   ORDER BY s.created_at, s.base_offset LIMIT 1),
+                                 p.last_offset)
+                        END AS committed
+                   FROM queen.partitions p
+                  WHERE p.queue_id = $1 AND ($2::bigint IS NULL OR p.id = $2)
+             ), moved AS (
+                 INSERT INTO queen.log_consumers AS c (partition_id, consumer_group, committed)
+                 SELECT id, $3, committed FROM target
+                 ON CONFLICT (partition_id, consumer_group) DO UPDATE
+                    SET committed = EXCLUDED.committed,
+                        lease_expires_at = NULL,
+                        leased_until = NULL,
+                        lease_broker = NULL,
+                        retry_count = 0,
+                        redelivery_count = 0,
+                        head_attempts = 0
+                 RETURNING c.partition_id, c.committed
+             )
+             SELECT m.partition_id, t.name, m.committed FROM moved m JOIN target t ON t.id = m.partition_id
+              ORDER BY t.name",
+        )
+        .await?;
+    let rows = client.query(&statement, &[&queue_id, &only_partition, &group, &to_end, &at]).await?;
+    Ok(rows
+        .iter()
+        .map(|row| SeekedPartition { partition_id: row.get(0), partition: row.get(1), committed: row.get(2) })
+        .collect())
+}
+
+/// Sets the group's stored start time on every queue it is registered on. Existing cursors do
+/// not move; the queues whose registration changed come back.
+pub async fn update_subscription(
+    client: &impl GenericClient,
+    group: &str,
+    from: DateTime<Utc>,
+) -> Result<Vec<String>, StoreError> {
+    let rows = client
+        .query(
+            "UPDATE queen.consumer_groups_metadata
+                SET subscription_mode = 'timestamp', subscription_from = $2, updated_at = now()
+              WHERE consumer_group = $1
+          RETURNING queue_name",
+            &[&group, &from],
+        )
+        .await?;
+    Ok(rows.iter().map(|row| row.get(0)).collect())
+}
+
+/// What deleting a group removed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupDeleted {
+    /// Cursor rows dropped.
+    pub deleted_partitions: u64,
+    pub metadata_deleted: u64,
+    /// Queues the group had cursors or a registration on.
+    pub queues: Vec<String>,
+}
+
+/// Drops the group's cursors (and with them its leases) on every queue, or on `queue` only, and
+/// its registrations when `delete_metadata`.
+pub async fn delete_group(
+    client: &impl GenericClient,
+    group: &str,
+    queue: Option<&str>,
+    delete_metadata: bool,
+) -> Result<GroupDeleted, StoreError> {
+    let rows = client
+        .query(
+            "WITH cursors AS (
+                 DELETE FROM queen.log_consumers c USING queen.partitions p, queen.queues q
+                  WHERE c.consumer_group = $1 AND p.id = c.partition_id AND q.id = p.queue_id
+                    AND ($2::text IS NULL OR q.name = $2)
+              RETURNING q.name
+             ), registrations AS (
+                 DELETE FROM queen.consumer_groups_metadata
+                  WHERE $3 AND consumer_group = $1 AND ($2::text IS NULL OR queue_name = $2)
+              RETURNING queue_name
+             )
+             SELECT 'cursor', name FROM cursors UNION ALL SELECT 'registration', queue_name FROM registrations",
+            &[&group, &queue, &delete_metadata],
+        )
+        .await?;
+    let mut deleted = GroupDeleted { deleted_partitions: 0, metadata_deleted: 0, queues: Vec::new() };
+    for row in &rows {
+        let kind: &str = row.get(0);
+        if kind == "cursor" {
+            deleted.deleted_partitions += 1;
+        } else {
+            deleted.metadata_deleted += 1;
+        }
+        deleted.queues.push(row.get(1));
+    }
+    deleted.queues.sort();
+    deleted.queues.dedup();
+    Ok(deleted)
+}
+
+/// One cursor of a group with its lag.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CursorLag {
+    pub group: String,
+    pub queue: String,
+    pub partition: String,
+    pub partition_id: i64,
+    pub committed: i64,
+    pub last_offset: i64,
+    /// Messages stored past the cursor.
+    pub lag_messages: i64,
+    /// Age of the oldest message past the cursor; 0 when there is none.
+    pub lag_seconds: f64,
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    pub total_consumed: i64,
+    pub last_consumed_at: Option<DateTime<Utc>>,
+    pub retry_count: i32,
+    pub redelivery_count: i32,
+}
+
+/// Every cursor (of `group`, when given) with its lag, oldest-lagging first within a group. The
+/// age comes from the segment holding the first unconsumed message, found through the primary
+/// key, so the cost is per cursor, not per message.
+pub async fn cursor_lags(client: &impl GenericClient, group: Option<&str>) -> Result<Vec<CursorLag>, StoreError> {
+    let rows = client
+        .query(
+            "SELECT c.consumer_group, q.name, p.name, p.id, c.committed, p.last_offset,
+                    GREATEST(p.last_offset - GREATEST(c.committed, p.retained_from - 1), 0) AS lag,
+                    COALESCE(EXTRACT(EPOCH FROM now() - oldest.created_at)::float8, 0) AS lag_seconds,
+                    CASE WHEN c.lease_expires_at > now() THEN c.lease_expires_at END,
+                    c.total_consumed, c.last_consumed_at, c.retry_count, c.redelivery_count
+               FROM queen.log_consumers c
+               JOIN queen.partitions p ON p.id = c.partition_id
+               JOIN queen.queues q ON q.id = p.queue_id
+               LEFT JOIN LATERAL (
+                   SELECT s.created_at FROM queen.log_segments s
+                    WHERE s.partition_id = p.id AND p.last_offset > GREATEST(c.committed, p.retained_from - 1)
+                      AND s.base_offset <= GREATEST(c.committed, p.retained_from - 1) + 1
+                    ORDER BY s.base_offset DESC LIMIT 1
+               ) oldest ON true
+              WHERE $1::text IS NULL OR c.consumer_group = $1
+              ORDER BY c.consumer_group, q.name, p.name",
+            &[&group],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|row| CursorLag {
+            group: row.get(0),
+            queue: row.get(1),
+            partition: row.get(2),
+            partition_id: row.get(3),
+            committed: row.get(4),
+            last_offset: row.get(5),
+            lag_messages: row.get(6),
+            lag_seconds: row.get(7),
+            lease_expires_at: row.get(8),
+            total_consumed: row.get(9),
+            last_consumed_at: row.get(10),
+            retry_count: row.get(11),
+            redelivery_count: row.get(12),
+        })
+        .collect())
+}
+
+/// A group's registration on a queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registration {
+    pub group: String,
+    pub queue: String,
+    pub mode: String,
+    pub from: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+}
+
+pub async fn registrations(client: &impl GenericClient, group: Option<&str>) -> Result<Vec<Registration>, StoreError> {
+    let rows = client
+        .query(
+            "SELECT consumer_group, queue_name, subscription_mode, subscription_from, created_at
+               FROM queen.consumer_groups_metadata
+              WHERE $1::text IS NULL OR consumer_group = $1
+              ORDER BY consumer_group, queue_name",
+            &[&group],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|row| Registration {
+            group: row.get(0),
+            queue: row.get(1),
+            mode: row.get(2),
+            from: row.get(3),
+            created_at: row.get(4),
+        })
+        .collect())
+}
