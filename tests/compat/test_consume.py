@@ -1,8 +1,8 @@
 """The client's consume loop: each() and batch handlers, auto-ack and nack, lease renewal,
 multi-partition and competing consumers.
 
-Conformance scenarios 9, 12 (consume side), 13 (consume side), 14, 16, 17 and 18 (without the DLQ
-read, which the broker does not serve yet) of the client wire-protocol reference (§6).
+Conformance scenarios 9, 12 (consume side), 13 (consume side), 14, 16, 17 and 18 of the client
+wire-protocol reference (§6).
 """
 
 import asyncio
@@ -230,8 +230,9 @@ def test_each_nack_redelivers_the_failed_message_and_the_rest_of_its_partition(q
 
 
 def test_a_message_that_keeps_failing_is_given_up_after_the_retry_limit(queen_url):
-    """§6.18 without the DLQ read: lease_time 30, retry_limit 1, each() handler always failing on
-    message 2: 1, 3, 4, 5 handled exactly once, 2 exactly twice, then the queue is empty."""
+    """§6.18: lease_time 30, retry_limit 1, each() handler always failing on message 2: 1, 3, 4, 5
+    handled exactly once, 2 exactly twice, then the queue is empty and the DLQ holds message 2 with
+    its error."""
 
     async def body():
         name = unique("exhaustion")
@@ -252,5 +253,10 @@ def test_a_message_that_keeps_failing_is_given_up_after_the_retry_limit(queen_ur
             assert handled.count(2) == 2, handled
             assert time.monotonic() - started < 15, "redelivery after a nack must not wait for the lease"
             assert await q.queue(name).batch(10).wait(False).pop() == []
+            dlq = await q.queue(name).dlq().limit(50).get()
+            assert dlq["total"] == 1 and len(dlq["messages"]) == 1, dlq
+            dead = dlq["messages"][0]
+            assert dead["data"] == {"n": 2}, dead
+            assert "2 always fails" in (dead.get("errorMessage") or ""), dead
 
     run(body())

@@ -262,6 +262,7 @@ def test_a_retry_ack_redelivers_without_charging_the_retry_budget(queen_url):
             assert ids(third) == [2, 3], third
             assert (await q.ack(third))["success"] is True
             assert await q.queue(name).batch(10).wait(False).pop() == []
+            assert (await q.queue(name).dlq().get())["total"] == 0, "retry never dead-letters"
 
     run(body())
 
@@ -282,6 +283,8 @@ def test_a_failed_ack_past_the_retry_limit_moves_on(queen_url):
             assert ids(again) == [3], again
             assert (await q.ack(again))["success"] is True
             assert await q.queue(name).batch(10).wait(False).pop() == []
+            dlq = await q.queue(name).dlq().get()
+            assert [m["data"] for m in dlq["messages"]] == [{"id": 2}], dlq
 
     run(body())
 

@@ -91,6 +91,7 @@ impl AckVerdict {
 pub struct DeadLetter {
     pub offset: i64,
     pub error: Option<String>,
+    /// How many times the message was retried before it was given up on.
     pub retry_count: i32,
 }
 
@@ -178,7 +179,8 @@ pub fn apply(state: &CursorState, items: &[AckItem<'_>]) -> (CursorChange, Vec<A
                 dead_letters.push(DeadLetter {
                     offset,
                     error: items[index].error.map(str::to_owned),
-                    retry_count: after.retry_count,
+                    // Retries that happened: every failure but the first delivery's.
+                    retry_count: after.retry_count - 1,
                 });
                 after.committed = offset;
                 after.retry_count = 0;
@@ -309,7 +311,7 @@ mod tests {
         let (change, verdicts) = apply(&state, &[item]);
         assert_eq!(change.after.committed, 5);
         assert_eq!(change.after.retry_count, 0);
-        assert_eq!(change.dead_letters, vec![DeadLetter { offset: 5, error: Some("boom".into()), retry_count: 2 }]);
+        assert_eq!(change.dead_letters, vec![DeadLetter { offset: 5, error: Some("boom".into()), retry_count: 1 }]);
         assert!(change.lease_released);
         assert_eq!(verdicts, vec![AckVerdict::DeadLettered]);
     }

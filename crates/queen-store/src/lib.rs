@@ -3,6 +3,7 @@
 
 pub mod ack_rules;
 pub mod cursors;
+pub mod dlq;
 pub mod embedded;
 mod error;
 pub mod groups;

@@ -1,6 +1,6 @@
 //! Acknowledgements: one call's acks go to the GroupLeases actor of their consumer group.
 
-use queen_store::ack_rules::{AckStatus, AckVerdict};
+use queen_store::ack_rules::{AckStatus, AckVerdict, Refusal};
 use queen_store::cursors::{AckOutcome, AckRequest};
 
 use super::Broker;
@@ -32,5 +32,32 @@ fn verdict_label(verdict: &AckVerdict) -> &'static str {
         AckVerdict::Requeued { .. } => "requeued",
         AckVerdict::DeadLettered => "dead_lettered",
         AckVerdict::Refused(_) => "refused",
+    }
+}
+
+/// Why an acknowledgement was refused, in words a client can act on.
+pub fn refusal_text(refusal: Refusal, request: &AckRequest, committed: Option<i64>) -> String {
+    let (transaction_id, partition_id) = (&request.transaction_id, request.partition_id);
+    match refusal {
+        Refusal::Unresolvable => {
+            format!("unresolvable: transaction id {transaction_id:?} is not a message of partition {partition_id}")
+        }
+        Refusal::NoCursor => {
+            format!("group {:?} has never received messages of partition {partition_id}", request.consumer_group)
+        }
+        Refusal::InvalidLease => {
+            "invalid or expired lease: it is not the live lease of this partition for this group".into()
+        }
+        Refusal::LeasedByAnother => {
+            "the partition is leased to a consumer of this group; acknowledge with the leaseId of the delivery".into()
+        }
+        Refusal::NotDelivered => "the message was not delivered under this lease".into(),
+        Refusal::AlreadyCommitted => match committed {
+            Some(cursor) => format!("the message is already committed (the group's cursor is at offset {cursor})"),
+            None => "the message is already committed".into(),
+        },
+        Refusal::SupersededByFailure => "not committed: an earlier message of this partition failed in the same \
+                                         call and will be delivered again, with this one"
+            .into(),
     }
 }

@@ -5,6 +5,7 @@ pub mod groups;
 mod names_cache;
 pub mod pop;
 pub mod push;
+pub mod transaction;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -23,6 +23,18 @@ pub struct PushItem {
     pub payload: Vec<u8>,
 }
 
+impl PushItem {
+    /// The message to append, with a fresh message id.
+    pub fn to_message(&self) -> NewMessage {
+        NewMessage {
+            message_id: queen_log::new_message_id(),
+            transaction_id: self.transaction_id.clone(),
+            trace_id: self.trace_id,
+            payload: self.payload.clone(),
+        }
+    }
+}
+
 /// What became of one item.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pushed {
@@ -49,15 +61,7 @@ pub async fn push(broker: &Broker, items: Vec<PushItem>) -> Result<Vec<Pushed>, 
     }
 
     let writes = groups.iter().map(|((queue, partition), indices)| {
-        let messages: Vec<NewMessage> = indices
-            .iter()
-            .map(|&i| NewMessage {
-                message_id: queen_log::new_message_id(),
-                transaction_id: items[i].transaction_id.clone(),
-                trace_id: items[i].trace_id,
-                payload: items[i].payload.clone(),
-            })
-            .collect();
+        let messages: Vec<NewMessage> = indices.iter().map(|&i| items[i].to_message()).collect();
         write_partition(broker, queue, partition, messages)
     });
     let written = futures::future::try_join_all(writes).await?;

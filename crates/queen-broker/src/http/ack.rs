@@ -1,14 +1,14 @@
 //! `POST /api/v1/ack` and `POST /api/v1/ack/batch`: per-item verdicts, HTTP 200.
 
 use actix_web::{HttpResponse, web};
-use queen_store::ack_rules::{AckStatus, AckVerdict, Refusal};
+use queen_store::ack_rules::{AckStatus, AckVerdict};
 use queen_store::cursors::{AckOutcome, AckRequest};
 use serde::Serialize;
 use uuid::Uuid;
 
 use super::body::{JsonObject, read_body};
 use crate::broker::Broker;
-use crate::broker::ack::{acknowledge, status_label};
+use crate::broker::ack::{acknowledge, refusal_text, status_label};
 use crate::error::ApiError;
 use crate::names::{self, NameKind};
 
@@ -33,16 +33,13 @@ pub async fn batch(broker: web::Data<Broker>, payload: web::Payload) -> Result<H
 }
 
 async fn answer(broker: &Broker, group: &str, requests: Vec<AckRequest>) -> Result<HttpResponse, ApiError> {
-    let echo: Vec<(String, i64, AckStatus)> =
-        requests.iter().map(|r| (r.transaction_id.clone(), r.partition_id, r.status)).collect();
+    let echo = requests.clone();
     let outcomes = acknowledge(broker, group, requests).await?;
     let results: Vec<AckResult<'_>> = echo
         .iter()
         .zip(&outcomes)
         .enumerate()
-        .map(|(index, ((transaction_id, partition_id, status), outcome))| {
-            AckResult::new(index, transaction_id, *partition_id, *status, group, outcome)
-        })
+        .map(|(index, (request, outcome))| AckResult::new(index, request, outcome))
         .collect();
     Ok(HttpResponse::Ok().json(results))
 }
@@ -121,14 +118,7 @@ pub struct AckResult<'a> {
 }
 
 impl<'a> AckResult<'a> {
-    pub fn new(
-        index: usize,
-        transaction_id: &'a str,
-        partition_id: i64,
-        status: AckStatus,
-        group: &'a str,
-        outcome: &AckOutcome,
-    ) -> Self {
+    pub fn new(index: usize, request: &'a AckRequest, outcome: &AckOutcome) -> Self {
         let (lease_released, dlq) = match outcome.verdict {
             AckVerdict::Committed { lease_released } => (lease_released, false),
             AckVerdict::Requeued { .. } => (true, false),
@@ -136,47 +126,20 @@ impl<'a> AckResult<'a> {
             AckVerdict::Noop | AckVerdict::Refused(_) => (false, false),
         };
         let error = match outcome.verdict {
-            AckVerdict::Refused(refusal) => Some(refusal_text(refusal, transaction_id, partition_id, group, outcome)),
+            AckVerdict::Refused(refusal) => Some(refusal_text(refusal, request, outcome.committed)),
             _ => None,
         };
         AckResult {
             index,
-            transaction_id,
-            partition_id: partition_id.to_string(),
-            consumer_group: group,
-            status: status_label(status),
+            transaction_id: &request.transaction_id,
+            partition_id: request.partition_id.to_string(),
+            consumer_group: &request.consumer_group,
+            status: status_label(request.status),
             success: outcome.verdict.is_success(),
             noop: outcome.verdict == AckVerdict::Noop,
             lease_released,
             dlq,
             error,
-        }
-    }
-}
-
-fn refusal_text(
-    refusal: Refusal,
-    transaction_id: &str,
-    partition_id: i64,
-    group: &str,
-    outcome: &AckOutcome,
-) -> String {
-    let cursor = outcome.committed.map_or_else(String::new, |c| format!(" (the group's cursor is at offset {c})"));
-    match refusal {
-        Refusal::Unresolvable => {
-            format!("unresolvable: transaction id {transaction_id:?} is not a message of partition {partition_id}")
-        }
-        Refusal::NoCursor => format!("group {group:?} has never received messages of partition {partition_id}"),
-        Refusal::InvalidLease => {
-            "invalid or expired lease: it is not the live lease of this partition for this group".into()
-        }
-        Refusal::LeasedByAnother => {
-            "the partition is leased to a consumer of this group; acknowledge with the leaseId of the delivery".into()
-        }
-        Refusal::NotDelivered => "the message was not delivered under this lease".into(),
-        Refusal::AlreadyCommitted => format!("the message is already committed{cursor}"),
-        Refusal::SupersededByFailure => {
-            "not committed: an earlier message of this partition failed in the same call and will be delivered again, with this one".into()
         }
     }
 }

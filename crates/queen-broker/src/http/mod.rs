@@ -5,12 +5,14 @@ mod ack;
 mod body;
 mod configure;
 mod consumer_groups;
+mod dlq;
 mod health;
 mod lease;
 mod messages;
 mod pop;
 mod push;
 mod resources;
+mod transaction;
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use chrono::{DateTime, SecondsFormat, Utc};
@@ -65,12 +67,22 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                 .service(resource("/ack").route(web::post().to(ack::single)))
                 .service(resource("/ack/batch").route(web::post().to(ack::batch)))
                 .service(resource("/lease/{lease_id}/extend").route(web::post().to(lease::extend)))
+                .service(resource("/transaction").route(web::post().to(transaction::handle)))
                 .service(
                     resource("/resources/queues/{queue}")
                         .route(web::get().to(resources::get_queue))
                         .route(web::delete().to(resources::delete_queue)),
                 )
-                .service(resource("/messages/{partition_id}/{transaction_id:.+}").route(web::get().to(messages::get)))
+                .service(resource("/dlq").route(web::get().to(dlq::list)))
+                // Before the message route, whose transaction id may contain `/`.
+                .service(
+                    resource("/messages/{partition_id}/{transaction_id:.+}/retry").route(web::post().to(dlq::retry)),
+                )
+                .service(
+                    resource("/messages/{partition_id}/{transaction_id:.+}")
+                        .route(web::get().to(messages::get))
+                        .route(web::delete().to(dlq::delete)),
+                )
                 .service(resource("/consumer-groups").route(web::get().to(consumer_groups::list)))
                 // Before `{group}`: a literal beats the parameter only when registered first.
                 .service(resource("/consumer-groups/lagging").route(web::get().to(consumer_groups::lagging)))

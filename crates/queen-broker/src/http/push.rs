@@ -42,7 +42,7 @@ fn parse_items(body: &[u8], max_items: usize) -> Result<Vec<PushItem>, ApiError>
     items.iter().map(parse_item).collect()
 }
 
-fn parse_item(item: &JsonObject<'_>) -> Result<PushItem, ApiError> {
+pub fn parse_item(item: &JsonObject<'_>) -> Result<PushItem, ApiError> {
     let checked = |kind, key: &str, value: String| {
         names::check(kind, &item.name_of(key), &value).map(|()| value).map_err(ApiError::BadRequest)
     };
@@ -71,7 +71,7 @@ fn parse_item(item: &JsonObject<'_>) -> Result<PushItem, ApiError> {
 
 /// One item's answer. Field names are the ones the official client reads.
 #[derive(Serialize)]
-struct ItemResult<'a> {
+pub struct ItemResult<'a> {
     index: usize,
     status: &'static str,
     transaction_id: &'a str,
@@ -81,7 +81,7 @@ struct ItemResult<'a> {
 }
 
 impl<'a> ItemResult<'a> {
-    fn new(index: usize, pushed: &'a Pushed) -> Self {
+    pub fn new(index: usize, pushed: &'a Pushed) -> Self {
         let (status, offset, message_id) = match pushed.outcome {
             Appended::Queued { offset, message_id } => ("queued", offset, message_id),
             Appended::Duplicate { offset, message_id } => ("duplicate", offset, message_id),

@@ -1,13 +1,17 @@
 //! API tests: each starts a broker in-process on its own database and speaks HTTP to it.
 
 mod bad_input;
+mod concurrency;
+mod failures;
 mod fanout;
 mod fusion;
 mod group_admin;
 mod groups;
 mod helpers;
+mod leases;
 mod long_poll;
 mod messages;
 mod seek;
 mod storage;
 mod subscription;
+mod transactions;

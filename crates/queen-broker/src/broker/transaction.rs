@@ -1,0 +1,135 @@
+//! Transactions: acknowledgements and pushes applied in one PostgreSQL transaction, all or
+//! nothing (the seeds' "chain the stages": ack stage one, push stage two).
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+
+use queen_store::StoreError;
+use queen_store::ack_rules::AckVerdict;
+use queen_store::cursors::{AckOutcome, AckRequest};
+use queen_store::log::{NewMessage, append_in_transaction};
+
+use super::Broker;
+use super::ack::refusal_text;
+use super::push::{PushItem, Pushed};
+use crate::actors::coordinator::DataAvailable;
+use crate::error::ApiError;
+
+/// One operation of a bundle, in the caller's order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Operation {
+    Ack(AckRequest),
+    Push(Vec<PushItem>),
+}
+
+/// What one entry of the results (every ack and every pushed item, in operation order) became.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Applied {
+    Ack { request: AckRequest, outcome: AckOutcome },
+    Push(Pushed),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TransactionError {
+    /// A part of the bundle was refused; nothing of it happened.
+    #[error("transaction rolled back: {0}")]
+    RolledBack(String),
+    #[error(transparent)]
+    Api(#[from] ApiError),
+}
+
+impl From<StoreError> for TransactionError {
+    fn from(e: StoreError) -> Self {
+        TransactionError::Api(e.into())
+    }
+}
+
+/// Runs the bundle. Acknowledgements are applied first and pushes after, partition by partition
+/// in id order: the results do not depend on that order, and every transaction taking cursor
+/// locks before partition locks (in a fixed order each) keeps concurrent bundles from deadlocking.
+pub async fn execute(broker: &Broker, operations: Vec<Operation>) -> Result<Vec<Applied>, TransactionError> {
+    let mut acks = Vec::new();
+    let mut items = Vec::new();
+    // For each entry of the results: which ack or which pushed item it is.
+    let mut order = Vec::new();
+    for operation in operations {
+        match operation {
+            Operation::Ack(request) => {
+                order.push(Entry::Ack(acks.len()));
+                acks.push(request);
+            }
+            Operation::Push(pushed) => {
+                for item in pushed {
+                    order.push(Entry::Item(items.len()));
+                    items.push(item);
+                }
+            }
+        }
+    }
+    // Queues and partitions are created outside the transaction: creating them is harmless even
+    // if the bundle rolls back.
+    let mut partition_of = Vec::with_capacity(items.len());
+    for item in &items {
+        let queue_id = broker.names.ensure_queue(&broker.pool, &item.queue).await?;
+        partition_of.push(broker.names.ensure_partition(&broker.pool, queue_id, &item.partition).await?);
+    }
+
+    let mut client = broker.pool.get().await.map_err(StoreError::from)?;
+    let tx = client.transaction().await.map_err(StoreError::from)?;
+    let ack_batch = queen_store::cursors::acknowledge(&tx, std::slice::from_ref(&acks)).await?;
+    let ack_outcomes = ack_batch.outcomes.into_iter().next().unwrap_or_default();
+    let refused = acks.iter().zip(&ack_outcomes).find_map(|(request, outcome)| match outcome.verdict {
+        AckVerdict::Refused(refusal) => Some((request, refusal, outcome.committed)),
+        _ => None,
+    });
+    if let Some((request, refusal, committed)) = refused {
+        let reason = refusal_text(refusal, request, committed);
+        return Err(TransactionError::RolledBack(format!(
+            "the ack of {:?} in partition {} was refused: {reason}",
+            request.transaction_id, request.partition_id
+        )));
+    }
+
+    let mut by_partition: BTreeMap<i64, Vec<usize>> = BTreeMap::new();
+    for (index, partition_id) in partition_of.iter().enumerate() {
+        by_partition.entry(*partition_id).or_default().push(index);
+    }
+    let mut pushed: Vec<Option<Pushed>> = vec![None; items.len()];
+    for (&partition_id, indices) in &by_partition {
+        let messages: Vec<NewMessage> = indices.iter().map(|&i| items[i].to_message()).collect();
+        let appended = append_in_transaction(&tx, partition_id, &messages).await?;
+        for (&i, outcome) in indices.iter().zip(appended.outcomes) {
+            pushed[i] = Some(Pushed { transaction_id: items[i].transaction_id.clone(), partition_id, outcome });
+        }
+    }
+    tx.commit().await.map_err(StoreError::from)?;
+    for (item, pushed) in items.iter().zip(&pushed) {
+        if let Some(Pushed { outcome: queen_store::log::Appended::Queued { .. }, .. }) = pushed {
+            broker.metrics.messages_pushed.with_label_values(&[&item.queue]).inc();
+        }
+    }
+
+    let woken: HashSet<&str> = items
+        .iter()
+        .map(|item| item.queue.as_str())
+        .chain(ack_batch.queues_with_released_work.iter().map(String::as_str))
+        .collect();
+    for queue in woken {
+        broker.coordinator.do_send(DataAvailable { queue: Arc::from(queue) });
+    }
+    let mut acks = acks.into_iter().zip(ack_outcomes).map(Some).collect::<Vec<_>>();
+    order
+        .into_iter()
+        .map(|entry| match entry {
+            Entry::Ack(i) => acks[i].take().map(|(request, outcome)| Applied::Ack { request, outcome }),
+            Entry::Item(i) => pushed[i].take().map(Applied::Push),
+        })
+        .map(|applied| applied.ok_or_else(|| ApiError::Internal("a transaction entry has no outcome".into()).into()))
+        .collect()
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Entry {
+    Ack(usize),
+    Item(usize),
+}

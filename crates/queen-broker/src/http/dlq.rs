@@ -1,0 +1,158 @@
+//! Dead letters: `GET /api/v1/dlq`, and re-queuing or deleting the dead letters of a message
+//! (`POST` / `DELETE /api/v1/messages/{partitionId}/{transactionId}/retry`).
+
+use std::sync::Arc;
+
+use actix_web::{HttpRequest, HttpResponse, web};
+use chrono::{DateTime, Utc};
+use queen_store::dlq::{DeadLetter, DeadLetterFilter};
+use queen_store::log::Appended;
+use serde::Serialize;
+use serde_json::value::RawValue;
+use uuid::Uuid;
+
+use super::body::{query_int, query_pairs};
+use super::messages::partition_id;
+use super::timestamp;
+use crate::actors::coordinator::DataAvailable;
+use crate::broker::Broker;
+use crate::error::ApiError;
+
+/// Most dead letters one page holds.
+const MAX_PAGE: u64 = 1000;
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct DeadLetterJson {
+    /// The message's id, as on delivery.
+    id: Uuid,
+    dead_letter_id: i64,
+    transaction_id: String,
+    trace_id: Option<Uuid>,
+    queue: String,
+    partition: String,
+    partition_id: String,
+    offset: i64,
+    consumer_group: String,
+    error_message: Option<String>,
+    retry_count: i32,
+    data: Box<RawValue>,
+    created_at: String,
+    failed_at: String,
+}
+
+impl TryFrom<DeadLetter> for DeadLetterJson {
+    type Error = ApiError;
+
+    fn try_from(d: DeadLetter) -> Result<Self, ApiError> {
+        let json =
+            String::from_utf8(d.payload).map_err(|_| ApiError::Internal("a dead letter is not UTF-8 JSON".into()))?;
+        let data =
+            RawValue::from_string(json).map_err(|e| ApiError::Internal(format!("a dead letter is not JSON: {e}")))?;
+        Ok(DeadLetterJson {
+            id: d.message_id,
+            dead_letter_id: d.id,
+            transaction_id: d.transaction_id,
+            trace_id: d.trace_id,
+            queue: d.queue,
+            partition: d.partition,
+            partition_id: d.partition_id.to_string(),
+            offset: d.offset,
+            consumer_group: d.consumer_group,
+            error_message: d.error,
+            retry_count: d.retry_count,
+            data,
+            created_at: timestamp(d.created_at),
+            failed_at: timestamp(d.failed_at),
+        })
+    }
+}
+
+#[derive(Serialize)]
+struct Page {
+    messages: Vec<DeadLetterJson>,
+    total: i64,
+    limit: i64,
+    offset: i64,
+}
+
+fn time_filter(value: Option<&String>, key: &str) -> Result<Option<DateTime<Utc>>, ApiError> {
+    value
+        .map(|text| {
+            DateTime::parse_from_rfc3339(text)
+                .map(|at| at.with_timezone(&Utc))
+                .map_err(|_| ApiError::bad_request(format!("{key} must be an ISO-8601 timestamp, not {text:?}")))
+        })
+        .transpose()
+}
+
+/// Dead letters, newest first, filtered by `queue`, `consumerGroup`, `partition` (name) and
+/// `from`/`to` (when they failed), paged with `limit` (1 to 1000, default 100) and `offset`.
+pub async fn list(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    let query = query_pairs(req.query_string())?;
+    let filter = DeadLetterFilter {
+        queue: query.get("queue").cloned(),
+        consumer_group: query.get("consumerGroup").cloned(),
+        partition: query.get("partition").cloned(),
+        from: time_filter(query.get("from"), "from")?,
+        to: time_filter(query.get("to"), "to")?,
+        limit: query_int(&query, "limit", 1, MAX_PAGE)?.unwrap_or(100) as i64,
+        offset: query_int(&query, "offset", 0, i64::MAX as u64)?.unwrap_or(0) as i64,
+    };
+    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
+    let (letters, total) = queen_store::dlq::list(&client, &filter).await?;
+    let messages = letters.into_iter().map(DeadLetterJson::try_from).collect::<Result<_, _>>()?;
+    Ok(HttpResponse::Ok().json(Page { messages, total, limit: filter.limit, offset: filter.offset }))
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Moved {
+    success: bool,
+    result: &'static str,
+    queue: String,
+    partition_id: String,
+    transaction_id: String,
+    message_id: Uuid,
+    offset: i64,
+    dead_letters: u64,
+}
+
+/// Puts the message's dead letters back into its partition as one new message.
+pub async fn retry(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    let partition = partition_id(&req)?;
+    let transaction_id = req.match_info().get("transaction_id").unwrap_or_default();
+    let mut client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
+    let moved = queen_store::dlq::requeue(&mut client, partition, transaction_id).await?.ok_or_else(|| {
+        ApiError::NotFound(format!("no dead letter for message {transaction_id:?} of partition {partition}"))
+    })?;
+    let (result, offset, message_id) = match moved.outcome {
+        Appended::Queued { offset, message_id } => ("moved", offset, message_id),
+        Appended::Duplicate { offset, message_id } => ("duplicate", offset, message_id),
+    };
+    broker.coordinator.do_send(DataAvailable { queue: Arc::from(moved.queue.as_str()) });
+    Ok(HttpResponse::Ok().json(Moved {
+        success: true,
+        result,
+        queue: moved.queue,
+        partition_id: moved.partition_id.to_string(),
+        transaction_id: moved.transaction_id,
+        message_id,
+        offset,
+        dead_letters: moved.dead_letters,
+    }))
+}
+
+/// Deletes the message's dead letters (never the message itself: the log is immutable).
+pub async fn delete(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    let partition = partition_id(&req)?;
+    let transaction_id = req.match_info().get("transaction_id").unwrap_or_default();
+    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
+    let deleted = queen_store::dlq::delete(&client, partition, transaction_id).await?;
+    if deleted == 0 {
+        return Err(ApiError::NotFound(format!(
+            "no dead letter for message {transaction_id:?} of partition {partition}"
+        )));
+    }
+    Ok(HttpResponse::Ok().json(serde_json::json!({"success": true, "deletedDeadLetters": deleted})))
+}

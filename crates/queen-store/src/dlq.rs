@@ -1,0 +1,173 @@
+//! Dead letters: listing them, re-queuing one as a new message, deleting them.
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::GenericClient;
+use uuid::Uuid;
+
+use crate::log::{Appended, NewMessage, append_in_transaction};
+use crate::{StoreError, queues};
+
+/// One dead letter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    pub id: i64,
+    pub queue: String,
+    pub partition: String,
+    pub partition_id: i64,
+    pub consumer_group: String,
+    pub offset: i64,
+    pub message_id: Uuid,
+    pub transaction_id: String,
+    pub trace_id: Option<Uuid>,
+    /// The message's data as JSON text.
+    pub payload: Vec<u8>,
+    pub error: Option<String>,
+    pub retry_count: i32,
+    pub created_at: DateTime<Utc>,
+    pub failed_at: DateTime<Utc>,
+}
+
+/// Which dead letters to list; every filter is optional.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeadLetterFilter {
+    pub queue: Option<String>,
+    pub consumer_group: Option<String>,
+    pub partition: Option<String>,
+    /// Failed at or after.
+    pub from: Option<DateTime<Utc>>,
+    /// Failed at or before.
+    pub to: Option<DateTime<Utc>>,
+    pub limit: i64,
+    pub offset: i64,
+}
+
+/// A page of dead letters, newest first, with how many match in all.
+pub async fn list(
+    client: &impl GenericClient,
+    filter: &DeadLetterFilter,
+) -> Result<(Vec<DeadLetter>, i64), StoreError> {
+    let rows = client
+        .query(
+            "SELECT id, queue_name, partition_name, partition_id, consumer_group, message_offset, message_id,
+                    transaction_id, trace_id, payload, error_message, retry_count, message_created_at, failed_at,
+                    count(*) OVER () AS total
+               FROM queen.log_dlq
+              WHERE ($1::text IS NULL OR queue_name = $1)
+                AND ($2::text IS NULL OR consumer_group = $2)
+                AND ($3::text IS NULL OR partition_name = $3)
+                AND ($4::timestamptz IS NULL OR failed_at >= $4)
+                AND ($5::timestamptz IS NULL OR failed_at <= $5)
+              ORDER BY failed_at DESC, id DESC
+              LIMIT $6 OFFSET $7",
+            &[
+                &filter.queue,
+                &filter.consumer_group,
+                &filter.partition,
+                &filter.from,
+                &filter.to,
+                &filter.limit,
+                &filter.offset,
+            ],
+        )
+        .await?;
+    let total = match rows.first() {
+        Some(row) => row.get(14),
+        // An offset past the end returns no rows; count the matches on their own then.
+        None if filter.offset > 0 => {
+            client
+                .query_one(
+                    "SELECT count(*) FROM queen.log_dlq
+                      WHERE ($1::text IS NULL OR queue_name = $1) AND ($2::text IS NULL OR consumer_group = $2)
+                        AND ($3::text IS NULL OR partition_name = $3)
+                        AND ($4::timestamptz IS NULL OR failed_at >= $4) AND ($5::timestamptz IS NULL OR failed_at <= $5)",
+                    &[&filter.queue, &filter.consumer_group, &filter.partition, &filter.from, &filter.to],
+                )
+                .await?
+                .get(0)
+        }
+        None => 0,
+    };
+    let letters = rows
+        .iter()
+        .map(|row| DeadLetter {
+            id: row.get(0),
+            queue: row.get(1),
+            partition: row.get(2),
+            partition_id: row.get(3),
+            consumer_group: row.get(4),
+            offset: row.get(5),
+            message_id: row.get(6),
+            transaction_id: row.get(7),
+            trace_id: row.get(8),
+            payload: row.get(9),
+            error: row.get(10),
+            retry_count: row.get(11),
+            created_at: row.get(12),
+            failed_at: row.get(13),
+        })
+        .collect();
+    Ok((letters, total))
+}
+
+/// What re-queuing a dead letter did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Requeued {
+    pub queue: String,
+    pub partition_id: i64,
+    /// The new message's transaction id: `dlq:<dead-letter id>`.
+    pub transaction_id: String,
+    pub outcome: Appended,
+    /// Dead letters of the message that were removed (one per group that gave up on it).
+    pub dead_letters: u64,
+}
+
+/// Moves the dead letters of a message back into its partition as one new message (transaction
+/// id `dlq:<lowest dead-letter id>`, same data), removing them, in one transaction. The new
+/// message reaches every group of the queue, like any push. `None` when the message has no dead
+/// letter.
+pub async fn requeue(
+    client: &mut deadpool_postgres::Client,
+    partition_id: i64,
+    transaction_id: &str,
+) -> Result<Option<Requeued>, StoreError> {
+    let tx = client.transaction().await?;
+    let rows = tx
+        .query(
+            "DELETE FROM queen.log_dlq WHERE partition_id = $1 AND transaction_id = $2
+          RETURNING id, queue_name, partition_name, trace_id, payload",
+            &[&partition_id, &transaction_id],
+        )
+        .await?;
+    let Some(first) = rows.iter().min_by_key(|row| row.get::<_, i64>(0)) else { return Ok(None) };
+    let (id, queue, partition): (i64, String, String) = (first.get(0), first.get(1), first.get(2));
+    // The partition may have been cleaned up since: re-create it (and its queue) by name.
+    let queue_id = queues::ensure_queue(&tx, &queue).await?;
+    let target = queues::ensure_partition(&tx, queue_id, &partition).await?;
+    let new_transaction_id = format!("dlq:{id}");
+    let message = NewMessage {
+        message_id: queen_log::new_message_id(),
+        transaction_id: new_transaction_id.clone(),
+        trace_id: first.get(3),
+        payload: first.get(4),
+    };
+    let appended = append_in_transaction(&tx, target, std::slice::from_ref(&message)).await?;
+    tx.commit().await?;
+    let outcome = appended.outcomes.into_iter().next().ok_or(StoreError::Missing("append outcome"))?;
+    Ok(Some(Requeued {
+        queue,
+        partition_id: target,
+        transaction_id: new_transaction_id,
+        outcome,
+        dead_letters: rows.len() as u64,
+    }))
+}
+
+/// Deletes the dead letters of a message; how many there were.
+pub async fn delete(client: &impl GenericClient, partition_id: i64, transaction_id: &str) -> Result<u64, StoreError> {
+    Ok(client
+        .execute(
+            "DELETE FROM queen.log_dlq WHERE partition_id = $1 AND transaction_id = $2",
+            &[&partition_id, &transaction_id],
+        )
+        .await?)
+}
