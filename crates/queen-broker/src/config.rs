@@ -18,6 +18,7 @@ pub struct Config {
     pub embedded: EmbeddedConfig,
     pub push: PushConfig,
     pub pop: PopConfig,
+    pub maintenance: MaintenanceConfig,
     pub log: LogConfig,
 }
 
@@ -157,6 +158,23 @@ impl Default for PopConfig {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+pub struct MaintenanceConfig {
+    /// Time between maintenance passes (retention, partition clean-up).
+    pub interval_ms: u64,
+    /// An empty partition idle this many days is deleted.
+    pub partition_cleanup_days: u32,
+    /// Segments deleted per transaction by retention.
+    pub batch_segments: u32,
+}
+
+impl Default for MaintenanceConfig {
+    fn default() -> Self {
+        Self { interval_ms: 60_000, partition_cleanup_days: 30, batch_segments: 1000 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct LogConfig {
     /// A tracing filter: `info`, `debug`, `queen_broker=debug,info`, ...
     pub level: String,
@@ -187,6 +205,9 @@ pub const ENV_ALIASES: &[(&str, &str)] = &[
     ("DEFAULT_BATCH_SIZE", "pop.default_batch"),
     ("DEFAULT_TIMEOUT", "pop.default_timeout_ms"),
     ("LOG_LEVEL", "log.level"),
+    ("RETENTION_INTERVAL", "maintenance.interval_ms"),
+    ("RETENTION_BATCH_SIZE", "maintenance.batch_segments"),
+    ("PARTITION_CLEANUP_DAYS", "maintenance.partition_cleanup_days"),
 ];
 
 /// A setting that cannot be used, named.
@@ -260,6 +281,12 @@ impl Config {
         }
         if pop.default_timeout_ms > pop.max_timeout_ms {
             return Err(invalid("pop.default_timeout_ms", "must not exceed pop.max_timeout_ms"));
+        }
+        if self.maintenance.interval_ms < 100 {
+            return Err(invalid("maintenance.interval_ms", "must be at least 100"));
+        }
+        if self.maintenance.batch_segments == 0 {
+            return Err(invalid("maintenance.batch_segments", "must be at least 1"));
         }
         if !matches!(self.log.format.as_str(), "text" | "json") {
             return Err(invalid("log.format", "must be `text` or `json`"));

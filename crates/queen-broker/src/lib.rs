@@ -9,5 +9,6 @@ pub mod error;
 pub mod http;
 pub mod metrics;
 pub mod names;
+pub mod services;
 pub mod startup;
 pub mod telemetry;

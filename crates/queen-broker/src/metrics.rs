@@ -15,6 +15,9 @@ pub struct Metrics {
     pub leases_granted: IntCounter,
     pub leases_expired: IntCounter,
     pub long_poll_waiters: IntGauge,
+    pub maintenance_passes: IntCounterVec,
+    pub segments_retained_away: IntCounter,
+    pub partitions_cleaned_up: IntCounter,
 }
 
 fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -71,6 +74,22 @@ impl Metrics {
                 "Leases that ran out unacknowledged and were taken over.",
             ),
             long_poll_waiters,
+            maintenance_passes: counter_vec(
+                &registry,
+                "queen_maintenance_passes_total",
+                "Maintenance passes this broker scheduled: ran, skipped (another broker held the lock) or failed.",
+                &["outcome"],
+            ),
+            segments_retained_away: counter(
+                &registry,
+                "queen_retention_segments_deleted_total",
+                "Segments deleted by retention on this broker.",
+            ),
+            partitions_cleaned_up: counter(
+                &registry,
+                "queen_partitions_cleaned_up_total",
+                "Empty idle partitions deleted on this broker.",
+            ),
             registry,
         }
     }

@@ -12,6 +12,7 @@ pub mod messages;
 pub mod migrations;
 pub mod pool;
 pub mod queues;
+pub mod retention;
 
 pub use deadpool_postgres::{Pool, Transaction};
 pub use error::StoreError;

@@ -26,8 +26,12 @@ macro_rules! migration {
 }
 
 /// Every migration, in order.
-pub const MIGRATIONS: &[Migration] =
-    &[migration!(1, "0001_log"), migration!(2, "0002_dlq"), migration!(3, "0003_consumer_groups")];
+pub const MIGRATIONS: &[Migration] = &[
+    migration!(1, "0001_log"),
+    migration!(2, "0002_dlq"),
+    migration!(3, "0003_consumer_groups"),
+    migration!(4, "0004_maintenance"),
+];
 
 /// The newest schema version this build knows.
 pub fn latest_version() -> i32 {

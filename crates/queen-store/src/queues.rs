@@ -183,9 +183,19 @@ pub async fn find_partition(client: &impl GenericClient, queue_id: i64, name: &s
     Ok(client.query_opt(&statement, &[&queue_id, &name]).await?.map(|row| row.get(0)))
 }
 
-/// Deletes the queue with its partitions, segments, cursors and the rest. Whether it existed.
+/// Deletes the queue with everything of it: partitions, segments, transaction ids and cursors
+/// (by cascade), the groups' registrations and the dead letters (by name). Whether it existed.
 pub async fn delete_queue(client: &impl GenericClient, name: &str) -> Result<bool, StoreError> {
-    Ok(client.execute("DELETE FROM queen.queues WHERE name = $1", &[&name]).await? > 0)
+    let row = client
+        .query_one(
+            "WITH registrations AS (DELETE FROM queen.consumer_groups_metadata WHERE queue_name = $1),
+                  dead_letters AS (DELETE FROM queen.log_dlq WHERE queue_name = $1),
+                  queue AS (DELETE FROM queen.queues WHERE name = $1 RETURNING id)
+             SELECT count(*) FROM queue",
+            &[&name],
+        )
+        .await?;
+    Ok(row.get::<_, i64>(0) > 0)
 }
 
 #[cfg(test)]

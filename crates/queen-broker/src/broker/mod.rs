@@ -19,13 +19,14 @@ use crate::actors::group_leases::Groups;
 use crate::actors::partition_writer::{WriterDeps, WriterLimits, Writers};
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::services::maintenance::{Maintenance, MaintenanceSettings};
 pub use names_cache::NamesCache;
 
 /// Everything a request handler needs, shared by all HTTP workers.
 pub struct Broker {
     pub pool: Pool,
     pub config: Arc<Config>,
-    pub names: NamesCache,
+    pub names: Arc<NamesCache>,
     /// (queue, group) pairs whose registration this broker has written or seen.
     pub registered: Cache<(String, String), ()>,
     pub writers: Writers,
@@ -54,7 +55,24 @@ impl Broker {
             metrics: Arc::clone(&metrics),
         });
         let groups = Groups::new(pool.clone(), coordinator.clone(), idle);
-        let registered = Cache::builder().max_capacity(100_000).time_to_live(Duration::from_secs(60)).build();
-        Self { pool, config, names: NamesCache::new(), registered, writers, groups, coordinator, metrics, broker_id }
+        let registered = Cache::builder()
+            .max_capacity(100_000)
+            .time_to_live(Duration::from_secs(60))
+            .support_invalidation_closures()
+            .build();
+        let names = Arc::new(NamesCache::new());
+        let maintenance = &config.maintenance;
+        actix::Actor::start(Maintenance::new(
+            pool.clone(),
+            MaintenanceSettings {
+                interval: Duration::from_millis(maintenance.interval_ms),
+                partition_cleanup_days: f64::from(maintenance.partition_cleanup_days),
+                batch_segments: i64::from(maintenance.batch_segments),
+            },
+            broker_id.clone(),
+            Arc::clone(&names),
+            Arc::clone(&metrics),
+        ));
+        Self { pool, config, names, registered, writers, groups, coordinator, metrics, broker_id }
     }
 }

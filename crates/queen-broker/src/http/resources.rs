@@ -57,5 +57,8 @@ pub async fn delete_queue(broker: web::Data<Broker>, req: HttpRequest) -> Result
     let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
     let existed = queues::delete_queue(&client, &name).await?;
     broker.names.forget_queue(&name);
+    let queue = name.clone();
+    // The queue's registrations went with it; forget that they were written.
+    let _ = broker.registered.invalidate_entries_if(move |(registered_queue, _), _| *registered_queue == queue);
     Ok(HttpResponse::Ok().json(Deleted { deleted: true, queue: name, existed }))
 }

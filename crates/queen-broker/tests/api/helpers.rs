@@ -37,6 +37,10 @@ impl Answer {
     }
 }
 
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(60)).build().expect("an HTTP client")
+}
+
 fn test_label() -> String {
     std::thread::current().name().unwrap_or("api").rsplit("::").next().unwrap_or("api").to_owned()
 }
@@ -49,6 +53,16 @@ impl TestApp {
     /// A broker whose configuration `tweak` adjusts first.
     pub async fn spawn_with(tweak: impl FnOnce(&mut Config)) -> TestApp {
         let db = TestDatabase::create(&test_label()).await;
+        let base = Self::start(&db, tweak).await;
+        TestApp { base, http: client(), db }
+    }
+
+    /// Starts a second broker on another test's database (for fleet tests); its base URL.
+    pub async fn spawn_on(db: &TestDatabase, tweak: impl FnOnce(&mut Config)) -> String {
+        Self::start(db, tweak).await
+    }
+
+    async fn start(db: &TestDatabase, tweak: impl FnOnce(&mut Config)) -> String {
         let mut config = Config::default();
         config.http.host = "127.0.0.1".into();
         config.http.port = 0;
@@ -59,8 +73,7 @@ impl TestApp {
         let app = Application::build(config).await.expect("the broker starts");
         let base = format!("http://127.0.0.1:{}", app.port());
         actix_web::rt::spawn(app.run_until_stopped());
-        let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().expect("an HTTP client");
-        TestApp { base, http, db }
+        base
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -11,6 +11,7 @@ mod helpers;
 mod leases;
 mod long_poll;
 mod messages;
+mod retention;
 mod seek;
 mod storage;
 mod subscription;

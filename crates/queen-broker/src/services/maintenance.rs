@@ -1,0 +1,123 @@
+//! Maintenance: retention and partition clean-up, one pass every `maintenance.interval_ms`.
+//!
+//! Every broker of a fleet schedules passes; a pass runs only on the broker that takes the
+//! maintenance advisory lock, so in a fleet one broker runs each pass and the others skip it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use chrono::Utc;
+use queen_store::retention::{self, Trimmed};
+use queen_store::{Pool, StoreError};
+
+use crate::broker::NamesCache;
+use crate::metrics::Metrics;
+
+/// Most partitions one pass deletes.
+const CLEANUP_LIMIT: i64 = 1000;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MaintenanceSettings {
+    pub interval: Duration,
+    pub partition_cleanup_days: f64,
+    /// Segments deleted per transaction.
+    pub batch_segments: i64,
+}
+
+pub struct Maintenance {
+    pool: Pool,
+    settings: MaintenanceSettings,
+    broker_id: String,
+    names: Arc<NamesCache>,
+    metrics: Arc<Metrics>,
+    running: bool,
+}
+
+/// What one pass did on the broker that ran it.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PassReport {
+    pub trimmed: Trimmed,
+    pub partitions_deleted: u64,
+}
+
+impl Maintenance {
+    pub fn new(
+        pool: Pool,
+        settings: MaintenanceSettings,
+        broker_id: String,
+        names: Arc<NamesCache>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self { pool, settings, broker_id, names, metrics, running: false }
+    }
+
+    fn schedule_pass(&mut self, ctx: &mut Context<Self>) {
+        if self.running {
+            return;
+        }
+        self.running = true;
+        let (pool, settings, broker_id) = (self.pool.clone(), self.settings, self.broker_id.clone());
+        ctx.spawn(async move { run_pass(&pool, settings, &broker_id).await }.into_actor(self).map(
+            |outcome, service, _| {
+                service.running = false;
+                let label = match &outcome {
+                    Ok(Some(_)) => "ran",
+                    Ok(None) => "skipped",
+                    Err(_) => "failed",
+                };
+                service.metrics.maintenance_passes.with_label_values(&[label]).inc();
+                match outcome {
+                    Ok(Some((report, removed))) => {
+                        service.metrics.segments_retained_away.inc_by(report.trimmed.segments);
+                        service.metrics.partitions_cleaned_up.inc_by(report.partitions_deleted);
+                        for partition in removed {
+                            service.names.forget_partition(partition.queue_id, &partition.partition);
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(error = %e, "maintenance pass failed"),
+                }
+            },
+        ));
+    }
+}
+
+/// One pass, if this broker gets the lock: `None` when another broker holds it.
+async fn run_pass(
+    pool: &Pool,
+    settings: MaintenanceSettings,
+    broker_id: &str,
+) -> Result<Option<(PassReport, Vec<retention::RemovedPartition>)>, StoreError> {
+    let mut client = pool.get().await?;
+    if !retention::try_lock(&client).await? {
+        return Ok(None);
+    }
+    let started_at = Utc::now();
+    let outcome = async {
+        let mut report = PassReport::default();
+        for trim in retention::trims(&client).await? {
+            let trimmed = retention::apply_trim(&mut client, trim, settings.batch_segments).await?;
+            report.trimmed.segments += trimmed.segments;
+            report.trimmed.messages += trimmed.messages;
+        }
+        let removed = retention::clean_up_partitions(&client, settings.partition_cleanup_days, CLEANUP_LIMIT).await?;
+        report.partitions_deleted = removed.len() as u64;
+        retention::record_run(&client, broker_id, started_at, report.trimmed, report.partitions_deleted).await?;
+        Ok::<_, StoreError>((report, removed))
+    }
+    .await;
+    if retention::unlock(&client).await.is_err() {
+        // A pooled connection must never keep the lock: close it, and the session's lock with it.
+        drop(deadpool_postgres::Object::take(client));
+    }
+    outcome.map(Some)
+}
+
+impl Actor for Maintenance {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.run_interval(self.settings.interval, |service, ctx| service.schedule_pass(ctx));
+    }
+}

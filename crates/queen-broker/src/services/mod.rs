@@ -1,0 +1,3 @@
+//! Background services of a broker.
+
+pub mod maintenance;

@@ -1,0 +1,315 @@
+//! Retention, partition clean-up, queue deletion, and the lock that lets one broker run each
+//! maintenance pass. Segment ages are set in the database (the windows are seconds to days long);
+//! passes run every 100 ms.
+
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::helpers::TestApp;
+
+async fn app() -> TestApp {
+    TestApp::spawn_with(|config| config.maintenance.interval_ms = 100).await
+}
+
+async fn configure(app: &TestApp, queue: &str, options: Value) {
+    let answer = app.post("/api/v1/configure", &json!({"queue": queue, "options": options})).await;
+    assert_eq!(answer.body["configured"], true, "{answer:?}");
+}
+
+/// Pushes one segment of `n` messages named `<label>-<i>` to `queue`/`partition`.
+async fn segment(app: &TestApp, queue: &str, partition: &str, label: &str, n: usize) {
+    let items: Vec<Value> = (0..n)
+        .map(|i| json!({"queue": queue, "partition": partition, "transactionId": format!("{label}-{i}"), "payload": {"label": label, "i": i}}))
+        .collect();
+    app.push(Value::Array(items)).await;
+}
+
+/// Makes every segment of the queue with a base offset below `below` an hour old.
+async fn age(app: &TestApp, queue: &str, below: i64) {
+    app.db
+        .connect()
+        .await
+        .execute(
+            "UPDATE queen.log_segments s SET created_at = s.created_at - interval '1 hour'
+               FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+              WHERE s.partition_id = p.id AND q.name = $1 AND s.base_offset < $2",
+            &[&queue, &below],
+        )
+        .await
+        .expect("ageing segments");
+}
+
+/// Waits until `sql` counts `expected`, or fails after 10 s.
+async fn until_count(app: &TestApp, sql: &str, expected: i64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let count = app.count(sql).await;
+        if count == expected {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{sql}: {count}, expected {expected}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until at least `passes` more maintenance passes have run.
+async fn passes(app: &TestApp, passes: i64) {
+    let ran = app.count("SELECT count(*) FROM queen.maintenance_runs").await;
+    until_count_at_least(app, "SELECT count(*) FROM queen.maintenance_runs", ran + passes).await;
+}
+
+async fn until_count_at_least(app: &TestApp, sql: &str, at_least: i64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.count(sql).await < at_least {
+        assert!(Instant::now() < deadline, "{sql} never reached {at_least}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn segments_of(queue: &str) -> String {
+    format!(
+        "SELECT count(*) FROM queen.log_segments s JOIN queen.partitions p ON p.id = s.partition_id
+           JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = '{queue}'"
+    )
+}
+
+#[actix_web::test]
+async fn by_age_whole_segments_older_than_the_window_go_read_or_not() {
+    let app = app().await;
+    configure(&app, "aged", json!({"retentionEnabled": true, "retentionSeconds": 600})).await;
+    segment(&app, "aged", "p", "old", 3).await;
+    segment(&app, "aged", "p", "new", 2).await;
+    // A group that read nothing, and a dead letter of the old segment.
+    let first = app.pop("queue/aged", "batch=1&consumerGroup=reader").await.messages();
+    app.ack_all(&first, "dlq", Some("reader")).await;
+    age(&app, "aged", 4).await;
+
+    until_count(&app, &segments_of("aged"), 1).await;
+    assert_eq!(
+        app.count("SELECT retained_from FROM queen.partitions").await,
+        4,
+        "the watermark is the oldest survivor"
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM queen.log_message_ids WHERE transaction_id LIKE 'old-%'").await,
+        0,
+        "the transaction ids of deleted segments go too"
+    );
+    assert_eq!(app.count("SELECT count(*) FROM queen.log_message_ids").await, 2);
+    assert_eq!(app.count("SELECT count(*) FROM queen.log_dlq").await, 1, "dead letters are never touched");
+    // A cursor below the watermark reads from the watermark, without error.
+    let rest = app.pop("queue/aged", "batch=10&consumerGroup=reader").await;
+    assert_eq!(rest.transaction_ids(), vec!["new-0", "new-1"]);
+    // A new `all` group starts at the oldest surviving segment.
+    let fresh = app.pop("queue/aged", "batch=10&consumerGroup=late").await;
+    assert_eq!(fresh.transaction_ids(), vec!["new-0", "new-1"]);
+    // A seek below the watermark lands there too.
+    let seek =
+        app.post("/api/v1/consumer-groups/late/queues/aged/seek", &json!({"timestamp": "2001-01-01T00:00:00Z"})).await;
+    assert_eq!(seek.body["partitions"][0]["committed"], 3);
+    // A duplicate check no longer knows the deleted ids: retention bounds dedup too.
+    assert_eq!(app.push_one("aged", "p", "old-0", json!(1)).await["status"], "queued");
+}
+
+#[actix_web::test]
+async fn consumed_only_retention_is_held_by_the_slowest_group() {
+    let app = app().await;
+    configure(&app, "consumed", json!({"retentionEnabled": true, "completedRetentionSeconds": 600})).await;
+    for label in ["a", "b", "c"] {
+        segment(&app, "consumed", "p", label, 2).await;
+    }
+    segment(&app, "consumed", "untouched", "u", 2).await;
+    let fast = app.pop("queue/consumed/partition/p", "batch=10&consumerGroup=fast").await.messages();
+    app.ack_all(&fast, "completed", Some("fast")).await;
+    let slow = app.pop("queue/consumed/partition/p", "batch=3&consumerGroup=slow").await.messages();
+    app.ack_all(&slow, "completed", Some("slow")).await;
+    age(&app, "consumed", i64::MAX).await;
+
+    // The slow group committed offset 3: segment a (1-2) is consumed by everyone, b (3-4) is not;
+    // of the four segments (a, b, c and u), a goes.
+    until_count(&app, &segments_of("consumed"), 3).await;
+    passes(&app, 2).await;
+    let db = app.db.connect().await;
+    let rows =
+        db.query("SELECT name, retained_from FROM queen.partitions ORDER BY name", &[]).await.expect("partitions");
+    let watermarks: Vec<(String, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(watermarks, vec![("p".to_owned(), 3), ("untouched".to_owned(), 1)], "no cursors: everything is kept");
+    assert_eq!(
+        app.pop("queue/consumed/partition/p", "batch=10&consumerGroup=slow").await.transaction_ids(),
+        vec!["b-1", "c-0", "c-1"]
+    );
+}
+
+#[actix_web::test]
+async fn with_retention_off_everything_is_kept() {
+    let app = app().await;
+    configure(&app, "forever", json!({"retentionSeconds": 1, "completedRetentionSeconds": 1})).await;
+    segment(&app, "forever", "p", "x", 2).await;
+    let read = app.pop("queue/forever", "batch=10").await.messages();
+    app.ack_all(&read, "completed", None).await;
+    age(&app, "forever", i64::MAX).await;
+    passes(&app, 3).await;
+    assert_eq!(app.count(&segments_of("forever")).await, 1, "retention is opt-in");
+}
+
+#[actix_web::test]
+async fn an_empty_partition_idle_past_the_cleanup_age_is_deleted_with_its_cursors() {
+    let app = app().await;
+    configure(&app, "tidy", json!({"retentionEnabled": true, "retentionSeconds": 60})).await;
+    segment(&app, "tidy", "gone", "g", 2).await;
+    segment(&app, "tidy", "recent", "r", 2).await;
+    segment(&app, "tidy", "full", "f", 2).await;
+    for partition in ["gone", "recent"] {
+        let read = app.pop(&format!("queue/tidy/partition/{partition}"), "batch=10&consumerGroup=c").await.messages();
+        app.ack_all(&read, "completed", Some("c")).await;
+    }
+    let db = app.db.connect().await;
+    // Everything of `gone` and `recent` is retained away; `full` keeps its data.
+    db.batch_execute(
+        "UPDATE queen.log_segments s SET created_at = now() - interval '40 days'
+           FROM queen.partitions p WHERE s.partition_id = p.id AND p.name IN ('gone', 'recent');",
+    )
+    .await
+    .expect("ageing");
+    until_count(&app, &segments_of("tidy"), 1).await;
+    // Idle for 40 days: `gone` (no push, no consumer activity); `recent` was read a moment ago.
+    db.batch_execute(
+        "UPDATE queen.partitions SET created_at = now() - interval '40 days', last_segment_at = now() - interval '40 days';
+         UPDATE queen.log_consumers c SET created_at = now() - interval '40 days',
+                last_claimed_at = now() - interval '40 days', last_consumed_at = now() - interval '40 days'
+           FROM queen.partitions p WHERE c.partition_id = p.id AND p.name = 'gone';",
+    )
+    .await
+    .expect("idling");
+    until_count(&app, "SELECT count(*) FROM queen.partitions WHERE name = 'gone'", 0).await;
+    passes(&app, 2).await;
+    let left: Vec<String> = db
+        .query("SELECT name FROM queen.partitions ORDER BY name", &[])
+        .await
+        .expect("partitions")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(left, vec!["full", "recent"]);
+    assert_eq!(app.count("SELECT count(*) FROM queen.log_consumers").await, 1, "its cursors went with it");
+    assert_eq!(
+        app.count("SELECT partitions_deleted FROM queen.maintenance_runs WHERE partitions_deleted > 0").await,
+        1
+    );
+    // A push to the name starts the partition afresh.
+    assert_eq!(app.push_one("tidy", "gone", "again", json!(1)).await["offset"], 1);
+}
+
+#[actix_web::test]
+async fn deleting_a_queue_removes_everything_of_it() {
+    let app = app().await;
+    segment(&app, "doomed", "p", "d", 3).await;
+    let read = app.pop("queue/doomed", "batch=1&consumerGroup=g&subscriptionMode=all").await.messages();
+    app.ack_all(&read, "dlq", Some("g")).await;
+    let deleted = app.delete("/api/v1/resources/queues/doomed").await;
+    assert_eq!(deleted.body["deleted"], true);
+    for table in [
+        "queues",
+        "partitions",
+        "log_segments",
+        "log_message_ids",
+        "log_consumers",
+        "consumer_groups_metadata",
+        "log_dlq",
+    ] {
+        assert_eq!(
+            app.count(&format!("SELECT count(*) FROM queen.{table}")).await,
+            0,
+            "queen.{table} keeps rows of a deleted queue"
+        );
+    }
+    segment(&app, "doomed", "p", "d", 1).await;
+    let fresh = app.pop("queue/doomed", "batch=10&consumerGroup=g&subscriptionMode=new").await;
+    assert_eq!(fresh.status, StatusCode::NO_CONTENT, "the group registers afresh on the new queue");
+}
+
+#[actix_web::test]
+async fn while_another_session_holds_the_maintenance_lock_the_broker_skips_its_passes() {
+    let app = app().await;
+    configure(&app, "locked", json!({"retentionEnabled": true, "retentionSeconds": 60})).await;
+    segment(&app, "locked", "p", "l", 2).await;
+    age(&app, "locked", i64::MAX).await;
+    let holder = app.db.connect().await;
+    // Held as another broker mid-pass would hold it.
+    holder
+        .execute("SELECT pg_advisory_lock($1)", &[&queen_store::retention::MAINTENANCE_LOCK_KEY])
+        .await
+        .expect("lock");
+    let skipped = |text: String| {
+        text.lines()
+            .find_map(|l| l.strip_prefix("queen_maintenance_passes_total{outcome=\"skipped\"} "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while skipped(app.http.get(app.url("/metrics")).send().await.expect("metrics").text().await.expect("text")) < 3 {
+        assert!(Instant::now() < deadline, "the broker never skipped a pass");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(app.count(&segments_of("locked")).await, 1, "nothing was deleted while the lock was held");
+    assert_eq!(app.count("SELECT count(*) FROM queen.maintenance_runs").await, 0);
+    holder.execute("SELECT pg_advisory_unlock_all()", &[]).await.expect("unlock");
+    until_count(&app, &segments_of("locked"), 0).await;
+}
+
+#[actix_web::test]
+async fn two_brokers_on_one_database_never_run_a_pass_at_the_same_time() {
+    let app = app().await;
+    TestApp::spawn_on(&app.db, |config| config.maintenance.interval_ms = 100).await;
+    configure(&app, "shared", json!({"retentionEnabled": true, "retentionSeconds": 60})).await;
+    for round in 0..20 {
+        segment(&app, "shared", &format!("p{round}"), "s", 1).await;
+    }
+    age(&app, "shared", i64::MAX).await;
+    until_count(&app, &segments_of("shared"), 0).await;
+    until_count_at_least(&app, "SELECT count(DISTINCT broker) FROM queen.maintenance_runs", 2).await;
+    let overlapping = app
+        .count(
+            "SELECT count(*) FROM queen.maintenance_runs a JOIN queen.maintenance_runs b
+               ON a.id < b.id AND a.started_at < b.finished_at AND b.started_at < a.finished_at",
+        )
+        .await;
+    assert_eq!(overlapping, 0, "two passes ran at once");
+    assert_eq!(
+        app.count("SELECT sum(segments_deleted)::bigint FROM queen.maintenance_runs").await,
+        20,
+        "each segment deleted once"
+    );
+}
+
+#[actix_web::test]
+async fn a_trim_walks_from_the_watermark_not_through_deleted_history() {
+    let app = app().await;
+    let db = app.db.connect().await;
+    // A partition with a long history, most of it already retained away.
+    db.batch_execute(
+        "INSERT INTO queen.queues (name) VALUES ('history');
+         INSERT INTO queen.partitions (queue_id, name, last_offset, retained_from)
+              SELECT id, 'p', 20000, 19000 FROM queen.queues WHERE name = 'history';
+         INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, created_at, frame_count, raw_length, body)
+              SELECT p.id, g, g, now(), 1, 0, '\\x00' FROM queen.partitions p, generate_series(19000, 20000) g;
+         ANALYZE queen.log_segments;",
+    )
+    .await
+    .expect("history");
+    let plan: Vec<String> = db
+        .query(&format!("EXPLAIN {}", queen_store::retention::TRIM_SQL), &[&1_i64, &19_000_i64, &19_500_i64, &1000_i64])
+        .await
+        .expect("a plan")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let plan = plan.join("\n");
+    assert!(
+        plan.contains("Index Cond") && plan.contains("base_offset >= "),
+        "the scan must start at the watermark through the index:\n{plan}"
+    );
+    assert!(!plan.contains("Seq Scan"), "no sequential scan:\n{plan}");
+}

@@ -1,0 +1,235 @@
+//! Data lifetime: retention of whole segments, clean-up of empty idle partitions, and the
+//! advisory lock that lets one broker of a fleet run each maintenance pass.
+//!
+//! Retention is opt-in per queue (`retention_enabled`) and has two rules:
+//! - by age (`retention_seconds`): segments created before the window are deleted whether or not
+//!   any group read them;
+//! - consumed only (`completed_retention_seconds`): segments created before the window are
+//!   deleted once every cursor of the partition has passed them (`MIN(committed)`), so the
+//!   slowest group holds the floor and a partition without cursors keeps everything.
+//!
+//! Segments go from the low end only; `retained_from` (the retention watermark) moves to the
+//! oldest surviving segment, and the transaction-id index entries of deleted segments go with
+//! them. Every lookup starts at the watermark, so a pass never walks deleted history. Dead
+//! letters are never touched.
+
+use deadpool_postgres::GenericClient;
+
+use crate::StoreError;
+use crate::log::MAX_SEGMENT_RAW_BYTES;
+
+/// Session advisory lock serialising maintenance passes across brokers ("queenmnt").
+pub const MAINTENANCE_LOCK_KEY: i64 = 0x7175_6565_6e6d_6e74;
+
+/// Takes the maintenance lock if no other session holds it. Session-scoped: release it with
+/// [`unlock`] on the same connection (a broker that dies releases it with its session).
+pub async fn try_lock(client: &impl GenericClient) -> Result<bool, StoreError> {
+    Ok(client.query_one("SELECT pg_try_advisory_lock($1)", &[&MAINTENANCE_LOCK_KEY]).await?.get(0))
+}
+
+pub async fn unlock(client: &impl GenericClient) -> Result<(), StoreError> {
+    client.execute("SELECT pg_advisory_unlock($1)", &[&MAINTENANCE_LOCK_KEY]).await?;
+    Ok(())
+}
+
+/// A partition whose retained history shrinks: segments from `retained_from` up to (not
+/// including) `new_retained_from` go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Trim {
+    pub partition_id: i64,
+    pub retained_from: i64,
+    pub new_retained_from: i64,
+}
+
+/// The partitions of retention-enabled queues that have segments to delete, with the new
+/// watermark each gets. Index probes only: the first segment created in the window (through
+/// `(partition_id, created_at)`) and the segment holding the slowest cursor's next offset
+/// (through the primary key), both from the watermark up.
+pub async fn trims(client: &impl GenericClient) -> Result<Vec<Trim>, StoreError> {
+    let rows = client
+        .query(
+            "WITH candidate AS (
+                 SELECT p.id, p.retained_from, p.last_offset, q.retention_seconds, q.completed_retention_seconds,
+                        (SELECT min(c.committed) FROM queen.log_consumers c WHERE c.partition_id = p.id) AS floor
+                   FROM queen.queues q
+                   JOIN queen.partitions p ON p.queue_id = q.id
+                  WHERE q.retention_enabled AND (q.retention_seconds > 0 OR q.completed_retention_seconds > 0)
+                    AND p.last_offset >= p.retained_from
+             ), bounds AS (
+                 SELECT c.*,
+                        -- By age: up to the first segment created inside the window.
+                        CASE WHEN c.retention_seconds > 0 THEN COALESCE(
+                            (SELECT s.base_offset FROM queen.log_segments s
+                              WHERE s.partition_id = c.id AND s.base_offset >= c.retained_from
+                                AND s.created_at >= now() - c.retention_seconds * interval '1 second'
+                              ORDER BY s.created_at, s.base_offset LIMIT 1),
+                            c.last_offset + 1)
+                        ELSE c.retained_from END AS by_age,
+                        -- Consumed only: up to the first segment inside the window, and never past
+                        -- the segment holding the slowest cursor's next offset.
+                        CASE WHEN c.completed_retention_seconds > 0 AND c.floor IS NOT NULL THEN LEAST(
+                            COALESCE(
+                                (SELECT s.base_offset FROM queen.log_segments s
+                                  WHERE s.partition_id = c.id AND s.base_offset >= c.retained_from
+                                    AND s.created_at >= now() - c.completed_retention_seconds * interval '1 second'
+                                  ORDER BY s.created_at, s.base_offset LIMIT 1),
+                                c.last_offset + 1),
+                            CASE WHEN c.floor >= c.last_offset THEN c.last_offset + 1 ELSE COALESCE(
+                                (SELECT max(s.base_offset) FROM queen.log_segments s
+                                  WHERE s.partition_id = c.id AND s.base_offset >= c.retained_from
+                                    AND s.base_offset <= c.floor + 1),
+                                c.retained_from) END)
+                        ELSE c.retained_from END AS by_consumption
+                   FROM candidate c
+             )
+             SELECT id, retained_from, GREATEST(by_age, by_consumption) FROM bounds
+              WHERE GREATEST(by_age, by_consumption) > retained_from
+              ORDER BY id",
+            &[],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|row| Trim { partition_id: row.get(0), retained_from: row.get(1), new_retained_from: row.get(2) })
+        .collect())
+}
+
+/// Deletes the next batch of a trim: `$1` partition, `$2`..`$3` the offsets, `$4` the batch. The
+/// range starts at the watermark, so the walk never touches deleted history (public so that tests
+/// can show its plan).
+pub const TRIM_SQL: &str = "DELETE FROM queen.log_segments
+  WHERE partition_id = $1 AND base_offset >= $2
+    AND base_offset < LEAST($3, COALESCE(
+        (SELECT base_offset FROM queen.log_segments
+          WHERE partition_id = $1 AND base_offset >= $2
+          ORDER BY base_offset OFFSET $4 LIMIT 1), $3))
+RETURNING base_offset, end_offset, frame_count, body";
+
+/// What a trim removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Trimmed {
+    pub segments: u64,
+    pub messages: u64,
+}
+
+/// Deletes the segments of `trim`, `batch` segments per transaction, each transaction also
+/// deleting their transaction ids and moving the watermark past them.
+pub async fn apply_trim(client: &mut deadpool_postgres::Client, trim: Trim, batch: i64) -> Result<Trimmed, StoreError> {
+    let mut trimmed = Trimmed::default();
+    loop {
+        let tx = client.transaction().await?;
+        let segments =
+            tx.query(TRIM_SQL, &[&trim.partition_id, &trim.retained_from, &trim.new_retained_from, &batch]).await?;
+        if segments.is_empty() {
+            tx.commit().await?;
+            break;
+        }
+        let mut transaction_ids: Vec<String> = Vec::new();
+        let mut unreadable: Vec<(i64, i64)> = Vec::new();
+        let mut last_end = 0;
+        for row in &segments {
+            let (base, end, count): (i64, i64, i32) = (row.get(0), row.get(1), row.get(2));
+            last_end = last_end.max(end);
+            let body: &[u8] = row.get(3);
+            match queen_log::decode_segment(body, count.max(0) as usize, MAX_SEGMENT_RAW_BYTES) {
+                Ok(frames) => {
+                    transaction_ids.extend(frames.frames().filter_map(Result::ok).map(|f| f.transaction_id.to_owned()))
+                }
+                Err(e) => {
+                    tracing::warn!(partition_id = trim.partition_id, base, error = %e, "retaining away an unreadable segment");
+                    unreadable.push((base, end));
+                }
+            }
+        }
+        let mut messages = tx
+            .execute(
+                "DELETE FROM queen.log_message_ids WHERE partition_id = $1 AND transaction_id = ANY($2)",
+                &[&trim.partition_id, &transaction_ids],
+            )
+            .await?;
+        for (base, end) in unreadable {
+            // Its ids cannot be read, so find them by offset (a scan of this partition's ids).
+            messages += tx
+                .execute(
+                    "DELETE FROM queen.log_message_ids WHERE partition_id = $1 AND message_offset BETWEEN $2 AND $3",
+                    &[&trim.partition_id, &base, &end],
+                )
+                .await?;
+        }
+        tx.execute(
+            "UPDATE queen.partitions SET retained_from = GREATEST(retained_from, $2) WHERE id = $1",
+            &[&trim.partition_id, &(last_end + 1)],
+        )
+        .await?;
+        tx.commit().await?;
+        trimmed.segments += segments.len() as u64;
+        trimmed.messages += messages;
+    }
+    Ok(trimmed)
+}
+
+/// A partition removed by clean-up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemovedPartition {
+    pub queue: String,
+    pub queue_id: i64,
+    pub partition: String,
+}
+
+/// Deletes (with every group's cursor on them) up to `limit` partitions that are empty
+/// (everything retained away, or never written) and have been idle, without pushes or consumer
+/// activity, for `idle_days`.
+pub async fn clean_up_partitions(
+    client: &impl GenericClient,
+    idle_days: f64,
+    limit: i64,
+) -> Result<Vec<RemovedPartition>, StoreError> {
+    let rows = client
+        .query(
+            "WITH idle AS (
+                 SELECT p.id FROM queen.partitions p
+                  WHERE p.last_offset < p.retained_from
+                    AND COALESCE(p.last_segment_at, p.created_at) < now() - $1 * interval '1 day'
+                    AND p.created_at < now() - $1 * interval '1 day'
+                    AND NOT EXISTS (
+                        SELECT 1 FROM queen.log_consumers c
+                         WHERE c.partition_id = p.id
+                           AND (c.lease_expires_at > now()
+                                OR GREATEST(c.created_at, c.last_claimed_at, c.last_consumed_at)
+                                   >= now() - $1 * interval '1 day'))
+                  ORDER BY p.id
+                  LIMIT $2
+                    FOR UPDATE SKIP LOCKED
+             )
+             DELETE FROM queen.partitions p USING idle, queen.queues q
+              WHERE p.id = idle.id AND q.id = p.queue_id
+                -- A push that got in first made it non-empty again.
+                AND p.last_offset < p.retained_from
+          RETURNING q.name, q.id, p.name",
+            &[&idle_days, &limit],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|row| RemovedPartition { queue: row.get(0), queue_id: row.get(1), partition: row.get(2) })
+        .collect())
+}
+
+/// Records a pass in `queen.maintenance_runs`, pruning the log's week-old rows.
+pub async fn record_run(
+    client: &impl GenericClient,
+    broker: &str,
+    started_at: chrono::DateTime<chrono::Utc>,
+    trimmed: Trimmed,
+    partitions_deleted: u64,
+) -> Result<(), StoreError> {
+    client
+        .execute(
+            "WITH pruned AS (DELETE FROM queen.maintenance_runs WHERE started_at < now() - interval '7 days')
+             INSERT INTO queen.maintenance_runs (broker, started_at, segments_deleted, messages_deleted, partitions_deleted)
+             VALUES ($1, $2, $3, $4, $5)",
+            &[&broker, &started_at, &(trimmed.segments as i64), &(trimmed.messages as i64), &(partitions_deleted as i64)],
+        )
+        .await?;
+    Ok(())
+}
