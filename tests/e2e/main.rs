@@ -1,4 +1,5 @@
 //! End-to-end tests: real `queen` processes, as an operator runs them.
 
+mod fleet;
 mod process;
 mod support;

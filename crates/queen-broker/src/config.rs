@@ -141,6 +141,12 @@ pub struct PopConfig {
     pub default_timeout_ms: u64,
     /// Largest long-poll `timeout` (ms) accepted.
     pub max_timeout_ms: u64,
+    /// Queue-wide pops take candidates from the hot list (partitions announced by recent pushes)
+    /// and the last scan; off, every such pop scans the queue's partitions.
+    pub hot_list: bool,
+    /// A group's view of where its work is (and its empty-scan watermark) is re-verified by a
+    /// full scan at most this often.
+    pub scan_refresh_seconds: u64,
 }
 
 impl Default for PopConfig {
@@ -152,6 +158,8 @@ impl Default for PopConfig {
             max_partitions: 100,
             default_timeout_ms: 30_000,
             max_timeout_ms: 600_000,
+            hot_list: true,
+            scan_refresh_seconds: 30,
         }
     }
 }

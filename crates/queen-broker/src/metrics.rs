@@ -16,6 +16,8 @@ pub struct Metrics {
     pub leases_expired: IntCounter,
     pub long_poll_waiters: IntGauge,
     pub maintenance_passes: IntCounterVec,
+    pub notices_received: IntCounter,
+    pub pop_scans: IntCounterVec,
     pub segments_retained_away: IntCounter,
     pub partitions_cleaned_up: IntCounter,
 }
@@ -79,6 +81,17 @@ impl Metrics {
                 "queen_maintenance_passes_total",
                 "Maintenance passes this broker scheduled: ran, skipped (another broker held the lock) or failed.",
                 &["outcome"],
+            ),
+            notices_received: counter(
+                &registry,
+                "queen_notices_received_total",
+                "Fleet events received on the LISTEN connection.",
+            ),
+            pop_scans: counter_vec(
+                &registry,
+                "queen_pop_candidate_plans_total",
+                "How queue-wide pops found candidates: full scan, candidate list, or skipped (nothing can be pending).",
+                &["kind"],
             ),
             segments_retained_away: counter(
                 &registry,

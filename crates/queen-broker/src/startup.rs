@@ -53,7 +53,7 @@ impl Application {
             0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
             n => n,
         };
-        let broker = web::Data::new(Broker::new(pool, Arc::new(config), broker_id));
+        let broker = web::Data::new(Broker::new(pool, database.pg_config.clone(), Arc::new(config), broker_id));
         let server = HttpServer::new(move || {
             App::new()
                 .app_data(broker.clone())

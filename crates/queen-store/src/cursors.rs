@@ -9,6 +9,7 @@ use uuid::Uuid;
 
 use crate::StoreError;
 use crate::ack_rules::{self, AckItem, AckStatus, AckVerdict, CursorState, DeadLetter, Refusal};
+use crate::events::{self, Event};
 use crate::log::{Span, read_spans};
 
 /// Where a group's cursor starts on a partition it has never read.
@@ -32,16 +33,29 @@ pub struct Candidate {
     pub leased_until: Option<DateTime<Utc>>,
 }
 
-/// Partitions of the queue (or just `only_partition`) with messages past the group's cursor, or
-/// with no cursor yet: free ones first, the longest-unserved first among them; then leased ones,
-/// soonest expiry first.
+/// Which partitions of a queue a candidate query looks at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope<'a> {
+    /// Every partition: a full scan.
+    All,
+    /// These partitions (a broker's candidate list, or the one partition of a partition pop).
+    Only(&'a [i64]),
+}
+
+/// Partitions of the queue in `scope` with messages past the group's cursor, or with no cursor
+/// yet: free ones first, the longest-unserved first among them; then leased ones, soonest expiry
+/// first. Every such partition comes back, leased or not, so the caller learns which still have
+/// work.
 pub async fn candidates(
     client: &impl GenericClient,
     queue_id: i64,
-    only_partition: Option<i64>,
+    scope: Scope<'_>,
     group: &str,
-    limit: i64,
 ) -> Result<Vec<Candidate>, StoreError> {
+    let only: Option<&[i64]> = match scope {
+        Scope::All => None,
+        Scope::Only(ids) => Some(ids),
+    };
     let statement = client
         .prepare_cached(
             "SELECT p.id, p.name, c.partition_id IS NOT NULL,
@@ -49,14 +63,13 @@ pub async fn candidates(
                FROM queen.partitions p
                LEFT JOIN queen.log_consumers c ON c.partition_id = p.id AND c.consumer_group = $2
               WHERE p.queue_id = $1
-                AND ($4::bigint IS NULL OR p.id = $4)
+                AND ($3::bigint[] IS NULL OR p.id = ANY($3))
                 AND p.last_offset >= p.retained_from
                 AND (c.partition_id IS NULL OR p.last_offset > c.committed)
-              ORDER BY leased_until NULLS FIRST, c.last_claimed_at NULLS FIRST, p.id
-              LIMIT $3",
+              ORDER BY leased_until NULLS FIRST, c.last_claimed_at NULLS FIRST, p.id",
         )
         .await?;
-    let rows = client.query(&statement, &[&queue_id, &group, &limit, &only_partition]).await?;
+    let rows = client.query(&statement, &[&queue_id, &group, &only]).await?;
     Ok(rows
         .iter()
         .map(|row| Candidate {
@@ -332,7 +345,7 @@ pub async fn acknowledge(
     let lock = tx
         .prepare_cached(
             "SELECT c.partition_id, c.consumer_group, c.committed, c.lease_id, c.lease_expires_at > now(),
-                    c.leased_until, c.retry_count, c.head_attempts, q.retry_limit, q.name, p.last_offset
+                    c.leased_until, c.retry_count, c.head_attempts, q.retry_limit, q.name, p.last_offset, q.id
                FROM queen.log_consumers c
                JOIN queen.partitions p ON p.id = c.partition_id
                JOIN queen.queues q ON q.id = p.queue_id
@@ -346,8 +359,9 @@ pub async fn acknowledge(
     let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&partition_ids, &groups];
     let (offsets, cursors) = futures::try_join!(tx.query(&resolve, &resolve_params), tx.query(&lock, &lock_params))?;
     let offsets: Vec<Option<i64>> = offsets.iter().map(|row| row.get(0)).collect();
-    let partition_heads: HashMap<i64, (String, i64)> =
-        cursors.iter().map(|row| (row.get(0), (row.get(9), row.get(10)))).collect();
+    // Per partition: its queue's id and name, and its last offset.
+    let partition_heads: HashMap<i64, (i64, String, i64)> =
+        cursors.iter().map(|row| (row.get(0), (row.get(11), row.get(9), row.get(10)))).collect();
     let mut tracks: HashMap<CursorKey, CursorTrack> = cursors
         .iter()
         .map(|row| {
@@ -385,15 +399,32 @@ pub async fn acknowledge(
     let dead: Vec<(&CursorKey, &DeadLetter)> =
         changed.iter().flat_map(|(key, track)| track.dead_letters.iter().map(move |d| (*key, d))).collect();
     insert_dead_letters(tx, &dead).await?;
-    let mut queues_with_released_work: Vec<String> = changed
+    // A released lease over pending messages makes them available to the group's other
+    // consumers, on any broker: announce it at commit, as a push would.
+    let mut released: Vec<Event> = changed
         .iter()
         .filter(|(_, track)| track.lease_released)
         .filter_map(|((partition_id, _), track)| {
-            let (queue, last_offset) = partition_heads.get(partition_id)?;
-            (track.now.committed < *last_offset).then(|| queue.clone())
+            let (queue_id, queue, last_offset) = partition_heads.get(partition_id)?;
+            (track.now.committed < *last_offset).then(|| Event::Available {
+                queue_id: *queue_id,
+                partition_id: *partition_id,
+                queue: queue.clone(),
+            })
         })
         .collect();
-    queues_with_released_work.sort();
+    released.sort_by_key(Event::encode);
+    released.dedup();
+    for event in &released {
+        events::publish(tx, event).await?;
+    }
+    let mut queues_with_released_work: Vec<String> = released
+        .into_iter()
+        .filter_map(|event| match event {
+            Event::Available { queue, .. } => Some(queue),
+            _ => None,
+        })
+        .collect();
     queues_with_released_work.dedup();
     Ok(AckBatch { outcomes, queues_with_released_work })
 }

@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
 use uuid::Uuid;
 
-use crate::log::{Appended, NewMessage, append_in_transaction};
+use crate::log::{Appended, Destination, NewMessage, append_in_transaction};
 use crate::{StoreError, queues};
 
 /// One dead letter.
@@ -150,7 +150,8 @@ pub async fn requeue(
         trace_id: first.get(3),
         payload: first.get(4),
     };
-    let appended = append_in_transaction(&tx, target, std::slice::from_ref(&message)).await?;
+    let destination = Destination { queue_id, queue: &queue, partition_id: target };
+    let appended = append_in_transaction(&tx, destination, std::slice::from_ref(&message)).await?;
     tx.commit().await?;
     let outcome = appended.outcomes.into_iter().next().ok_or(StoreError::Missing("append outcome"))?;
     Ok(Some(Requeued {

@@ -8,6 +8,7 @@ use queen_log::{DecodedSegment, Frame, SegmentBuilder};
 use uuid::Uuid;
 
 use crate::StoreError;
+use crate::events::{self, Event};
 
 /// Upper bound on the decompressed size of one stored segment, so a corrupt row cannot make a
 /// reader allocate without limit.
@@ -21,6 +22,14 @@ pub struct NewMessage {
     pub trace_id: Option<Uuid>,
     /// The message's data as JSON text.
     pub payload: Vec<u8>,
+}
+
+/// The partition an append writes to, and the queue it belongs to (named in the append's notice).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Destination<'a> {
+    pub queue_id: i64,
+    pub queue: &'a str,
+    pub partition_id: i64,
 }
 
 /// What became of one message of an append.
@@ -127,19 +136,20 @@ fn plan_append(messages: &[NewMessage], existing: &HashMap<String, (i64, Uuid)>)
 /// back as [`Appended::Duplicate`] with the original offset and message id.
 ///
 /// Outside a transaction, a concurrent append of the same transaction id from another broker can
-/// race the duplicate check; the unique index catches it and the append is planned again.
+/// race the duplicate check; the unique index catches it and the append is planned again. The
+/// commit announces the partition to every broker ([`Event::Available`]).
 pub async fn append(
     client: &impl GenericClient,
-    partition_id: i64,
+    destination: Destination<'_>,
     messages: &[NewMessage],
 ) -> Result<AppendResult, StoreError> {
     let transaction_ids: Vec<&str> = messages.iter().map(|m| m.transaction_id.as_str()).collect();
     let mut attempts = 0;
     loop {
         attempts += 1;
-        let existing = existing_transaction_ids(client, partition_id, &transaction_ids).await?;
+        let existing = existing_transaction_ids(client, destination.partition_id, &transaction_ids).await?;
         let plan = plan_append(messages, &existing)?;
-        match write_plan(client, partition_id, &plan).await {
+        match write_plan(client, destination, &plan).await {
             Err(StoreError::Db(e))
                 if attempts < 3 && e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) =>
             {
@@ -154,9 +164,10 @@ pub async fn append(
 /// duplicate check cannot race, at the price of compressing under the lock.
 pub async fn append_in_transaction(
     tx: &deadpool_postgres::Transaction<'_>,
-    partition_id: i64,
+    destination: Destination<'_>,
     messages: &[NewMessage],
 ) -> Result<AppendResult, StoreError> {
+    let partition_id = destination.partition_id;
     let locked = tx.query_opt("SELECT 1 FROM queen.partitions WHERE id = $1 FOR UPDATE", &[&partition_id]).await?;
     if locked.is_none() {
         return Err(StoreError::Missing("partition"));
@@ -164,15 +175,16 @@ pub async fn append_in_transaction(
     let transaction_ids: Vec<&str> = messages.iter().map(|m| m.transaction_id.as_str()).collect();
     let existing = existing_transaction_ids(tx, partition_id, &transaction_ids).await?;
     let plan = plan_append(messages, &existing)?;
-    let segment = write_plan(tx, partition_id, &plan).await?;
+    let segment = write_plan(tx, destination, &plan).await?;
     Ok(finish(plan, segment))
 }
 
 async fn write_plan(
     client: &impl GenericClient,
-    partition_id: i64,
+    destination: Destination<'_>,
     plan: &AppendPlan,
 ) -> Result<Option<SegmentWritten>, StoreError> {
+    let partition_id = destination.partition_id;
     let Some(segment) = &plan.segment else { return Ok(None) };
     let statement = client
         .prepare_cached(
@@ -193,10 +205,13 @@ async fn write_plan(
                  SELECT $1, t.transaction_id, p.base_offset + t.ordinal - 1, t.message_id
                    FROM p, unnest($5::text[], $6::uuid[]) WITH ORDINALITY AS t(transaction_id, message_id, ordinal)
              )
-             SELECT base_offset, end_offset, created_at FROM segment",
+             SELECT s.base_offset, s.end_offset, s.created_at
+               FROM segment s CROSS JOIN LATERAL (SELECT pg_notify($7, $8)) notice",
         )
         .await?;
     let frame_count = segment.frame_count as i64;
+    let notice =
+        Event::Available { queue_id: destination.queue_id, partition_id, queue: destination.queue.to_owned() }.encode();
     let raw_len =
         i32::try_from(segment.raw_len).map_err(|_| queen_log::EncodeError::FrameTooLarge { len: segment.raw_len })?;
     let row = client
@@ -209,6 +224,8 @@ async fn write_plan(
                 &segment.body,
                 &plan.fresh_transaction_ids,
                 &plan.fresh_message_ids,
+                &events::CHANNEL,
+                &notice,
             ],
         )
         .await?

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use queen_store::Pool;
-use queen_store::log::{Appended, NewMessage};
+use queen_store::log::{Appended, Destination, NewMessage};
 use tokio::sync::oneshot;
 
 use super::WorkError;
@@ -21,6 +21,7 @@ use crate::metrics::Metrics;
 /// The partition a writer appends to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WriteTarget {
+    pub queue_id: i64,
     pub queue: Arc<str>,
     pub partition_id: i64,
 }
@@ -75,12 +76,14 @@ impl PartitionWriter {
             return;
         };
         let pool = self.pool.clone();
-        let partition_id = self.target.partition_id;
+        let target = self.target.clone();
         let messages = batch.items;
         let replies = batch.replies;
         let write = async move {
             let client = pool.get().await.map_err(queen_store::StoreError::from)?;
-            let result = queen_store::log::append(&client, partition_id, &messages).await?;
+            let destination =
+                Destination { queue_id: target.queue_id, queue: &target.queue, partition_id: target.partition_id };
+            let result = queen_store::log::append(&client, destination, &messages).await?;
             Ok::<_, queen_store::StoreError>((result, payload_bytes(&messages)))
         };
         ctx.spawn(write.into_actor(self).map(move |result, writer, ctx| {

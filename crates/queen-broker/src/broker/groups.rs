@@ -7,7 +7,9 @@ use queen_store::cursors::CursorSeed;
 use queen_store::groups::{self, CursorLag, GroupDeleted, Registration, SeekTarget, SeekedPartition};
 
 use super::Broker;
-use crate::actors::coordinator::DataAvailable;
+use queen_store::events::{self, Event};
+
+use crate::actors::coordinator::Forget;
 use crate::error::ApiError;
 use crate::names::QUEUE_MODE_GROUP;
 
@@ -32,11 +34,19 @@ pub async fn register_on_first_pop(
     Ok(())
 }
 
-/// Tells parked pops of these queues to look again: a cursor moved or a group started over.
-fn wake(broker: &Broker, queues: impl IntoIterator<Item = String>) {
-    for queue in queues {
-        broker.coordinator.do_send(DataAvailable { queue: Arc::from(queue) });
-    }
+/// Makes every broker forget what it knew about the group on the queue (every queue when
+/// `queue_id` is 0): its empty-scan watermark and candidates, so that a backward seek or a fresh
+/// start is seen on the very next pop. Parked pops look again.
+async fn forget(
+    broker: &Broker,
+    client: &impl deadpool_postgres::GenericClient,
+    queue_id: i64,
+    queue: Option<&str>,
+    group: &str,
+) -> Result<(), ApiError> {
+    broker.coordinator.do_send(Forget { queue_id, queue: queue.map(Arc::from), group: Arc::from(group) });
+    events::publish(client, &Event::Reset { queue_id, group: group.to_owned() }).await?;
+    Ok(())
 }
 
 /// Seeks the group on one partition of the queue, or on all of them. `Ok(None)` when the queue
@@ -54,7 +64,7 @@ pub async fn seek(
     if moved.is_empty() {
         return Ok(None);
     }
-    wake(broker, [queue.to_owned()]);
+    forget(broker, &client, queue_id, Some(queue), group).await?;
     Ok(Some(moved))
 }
 
@@ -66,7 +76,9 @@ pub async fn update_subscription(
 ) -> Result<Vec<String>, ApiError> {
     let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
     let queues = groups::update_subscription(&client, group, from).await?;
-    wake(broker, queues.clone());
+    if !queues.is_empty() {
+        forget(broker, &client, 0, None, group).await?;
+    }
     Ok(queues)
 }
 
@@ -83,7 +95,11 @@ pub async fn delete(
     for queue in &deleted.queues {
         broker.registered.invalidate(&(queue.clone(), group.to_owned()));
     }
-    wake(broker, deleted.queues.clone());
+    let queue_id = match queue {
+        Some(queue) => broker.names.queue(&broker.pool, queue).await?.unwrap_or(0),
+        None => 0,
+    };
+    forget(broker, &client, queue_id, queue, group).await?;
     Ok(deleted)
 }
 

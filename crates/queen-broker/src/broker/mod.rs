@@ -14,12 +14,16 @@ use actix::Addr;
 use moka::sync::Cache;
 use queen_store::Pool;
 
-use crate::actors::coordinator::Coordinator;
+use crate::actors::coordinator::{Coordinator, CoordinatorSettings};
 use crate::actors::group_leases::Groups;
 use crate::actors::partition_writer::{WriterDeps, WriterLimits, Writers};
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::services::listener::keep_listening;
 use crate::services::maintenance::{Maintenance, MaintenanceSettings};
+
+/// Most partitions a broker remembers as hot per queue.
+const HOT_CAPACITY: usize = 4096;
 pub use names_cache::NamesCache;
 
 /// Everything a request handler needs, shared by all HTTP workers.
@@ -38,10 +42,15 @@ pub struct Broker {
 }
 
 impl Broker {
-    /// Wires the actors. Must run inside an actix system.
-    pub fn new(pool: Pool, config: Arc<Config>, broker_id: String) -> Self {
+    /// Wires the actors and starts the LISTEN connection (on `pg`). Must run inside an actix
+    /// system.
+    pub fn new(pool: Pool, pg: tokio_postgres::Config, config: Arc<Config>, broker_id: String) -> Self {
         let metrics = Arc::new(Metrics::new());
-        let coordinator = actix::Actor::start(Coordinator::new(Arc::clone(&metrics)));
+        let view_max_age = Duration::from_secs(config.pop.scan_refresh_seconds.max(1));
+        let settings = CoordinatorSettings { hot_list: config.pop.hot_list, view_max_age, hot_capacity: HOT_CAPACITY };
+        let coordinator = actix::Actor::start(Coordinator::new(settings, Arc::clone(&metrics)));
+        let hot_seconds = (view_max_age * 2).as_secs_f64();
+        actix::spawn(keep_listening(pg, pool.clone(), coordinator.clone(), hot_seconds));
         let idle = Duration::from_secs(config.push.writer_idle_seconds.max(1));
         let writers = Writers::new(WriterDeps {
             pool: pool.clone(),

@@ -7,14 +7,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use queen_store::cursors::{self, ClaimRequest, CursorSeed};
+use queen_store::cursors::{self, ClaimRequest, CursorSeed, Scope};
 use queen_store::log::{self, Span};
 use serde_json::value::RawValue;
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use super::Broker;
-use crate::actors::coordinator::{Observe, Park};
+use crate::actors::coordinator::{Checked, Observe, Park, PlanPop, PopPlan, ScanDone};
 use crate::error::ApiError;
 
 /// A validated pop.
@@ -109,18 +109,44 @@ async fn pop_once(broker: &Broker, request: &PopRequest) -> Result<Attempt, ApiE
     let Some(queue_id) = names.queue(&broker.pool, &request.queue).await? else {
         return Ok(Attempt::Empty { retry_at: None });
     };
-    let only_partition = match &request.partition {
+    let group: Arc<str> = Arc::from(request.group.as_str());
+    // Which partitions to look at: the one named, or the coordinator's plan for the queue.
+    let plan = match &request.partition {
         Some(name) => match names.partition(&broker.pool, queue_id, name).await? {
-            Some(id) => Some(id),
+            Some(partition_id) => PopPlan::Candidates { ticket: 0, partitions: vec![partition_id] },
             None => return Ok(Attempt::Empty { retry_at: None }),
         },
-        None => None,
+        None => {
+            broker.coordinator.send(PlanPop { queue_id, group: Arc::clone(&group) }).await.map_err(coordinator_gone)?
+        }
     };
     let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
-    let scan_limit = i64::from(request.max_partitions.max(4)) * 4;
-    let candidates = cursors::candidates(&client, queue_id, only_partition, &request.group, scan_limit).await?;
+    let candidates = match plan {
+        PopPlan::Candidates { partitions, .. } if partitions.is_empty() => {
+            return Ok(Attempt::Empty { retry_at: None });
+        }
+        PopPlan::Candidates { ticket, partitions } => {
+            let found = cursors::candidates(&client, queue_id, Scope::Only(&partitions), &request.group).await?;
+            if request.partition.is_none() {
+                let pending = found.iter().map(|c| c.partition_id).collect();
+                broker.coordinator.do_send(Checked { ticket, queue_id, group, pending });
+            }
+            found
+        }
+        PopPlan::Full { ticket } => {
+            let started = Instant::now();
+            let found = cursors::candidates(&client, queue_id, Scope::All, &request.group).await?;
+            let pending = found.iter().map(|c| c.partition_id).collect();
+            broker.coordinator.do_send(ScanDone { ticket, queue_id, group, started, pending });
+            found
+        }
+    };
     let retry_at = candidates.iter().filter_map(|c| c.leased_until).min();
-    let free: Vec<&cursors::Candidate> = candidates.iter().filter(|c| c.leased_until.is_none()).collect();
+    // Free partitions, longest-unserved first; a few more than the pop may take, in case some
+    // are claimed by a competing pop in the meantime.
+    let claimable = usize::try_from(request.max_partitions.max(4) * 4).unwrap_or(usize::MAX);
+    let free: Vec<&cursors::Candidate> =
+        candidates.iter().filter(|c| c.leased_until.is_none()).take(claimable).collect();
     if free.is_empty() {
         return Ok(Attempt::Empty { retry_at });
     }

@@ -98,7 +98,7 @@ async fn write_partition(
         }
         other => other?,
     };
-    let target = WriteTarget { queue: Arc::from(queue), partition_id };
+    let target = WriteTarget { queue_id, queue: Arc::from(queue), partition_id };
     match broker.writers.append(&target, messages).await {
         Ok(outcomes) => Ok((partition_id, outcomes)),
         Err(e) => {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use queen_store::StoreError;
 use queen_store::ack_rules::AckVerdict;
 use queen_store::cursors::{AckOutcome, AckRequest};
-use queen_store::log::{NewMessage, append_in_transaction};
+use queen_store::log::{Destination, NewMessage, append_in_transaction};
 
 use super::Broker;
 use super::ack::refusal_text;
@@ -68,10 +68,11 @@ pub async fn execute(broker: &Broker, operations: Vec<Operation>) -> Result<Vec<
     }
     // Queues and partitions are created outside the transaction: creating them is harmless even
     // if the bundle rolls back.
+    // For each item: its queue's id and its partition's id.
     let mut partition_of = Vec::with_capacity(items.len());
     for item in &items {
         let queue_id = broker.names.ensure_queue(&broker.pool, &item.queue).await?;
-        partition_of.push(broker.names.ensure_partition(&broker.pool, queue_id, &item.partition).await?);
+        partition_of.push((queue_id, broker.names.ensure_partition(&broker.pool, queue_id, &item.partition).await?));
     }
 
     let mut client = broker.pool.get().await.map_err(StoreError::from)?;
@@ -90,14 +91,15 @@ pub async fn execute(broker: &Broker, operations: Vec<Operation>) -> Result<Vec<
         )));
     }
 
-    let mut by_partition: BTreeMap<i64, Vec<usize>> = BTreeMap::new();
-    for (index, partition_id) in partition_of.iter().enumerate() {
-        by_partition.entry(*partition_id).or_default().push(index);
+    let mut by_partition: BTreeMap<(i64, i64), Vec<usize>> = BTreeMap::new();
+    for (index, &(queue_id, partition_id)) in partition_of.iter().enumerate() {
+        by_partition.entry((partition_id, queue_id)).or_default().push(index);
     }
     let mut pushed: Vec<Option<Pushed>> = vec![None; items.len()];
-    for (&partition_id, indices) in &by_partition {
+    for (&(partition_id, queue_id), indices) in &by_partition {
         let messages: Vec<NewMessage> = indices.iter().map(|&i| items[i].to_message()).collect();
-        let appended = append_in_transaction(&tx, partition_id, &messages).await?;
+        let destination = Destination { queue_id, queue: &items[indices[0]].queue, partition_id };
+        let appended = append_in_transaction(&tx, destination, &messages).await?;
         for (&i, outcome) in indices.iter().zip(appended.outcomes) {
             pushed[i] = Some(Pushed { transaction_id: items[i].transaction_id.clone(), partition_id, outcome });
         }

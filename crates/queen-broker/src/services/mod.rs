@@ -1,3 +1,4 @@
 //! Background services of a broker.
 
+pub mod listener;
 pub mod maintenance;

@@ -37,6 +37,15 @@ impl Answer {
     }
 }
 
+/// A metric sample of the broker at `base`; 0 when absent.
+pub async fn metric_at(http: &reqwest::Client, base: &str, sample: &str) -> f64 {
+    let text = http.get(format!("{base}/metrics")).send().await.expect("metrics").text().await.expect("text");
+    text.lines()
+        .find_map(|line| line.strip_prefix(sample).and_then(|rest| rest.strip_prefix(' ')))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
 fn client() -> reqwest::Client {
     reqwest::Client::builder().timeout(Duration::from_secs(60)).build().expect("an HTTP client")
 }
@@ -147,6 +156,12 @@ impl TestApp {
         let transaction = pushed["transaction_id"].as_str().expect("transaction_id");
         let message = self.get(&format!("/api/v1/messages/{partition}/{transaction}")).await;
         message.body["createdAt"].as_str().expect("createdAt").parse().expect("ISO-8601")
+    }
+
+    /// The value of one metric sample, e.g. `queen_long_poll_waiters` or
+    /// `queen_pop_candidate_plans_total{kind="full"}`; 0 when absent.
+    pub async fn metric(&self, sample: &str) -> f64 {
+        metric_at(&self.http, &self.base, sample).await
     }
 
     /// One number from the database.

@@ -9,15 +9,10 @@ use serde_json::json;
 use crate::helpers::TestApp;
 
 /// Waits until the broker reports `n` parked long polls.
-async fn until_parked(app: &TestApp, n: usize) {
+pub async fn until_parked(app: &TestApp, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let text = app.http.get(app.url("/metrics")).send().await.expect("metrics").text().await.expect("text");
-        let parked = text
-            .lines()
-            .find_map(|line| line.strip_prefix("queen_long_poll_waiters "))
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .unwrap_or(0);
+        let parked = app.metric("queen_long_poll_waiters").await as usize;
         if parked >= n {
             return;
         }

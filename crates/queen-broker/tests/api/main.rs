@@ -4,6 +4,7 @@ mod bad_input;
 mod concurrency;
 mod failures;
 mod fanout;
+mod fleet;
 mod fusion;
 mod group_admin;
 mod groups;

@@ -242,14 +242,8 @@ async fn while_another_session_holds_the_maintenance_lock_the_broker_skips_its_p
         .execute("SELECT pg_advisory_lock($1)", &[&queen_store::retention::MAINTENANCE_LOCK_KEY])
         .await
         .expect("lock");
-    let skipped = |text: String| {
-        text.lines()
-            .find_map(|l| l.strip_prefix("queen_maintenance_passes_total{outcome=\"skipped\"} "))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(0)
-    };
     let deadline = Instant::now() + Duration::from_secs(10);
-    while skipped(app.http.get(app.url("/metrics")).send().await.expect("metrics").text().await.expect("text")) < 3 {
+    while app.metric("queen_maintenance_passes_total{outcome=\"skipped\"}").await < 3.0 {
         assert!(Instant::now() < deadline, "the broker never skipped a pass");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -186,22 +186,7 @@ async fn a_backward_seek_wakes_a_waiting_consumer() {
     consumed_queue(&app, "wake", "g").await;
     let waiting = app.pop("queue/wake", "batch=10&consumerGroup=g&wait=true&timeout=20000");
     let seeking = async {
-        // The waiting pop is parked once the broker reports it.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !app
-            .http
-            .get(app.url("/metrics"))
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("text")
-            .contains("queen_long_poll_waiters 1")
-        {
-            assert!(std::time::Instant::now() < deadline, "the pop never parked");
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
+        crate::long_poll::until_parked(&app, 1).await;
         seek(&app, "g", "wake", json!({"timestamp": "2001-01-01T00:00:00Z"})).await
     };
     let started = std::time::Instant::now();

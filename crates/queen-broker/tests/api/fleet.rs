@@ -1,0 +1,211 @@
+//! Several brokers over one database behave as one broker: any broker takes any call, pushes
+//! from two brokers keep offsets dense, group resets reach every broker, and candidates come from
+//! the hot list instead of scans.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::helpers::{Answer, TestApp};
+
+/// Another broker on the app's database, and a way to talk to it.
+struct Other {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Other {
+    async fn start(app: &TestApp) -> Other {
+        Other { base: TestApp::spawn_on(&app.db, |_| {}).await, http: reqwest::Client::new() }
+    }
+
+    async fn post(&self, path: &str, body: &Value) -> (StatusCode, Value) {
+        let answer = self.http.post(format!("{}{path}", self.base)).json(body).send().await.expect("POST");
+        let status = answer.status();
+        (status, answer.json().await.unwrap_or(Value::Null))
+    }
+}
+
+#[actix_web::test]
+async fn a_lease_granted_by_one_broker_is_honoured_by_another() {
+    let app = TestApp::spawn().await;
+    let other = Other::start(&app).await;
+    app.push(json!([{"queue": "anywhere", "partition": "p", "transactionId": "a", "payload": 1},
+                    {"queue": "anywhere", "partition": "p", "transactionId": "b", "payload": 2},
+                    {"queue": "anywhere", "partition": "p", "transactionId": "c", "payload": 3}]))
+        .await;
+    let messages = app.pop("queue/anywhere", "batch=3&consumerGroup=g").await.messages();
+    let lease = messages[0]["leaseId"].as_str().expect("lease");
+
+    let (status, extended) = other.post(&format!("/api/v1/lease/{lease}/extend"), &json!({})).await;
+    assert_eq!((status, &extended["success"]), (StatusCode::OK, &json!(true)), "extension on the other broker");
+    let ack = json!({"transactionId": "a", "partitionId": messages[0]["partitionId"], "leaseId": lease, "consumerGroup": "g"});
+    let (_, acked) = other.post("/api/v1/ack", &ack).await;
+    assert_eq!(acked[0]["success"], true, "ack on the other broker: {acked}");
+    let bundle = json!({"operations": [{"type": "ack", "transactionId": "b", "partitionId": messages[1]["partitionId"],
+                                         "leaseId": lease, "consumerGroup": "g"}]});
+    let (status, committed) = other.post("/api/v1/transaction", &bundle).await;
+    assert_eq!((status, &committed["success"]), (StatusCode::OK, &json!(true)), "transaction on the other broker");
+    let (status, sought) = other.post("/api/v1/consumer-groups/g/queues/anywhere/seek", &json!({"toEnd": true})).await;
+    assert_eq!((status, &sought["success"]), (StatusCode::OK, &json!(true)));
+    let (_, late) = other
+        .post(
+            "/api/v1/ack",
+            &json!({"transactionId": "c", "partitionId": messages[2]["partitionId"],
+                                                        "leaseId": lease, "consumerGroup": "g"}),
+        )
+        .await;
+    assert_eq!(late[0]["noop"], true, "the seek, made elsewhere, moved the cursor past c");
+}
+
+#[actix_web::test]
+async fn two_brokers_pushing_to_one_partition_keep_offsets_dense() {
+    const PUSHES: usize = 200;
+    let app = TestApp::spawn().await;
+    let other = Other::start(&app).await;
+    let pushes = (0..PUSHES).map(|i| {
+        let body =
+            json!({"items": [{"queue": "shared", "partition": "p", "transactionId": format!("t{i}"), "payload": i}]});
+        let (app, other) = (&app, &other);
+        async move {
+            if i % 2 == 0 {
+                app.post("/api/v1/push", &body).await.body
+            } else {
+                other.post("/api/v1/push", &body).await.1
+            }
+        }
+    });
+    let answers = join_all(pushes).await;
+    let offsets: BTreeSet<i64> = answers.iter().map(|a| a[0]["offset"].as_i64().expect("an offset")).collect();
+    assert_eq!(offsets, (1..=PUSHES as i64).collect(), "offsets 1..N, none twice, none skipped");
+    assert!(answers.iter().all(|a| a[0]["status"] == "queued"));
+    let stored: Vec<i64> = app
+        .db
+        .connect()
+        .await
+        .query("SELECT message_offset FROM queen.log_message_ids ORDER BY 1", &[])
+        .await
+        .expect("ids")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(stored, (1..=PUSHES as i64).collect::<Vec<_>>());
+}
+
+/// Pops on `app` until a message comes, within 5 s.
+async fn pop_until_delivered(app: &TestApp, route: &str, query: &str) -> Answer {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let answer = app.pop(route, &format!("{query}&wait=true&timeout=200")).await;
+        if answer.status == StatusCode::OK || Instant::now() > deadline {
+            return answer;
+        }
+    }
+}
+
+#[actix_web::test]
+async fn a_seek_on_one_broker_clears_the_emptiness_every_broker_knew() {
+    let app = TestApp::spawn().await;
+    let other = Other::start(&app).await;
+    app.push(json!([{"queue": "rewind", "transactionId": "x", "payload": 1}])).await;
+    let messages = app.pop("queue/rewind", "batch=10&consumerGroup=g").await.messages();
+    app.ack_all(&messages, "completed", Some("g")).await;
+    // `app` now knows the group has nothing left on the queue.
+    assert_eq!(app.pop("queue/rewind", "consumerGroup=g").await.status, StatusCode::NO_CONTENT);
+    let (status, _) =
+        other.post("/api/v1/consumer-groups/g/queues/rewind/seek", &json!({"timestamp": "2001-01-01T00:00:00Z"})).await;
+    assert_eq!(status, StatusCode::OK);
+    let again = pop_until_delivered(&app, "queue/rewind", "batch=10&consumerGroup=g").await;
+    assert_eq!(again.transaction_ids(), vec!["x"], "the seek made elsewhere is seen here");
+}
+
+#[actix_web::test]
+async fn with_the_hot_list_pops_find_pushed_partitions_without_scanning_the_queue() {
+    const PARTITIONS: i64 = 10_000;
+    let app = TestApp::spawn().await;
+    // A queue with ten thousand partitions, all drained.
+    app.db
+        .connect()
+        .await
+        .batch_execute(&format!(
+            "INSERT INTO queen.queues (name) VALUES ('wide');
+             INSERT INTO queen.partitions (queue_id, name)
+                  SELECT q.id, 'p' || g FROM queen.queues q, generate_series(1, {PARTITIONS}) g;"
+        ))
+        .await
+        .expect("partitions");
+    let full = "queen_pop_candidate_plans_total{kind=\"full\"}";
+    // The group's first pop scans once; after that, pushes to a few partitions are found through
+    // the hot list.
+    assert_eq!(app.pop("queue/wide", "consumerGroup=g").await.status, StatusCode::NO_CONTENT);
+    let scans = app.metric(full).await;
+    let mut delivered = 0;
+    for round in 0..20 {
+        app.push(json!([{"queue": "wide", "partition": format!("p{}", round % 3 + 1), "payload": round}])).await;
+        let answer = pop_until_delivered(&app, "queue/wide", "batch=10&consumerGroup=g").await;
+        delivered += answer.messages().len();
+        app.ack_all(&answer.messages(), "completed", Some("g")).await;
+    }
+    assert_eq!(delivered, 20);
+    assert_eq!(app.metric(full).await, scans, "no pop scanned the queue's partitions again");
+    assert!(app.metric("queen_pop_candidate_plans_total{kind=\"candidates\"}").await >= 20.0);
+}
+
+#[actix_web::test]
+async fn with_the_hot_list_off_every_pop_scans_unless_the_queue_was_found_empty() {
+    let app = TestApp::spawn_with(|config| config.pop.hot_list = false).await;
+    app.push(json!([{"queue": "cold", "payload": 1}, {"queue": "cold", "payload": 2}])).await;
+    let full = "queen_pop_candidate_plans_total{kind=\"full\"}";
+    for _ in 0..2 {
+        let messages = app.pop("queue/cold", "batch=1&consumerGroup=g").await.messages();
+        app.ack_all(&messages, "completed", Some("g")).await;
+    }
+    assert_eq!(app.metric(full).await, 2.0, "both pops scanned");
+    assert_eq!(app.pop("queue/cold", "consumerGroup=g").await.status, StatusCode::NO_CONTENT);
+    assert_eq!(app.pop("queue/cold", "consumerGroup=g").await.status, StatusCode::NO_CONTENT);
+    assert_eq!(app.metric(full).await, 3.0, "the empty scan fences the next pop");
+    assert_eq!(app.metric("queen_pop_candidate_plans_total{kind=\"skipped\"}").await, 1.0);
+    app.push(json!([{"queue": "cold", "payload": 3}])).await;
+    let after_push = pop_until_delivered(&app, "queue/cold", "batch=1&consumerGroup=g").await;
+    assert_eq!(after_push.messages().len(), 1, "a push lifts the fence");
+}
+
+#[actix_web::test]
+async fn a_broker_that_lost_its_listen_connection_misses_no_message() {
+    let app = TestApp::spawn().await;
+    let other = Other::start(&app).await;
+    // The group's view of the queue on `app`: empty.
+    assert_eq!(app.pop("queue/missed", "consumerGroup=g").await.status, StatusCode::NO_CONTENT);
+    let listeners = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'queen-listen'";
+    let waiting = app.pop("queue/missed", "consumerGroup=g&wait=true&timeout=10000");
+    let cut_and_push = async {
+        crate::long_poll::until_parked(&app, 1).await;
+        let killed = app
+            .count(
+                "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                  WHERE datname = current_database() AND application_name = 'queen-listen') killed",
+            )
+            .await;
+        assert!(killed >= 1, "the brokers' LISTEN connections were cut");
+        // Pushed through the other broker: its notice is sent while `app` is not listening.
+        let (status, _) = other
+            .post(
+                "/api/v1/push",
+                &json!({"items": [{"queue": "missed", "partition": "p", "transactionId": "late", "payload": 1}]}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED);
+    };
+    let started = Instant::now();
+    let (answer, ()) = futures::join!(waiting, cut_and_push);
+    assert_eq!(answer.transaction_ids(), vec!["late"], "found after reconnecting, not lost");
+    assert!(started.elapsed() < Duration::from_secs(10), "found before the long poll's timeout");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.count(listeners).await < 2 {
+        assert!(Instant::now() < deadline, "the brokers did not listen again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -1,0 +1,75 @@
+//! Fleet events: what brokers tell each other through PostgreSQL `NOTIFY` on one channel.
+//!
+//! A push commit announces its partition from inside the push transaction, so the notice is
+//! delivered exactly when the data is visible; an ack that releases a lease over pending messages
+//! announces the partition the same way. Seek, group deletion and subscription changes tell every
+//! broker to forget what it knew about a group (its empty-scan watermark and candidates).
+//!
+//! Payloads are short text: `p <queue id> <partition id> <queue>` and
+//! `r <queue id, or 0 for every queue> <group>`. Names come last, so they may contain spaces.
+
+use deadpool_postgres::GenericClient;
+
+use crate::StoreError;
+
+/// The one channel every broker listens on.
+pub const CHANNEL: &str = "queen_events";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// Messages became available in the partition (pushed, or released by an ack).
+    Available { queue_id: i64, partition_id: i64, queue: String },
+    /// Forget what is known about the group on the queue (every queue when `queue_id` is 0).
+    Reset { queue_id: i64, group: String },
+}
+
+impl Event {
+    pub fn encode(&self) -> String {
+        match self {
+            Event::Available { queue_id, partition_id, queue } => format!("p {queue_id} {partition_id} {queue}"),
+            Event::Reset { queue_id, group } => format!("r {queue_id} {group}"),
+        }
+    }
+
+    /// `None` for a payload this broker does not understand (from a newer broker, say).
+    pub fn decode(payload: &str) -> Option<Event> {
+        let (kind, rest) = payload.split_once(' ')?;
+        let (first, rest) = rest.split_once(' ')?;
+        let queue_id = first.parse().ok()?;
+        match kind {
+            "p" => {
+                let (partition, queue) = rest.split_once(' ')?;
+                Some(Event::Available { queue_id, partition_id: partition.parse().ok()?, queue: queue.to_owned() })
+            }
+            "r" => Some(Event::Reset { queue_id, group: rest.to_owned() }),
+            _ => None,
+        }
+    }
+}
+
+/// Publishes an event; inside a transaction it is delivered at commit, and not at all on
+/// rollback.
+pub async fn publish(client: &impl GenericClient, event: &Event) -> Result<(), StoreError> {
+    client.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &event.encode()]).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_round_trip_with_spaces_in_names() {
+        let events = [
+            Event::Available { queue_id: 3, partition_id: 44, queue: "orders eu".into() },
+            Event::Reset { queue_id: 3, group: "billing team".into() },
+            Event::Reset { queue_id: 0, group: "g".into() },
+        ];
+        for event in events {
+            assert_eq!(Event::decode(&event.encode()), Some(event));
+        }
+        assert_eq!(Event::decode("z 1 2"), None);
+        assert_eq!(Event::decode("p x 2 q"), None);
+        assert_eq!(Event::decode(""), None);
+    }
+}

@@ -1,0 +1,66 @@
+//! The LISTEN connection: a dedicated connection (not from the pool) that receives the fleet's
+//! events.
+
+use futures::StreamExt;
+use tokio::sync::mpsc;
+use tokio_postgres::{AsyncMessage, NoTls};
+
+use crate::StoreError;
+use crate::events::{CHANNEL, Event};
+
+/// `application_name` of the LISTEN connection, so operators (and tests) can find it.
+pub const LISTEN_APPLICATION_NAME: &str = "queen-listen";
+
+/// A live LISTEN connection. Events arrive on `events`, which ends when the connection is lost;
+/// dropping the value closes the connection.
+pub struct Listening {
+    _client: tokio_postgres::Client,
+    pub events: mpsc::UnboundedReceiver<Event>,
+}
+
+/// Connects and listens on [`CHANNEL`]. The connection task runs on the current runtime.
+pub async fn listen(pg: &tokio_postgres::Config) -> Result<Listening, StoreError> {
+    let mut pg = pg.clone();
+    pg.application_name(LISTEN_APPLICATION_NAME);
+    let (client, mut connection) = pg.connect(NoTls).await?;
+    let (sender, events) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(message) = messages.next().await {
+            match message {
+                Ok(AsyncMessage::Notification(notice)) => {
+                    if let Some(event) = Event::decode(notice.payload()) {
+                        if sender.send(event).is_err() {
+                            break;
+                        }
+                    } else {
+                        tracing::debug!(payload = notice.payload(), "ignoring an event this broker does not know");
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "the LISTEN connection failed");
+                    break;
+                }
+            }
+        }
+    });
+    client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
+    Ok(Listening { _client: client, events })
+}
+
+/// Partitions pushed to in the last `seconds`, with their queue: what the hot lists are seeded
+/// with after a lost LISTEN connection (whose notices may have been missed).
+pub async fn recently_pushed(
+    client: &impl deadpool_postgres::GenericClient,
+    seconds: f64,
+) -> Result<Vec<(i64, i64)>, StoreError> {
+    let rows = client
+        .query(
+            "SELECT queue_id, id FROM queen.partitions
+              WHERE last_segment_at > now() - $1 * interval '1 second' AND last_offset >= retained_from",
+            &[&seconds],
+        )
+        .await?;
+    Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+}
