@@ -24,6 +24,20 @@ if ! have_pg_binaries; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
 fi
 
+# promtool, to check the Prometheus output: taken out of Debian's prometheus package without
+# installing it (installing would also start a Prometheus server).
+promtool=$(command -v promtool || true)
+if [ -z "$promtool" ]; then
+    promtool="$target/tools/prometheus/usr/bin/promtool"
+    if [ ! -x "$promtool" ]; then
+        echo "== fetching promtool from Debian's prometheus package"
+        mkdir -p "$target/tools"
+        (cd "$target/tools" && { apt-get download prometheus >/dev/null 2>&1 || { apt-get update -qq && apt-get download prometheus >/dev/null; }; } \
+            && dpkg-deb -x prometheus_*.deb prometheus && rm -f prometheus_*.deb)
+    fi
+fi
+export QUEEN_PROMTOOL="$promtool"
+
 venv="$target/compat-venv"
 requirements=tests/compat/requirements.txt
 if [ ! -x "$venv/bin/python" ] || ! cmp -s "$requirements" "$venv/requirements.txt"; then

@@ -22,7 +22,14 @@ async fn start_brokers(db: &TestDatabase, n: usize) -> Vec<BrokerProcess> {
 }
 
 async fn parked(http: &reqwest::Client, base: &str) -> f64 {
-    let text = http.get(format!("{base}/metrics")).send().await.expect("metrics").text().await.expect("text");
+    let text = http
+        .get(format!("{base}/metrics?format=prometheus"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
     text.lines()
         .find_map(|l| l.strip_prefix("queen_long_poll_waiters "))
         .and_then(|v| v.trim().parse().ok())

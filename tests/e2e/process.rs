@@ -118,3 +118,106 @@ async fn the_broker_answers_503_while_postgresql_is_down_and_recovers_when_it_is
     server.stop().await.expect("PostgreSQL stops");
     std::fs::remove_dir_all(&data_dir).expect("the data dir can be removed");
 }
+
+#[tokio::test]
+async fn help_lists_the_settings_and_their_environment_names() {
+    let output = tokio::process::Command::new(queen_binary()).arg("--help").output().await.expect("queen --help");
+    assert!(output.status.success());
+    let help = String::from_utf8_lossy(&output.stdout);
+    for name in [
+        "--config",
+        "--port",
+        "--database-url",
+        "QUEEN_<SECTION>__<KEY>",
+        "PG_HOST",
+        "PG_PASSWORD",
+        "DB_POOL_SIZE",
+        "PARTITION_CLEANUP_DAYS",
+        "RETENTION_INTERVAL",
+    ] {
+        assert!(help.contains(name), "--help does not mention {name}:\n{help}");
+    }
+}
+
+#[tokio::test]
+async fn sigterm_under_load_loses_no_acknowledged_push_and_exits_cleanly() {
+    let db = TestDatabase::create("e2e_sigterm").await;
+    let mut broker = BrokerProcess::start(
+        queen_binary(),
+        &["--database-url", db.url()],
+        &[("QUEEN_HTTP__SHUTDOWN_TIMEOUT_SECONDS", "10")],
+    )
+    .await;
+    let base = broker.url();
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().expect("a client");
+
+    // A long poll parked on an empty queue, and a lease the broker granted.
+    let parked = {
+        let (http, base) = (http.clone(), base.clone());
+        tokio::spawn(async move {
+            let answer = http.get(format!("{base}/api/v1/pop/queue/idle?wait=true&timeout=30000")).send().await;
+            (answer.map(|a| a.status()), std::time::Instant::now())
+        })
+    };
+    let seed = serde_json::json!({"items": [{"queue": "leased", "transactionId": "l", "payload": 1}]});
+    http.post(format!("{base}/api/v1/push")).json(&seed).send().await.expect("push");
+    let leased = http.get(format!("{base}/api/v1/pop/queue/leased?batch=1")).send().await.expect("pop");
+    assert_eq!(leased.status(), StatusCode::OK);
+
+    // Producers push until the broker stops answering; every 201 is recorded.
+    let acknowledged = std::sync::Arc::new(tokio::sync::Mutex::new(Vec::new()));
+    let mut producers = Vec::new();
+    for p in 0..4 {
+        let (http, base, acknowledged) = (http.clone(), base.clone(), std::sync::Arc::clone(&acknowledged));
+        producers.push(tokio::spawn(async move {
+            for i in 0.. {
+                let id = format!("p{p}-{i}");
+                let body = serde_json::json!({"items": [{"queue": "load", "partition": format!("p{p}"), "transactionId": id, "payload": i}]});
+                let Ok(answer) = http.post(format!("{base}/api/v1/push")).json(&body).send().await else { return };
+                let status = answer.status();
+                // A response is always whole: a 201 with its JSON, or an error before any byte.
+                let Ok(json) = answer.json::<serde_json::Value>().await else { panic!("a half-answered push ({status})") };
+                if status == StatusCode::CREATED {
+                    assert_eq!(json[0]["status"], "queued");
+                    acknowledged.lock().await.push(id);
+                } else {
+                    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{json}");
+                }
+            }
+        }));
+    }
+    while acknowledged.lock().await.len() < 100 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let signalled = std::time::Instant::now();
+    broker.signal(Signal::SIGTERM);
+    let (parked_status, answered_at) = parked.await.expect("the long poll");
+    assert_eq!(parked_status.expect("the long poll was answered"), StatusCode::NO_CONTENT);
+    assert!(
+        answered_at.duration_since(signalled) < Duration::from_secs(5),
+        "the parked long poll was answered at once"
+    );
+    let status = broker.wait(Duration::from_secs(20)).await.expect("the broker exits within its shutdown bound");
+    assert!(status.success(), "exit status {status:?}; log:\n{}", broker.log().join("\n"));
+    for producer in producers {
+        producer.await.expect("a producer");
+    }
+
+    let client = db.connect().await;
+    let stored: std::collections::HashSet<String> = client
+        .query("SELECT transaction_id FROM queen.log_message_ids", &[])
+        .await
+        .expect("ids")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let acknowledged = acknowledged.lock().await;
+    let lost: Vec<&String> = acknowledged.iter().filter(|id| !stored.contains(*id)).collect();
+    assert!(lost.is_empty(), "acknowledged pushes missing after shutdown: {lost:?}");
+    let live: i64 = client
+        .query_one("SELECT count(*) FROM queen.log_consumers WHERE lease_expires_at > now()", &[])
+        .await
+        .expect("leases")
+        .get(0);
+    assert_eq!(live, 0, "the broker released the leases it granted");
+}

@@ -31,11 +31,19 @@ pub struct HttpConfig {
     pub workers: usize,
     /// Largest request body accepted; larger ones get 413.
     pub max_body_bytes: usize,
+    /// On SIGTERM, how long in-flight requests may take to finish before the broker exits.
+    pub shutdown_timeout_seconds: u64,
 }
 
 impl Default for HttpConfig {
     fn default() -> Self {
-        Self { host: "0.0.0.0".into(), port: 6632, workers: 0, max_body_bytes: 16 * 1024 * 1024 }
+        Self {
+            host: "0.0.0.0".into(),
+            port: 6632,
+            workers: 0,
+            max_body_bytes: 16 * 1024 * 1024,
+            shutdown_timeout_seconds: 30,
+        }
     }
 }
 
@@ -365,6 +373,30 @@ mod tests {
             jail.set_env("QUEEN_COMPAT_PYTHON", "/usr/bin/python3");
             let config = Config::load(None, Figment::new()).map_err(|e| e.to_string())?;
             assert_eq!(config.http.port, 7000);
+            Ok(())
+        });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err, reason = "figment::Jail's closures return figment's own error")]
+    fn later_layers_win_file_then_upstream_names_then_queen_variables_then_flags() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("queen.toml", "[http]\nport = 7001\nworkers = 3\n[database]\npool_size = 3\n")?;
+            let file = Some(Path::new("queen.toml"));
+            let load = |flags: Figment| Config::load(file, flags).map_err(|e| e.to_string());
+            assert_eq!(load(Figment::new())?.http.port, 7001, "the file over the defaults");
+            jail.set_env("PORT", "7002");
+            jail.set_env("DB_POOL_SIZE", "4");
+            assert_eq!(load(Figment::new())?.http.port, 7002, "upstream names over the file");
+            jail.set_env("QUEEN_HTTP__PORT", "7003");
+            let config = load(Figment::new())?;
+            assert_eq!(
+                (config.http.port, config.database.pool_size),
+                (7003, 4),
+                "QUEEN_ variables over upstream names"
+            );
+            let config = load(Figment::new().merge(Serialized::default("http.port", 7004)))?;
+            assert_eq!((config.http.port, config.http.workers), (7004, 3), "flags over everything; the rest stays");
             Ok(())
         });
     }

@@ -1,109 +1,256 @@
-//! Prometheus metrics, `queen_` names in base units.
+//! Prometheus metrics: `queen_` names in base units, labels of bounded cardinality (queue and
+//! group names, never partitions or messages). Rendered as the Prometheus text format, or as JSON
+//! for the official client.
 
-use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use std::collections::BTreeMap;
+
+use prometheus::proto::{MetricFamily, MetricType};
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+use serde::Serialize;
+
+/// Latency buckets, in seconds: 0.5 ms to 30 s.
+const LATENCY_BUCKETS: &[f64] =
+    &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
 
 /// Every metric the broker exports.
 pub struct Metrics {
     registry: Registry,
+    // Messages, per queue.
     pub messages_pushed: IntCounterVec,
     pub bytes_pushed: IntCounterVec,
     pub duplicates: IntCounterVec,
+    pub messages_delivered: IntCounterVec,
+    pub bytes_delivered: IntCounterVec,
+    pub messages_acked: IntCounterVec,
+    pub messages_failed: IntCounterVec,
+    pub messages_dead_lettered: IntCounterVec,
+    pub acks: IntCounterVec,
+    // Push fusion.
     pub segments_written: IntCounter,
     pub messages_per_segment: Histogram,
-    pub messages_delivered: IntCounterVec,
-    pub acks: IntCounterVec,
+    // Latency of the hot routes.
+    pub push_duration: Histogram,
+    pub pop_duration: HistogramVec,
+    pub ack_duration: Histogram,
+    // Leases and long polls.
     pub leases_granted: IntCounter,
     pub leases_expired: IntCounter,
     pub long_poll_waiters: IntGauge,
-    pub maintenance_passes: IntCounterVec,
+    // Consumer lag, refreshed from the database when scraped.
+    pub lag_messages: IntGaugeVec,
+    pub lag_seconds: prometheus::GaugeVec,
+    // Actors.
+    pub actors: IntGaugeVec,
+    pub actor_queued: IntGaugeVec,
+    // The fleet.
     pub notices_received: IntCounter,
     pub pop_scans: IntCounterVec,
+    // The database.
+    pub db_pool_connections: IntGaugeVec,
+    pub db_pool_max: IntGauge,
+    pub db_pool_waiting: IntGauge,
+    pub db_errors: IntCounterVec,
+    // Maintenance.
+    pub maintenance_passes: IntCounterVec,
     pub segments_retained_away: IntCounter,
     pub partitions_cleaned_up: IntCounter,
 }
 
-fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    let metric = IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition");
-    registry.register(Box::new(metric.clone())).expect("metric registered once");
+fn register<T: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: T) -> T {
+    registry.register(Box::new(metric.clone())).expect("each metric is registered once");
     metric
 }
 
 fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
-    let metric = IntCounter::new(name, help).expect("static metric definition");
-    registry.register(Box::new(metric.clone())).expect("metric registered once");
-    metric
+    register(registry, IntCounter::new(name, help).expect("a valid metric definition"))
+}
+
+fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    register(registry, IntCounterVec::new(Opts::new(name, help), labels).expect("a valid metric definition"))
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
+    register(registry, IntGauge::new(name, help).expect("a valid metric definition"))
+}
+
+fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    register(registry, IntGaugeVec::new(Opts::new(name, help), labels).expect("a valid metric definition"))
+}
+
+fn latency(registry: &Registry, name: &str, help: &str) -> Histogram {
+    let opts = HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec());
+    register(registry, Histogram::with_opts(opts).expect("a valid metric definition"))
 }
 
 impl Metrics {
     pub fn new() -> Self {
-        let registry = Registry::new();
-        let messages_per_segment = Histogram::with_opts(
-            HistogramOpts::new("queen_segment_messages", "Messages fused into one written segment.")
-                .buckets(vec![1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 1000.0, 10000.0]),
-        )
-        .expect("static metric definition");
-        registry.register(Box::new(messages_per_segment.clone())).expect("metric registered once");
-        let long_poll_waiters = IntGauge::new("queen_long_poll_waiters", "Pops parked waiting for messages.")
-            .expect("static metric definition");
-        registry.register(Box::new(long_poll_waiters.clone())).expect("metric registered once");
+        let r = Registry::new();
+        let build_info = gauge_vec(&r, "queen_build_info", "The broker's version; always 1.", &["version"]);
+        build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        #[cfg(target_os = "linux")]
+        r.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))
+            .expect("the process collector is registered once");
         Self {
-            messages_pushed: counter_vec(&registry, "queen_messages_pushed_total", "Messages written.", &["queue"]),
-            bytes_pushed: counter_vec(&registry, "queen_pushed_bytes_total", "Payload bytes written.", &["queue"]),
+            messages_pushed: counter_vec(&r, "queen_messages_pushed_total", "Messages written.", &["queue"]),
+            bytes_pushed: counter_vec(&r, "queen_pushed_bytes_total", "Payload bytes written.", &["queue"]),
             duplicates: counter_vec(
-                &registry,
+                &r,
                 "queen_push_duplicates_total",
                 "Pushed messages refused as duplicates of a stored transaction id.",
                 &["queue"],
             ),
-            segments_written: counter(&registry, "queen_segments_written_total", "Segments written."),
-            messages_per_segment,
             messages_delivered: counter_vec(
-                &registry,
+                &r,
                 "queen_messages_delivered_total",
                 "Messages handed to consumers.",
                 &["queue"],
             ),
+            bytes_delivered: counter_vec(
+                &r,
+                "queen_delivered_bytes_total",
+                "Payload bytes handed to consumers.",
+                &["queue"],
+            ),
+            messages_acked: counter_vec(
+                &r,
+                "queen_messages_acked_total",
+                "Messages acknowledged as completed.",
+                &["queue"],
+            ),
+            messages_failed: counter_vec(
+                &r,
+                "queen_messages_failed_total",
+                "Messages acknowledged as failed or to retry (to be delivered again).",
+                &["queue"],
+            ),
+            messages_dead_lettered: counter_vec(
+                &r,
+                "queen_messages_dead_lettered_total",
+                "Messages moved to the dead-letter queue.",
+                &["queue"],
+            ),
             acks: counter_vec(
-                &registry,
+                &r,
                 "queen_acks_total",
                 "Acknowledgements, by status and verdict.",
                 &["status", "verdict"],
             ),
-            leases_granted: counter(&registry, "queen_leases_granted_total", "Partition leases granted to consumers."),
+            segments_written: counter(
+                &r,
+                "queen_segments_written_total",
+                "Segments written (one per fused push batch).",
+            ),
+            messages_per_segment: register(
+                &r,
+                Histogram::with_opts(
+                    HistogramOpts::new("queen_segment_messages", "Messages fused into one written segment.")
+                        .buckets(vec![1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 1000.0, 10000.0]),
+                )
+                .expect("a valid metric definition"),
+            ),
+            push_duration: latency(&r, "queen_push_duration_seconds", "Time to answer a push request."),
+            pop_duration: register(
+                &r,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "queen_pop_duration_seconds",
+                        "Time to answer a pop request, long polls included.",
+                    )
+                    .buckets(LATENCY_BUCKETS.to_vec()),
+                    &["wait"],
+                )
+                .expect("a valid metric definition"),
+            ),
+            ack_duration: latency(&r, "queen_ack_duration_seconds", "Time to answer an ack request."),
+            leases_granted: counter(&r, "queen_leases_granted_total", "Partition leases granted to consumers."),
             leases_expired: counter(
-                &registry,
+                &r,
                 "queen_leases_expired_total",
                 "Leases that ran out unacknowledged and were taken over.",
             ),
-            long_poll_waiters,
-            maintenance_passes: counter_vec(
-                &registry,
-                "queen_maintenance_passes_total",
-                "Maintenance passes this broker scheduled: ran, skipped (another broker held the lock) or failed.",
-                &["outcome"],
+            long_poll_waiters: gauge(&r, "queen_long_poll_waiters", "Pops parked waiting for messages."),
+            lag_messages: gauge_vec(
+                &r,
+                "queen_consumer_group_lag_messages",
+                "Messages stored past a group's cursors on a queue.",
+                &["queue", "group"],
+            ),
+            lag_seconds: register(
+                &r,
+                prometheus::GaugeVec::new(
+                    Opts::new(
+                        "queen_consumer_group_lag_seconds",
+                        "Age of the oldest message past a group's cursors on a queue.",
+                    ),
+                    &["queue", "group"],
+                )
+                .expect("a valid metric definition"),
+            ),
+            actors: gauge_vec(&r, "queen_actors", "Live actors of this broker.", &["actor"]),
+            actor_queued: gauge_vec(
+                &r,
+                "queen_actor_queued_requests",
+                "Requests waiting in actors for the next write.",
+                &["actor"],
             ),
             notices_received: counter(
-                &registry,
+                &r,
                 "queen_notices_received_total",
                 "Fleet events received on the LISTEN connection.",
             ),
             pop_scans: counter_vec(
-                &registry,
+                &r,
                 "queen_pop_candidate_plans_total",
                 "How queue-wide pops found candidates: full scan, candidate list, or skipped (nothing can be pending).",
                 &["kind"],
             ),
+            db_pool_connections: gauge_vec(
+                &r,
+                "queen_db_pool_connections",
+                "Connections of the database pool, by state.",
+                &["state"],
+            ),
+            db_pool_max: gauge(&r, "queen_db_pool_max_connections", "Most connections the database pool opens."),
+            db_pool_waiting: gauge(&r, "queen_db_pool_waiting_requests", "Requests waiting for a database connection."),
+            db_errors: counter_vec(
+                &r,
+                "queen_db_errors_total",
+                "Database operations that failed: unavailable (could not reach it) or refused (a statement failed).",
+                &["kind"],
+            ),
+            maintenance_passes: counter_vec(
+                &r,
+                "queen_maintenance_passes_total",
+                "Maintenance passes this broker scheduled: ran, skipped (another broker held the lock) or failed.",
+                &["outcome"],
+            ),
             segments_retained_away: counter(
-                &registry,
+                &r,
                 "queen_retention_segments_deleted_total",
-                "Segments deleted by retention on this broker.",
+                "Segments deleted by retention.",
             ),
-            partitions_cleaned_up: counter(
-                &registry,
-                "queen_partitions_cleaned_up_total",
-                "Empty idle partitions deleted on this broker.",
-            ),
-            registry,
+            partitions_cleaned_up: counter(&r, "queen_partitions_cleaned_up_total", "Empty idle partitions deleted."),
+            registry: r,
+        }
+    }
+
+    /// Records the pool's state (called when scraped).
+    pub fn observe_pool(&self, status: deadpool_postgres::Status) {
+        let in_use = status.size.saturating_sub(status.available);
+        self.db_pool_connections.with_label_values(&["in_use"]).set(in_use as i64);
+        self.db_pool_connections.with_label_values(&["idle"]).set(status.available as i64);
+        self.db_pool_max.set(status.max_size as i64);
+        self.db_pool_waiting.set(status.waiting as i64);
+    }
+
+    /// Catches the database failure counters up with the process's totals (called when scraped).
+    pub fn observe_db_failures(&self, counts: queen_store::FailureCounts) {
+        for (kind, total) in [("unavailable", counts.unavailable), ("refused", counts.refused)] {
+            let counter = self.db_errors.with_label_values(&[kind]);
+            counter.inc_by(total.saturating_sub(counter.get()));
         }
     }
 
@@ -114,10 +261,79 @@ impl Metrics {
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         String::from_utf8(out).unwrap_or_default()
     }
+
+    /// The same families as JSON: `{"metrics": [{name, help, type, samples: [{labels, value}]}]}`,
+    /// histograms with `count`, `sum` and cumulative `buckets`.
+    pub fn render_json(&self) -> serde_json::Value {
+        let families: Vec<FamilyJson> = self.registry.gather().iter().map(FamilyJson::from).collect();
+        serde_json::json!({ "metrics": families })
+    }
 }
 
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[derive(Serialize)]
+struct FamilyJson {
+    name: String,
+    help: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    samples: Vec<SampleJson>,
+}
+
+#[derive(Serialize)]
+struct SampleJson {
+    labels: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    value: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    count: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sum: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    buckets: Option<BTreeMap<String, u64>>,
+}
+
+impl From<&MetricFamily> for FamilyJson {
+    fn from(family: &MetricFamily) -> Self {
+        let kind = match family.get_field_type() {
+            MetricType::COUNTER => "counter",
+            MetricType::GAUGE => "gauge",
+            MetricType::HISTOGRAM => "histogram",
+            MetricType::SUMMARY => "summary",
+            MetricType::UNTYPED => "untyped",
+        };
+        let samples = family
+            .get_metric()
+            .iter()
+            .map(|metric| {
+                let labels = metric.get_label().iter().map(|l| (l.name().to_owned(), l.value().to_owned())).collect();
+                let mut sample = SampleJson { labels, value: None, count: None, sum: None, buckets: None };
+                match family.get_field_type() {
+                    MetricType::COUNTER => sample.value = Some(metric.get_counter().get_value()),
+                    MetricType::GAUGE => sample.value = Some(metric.get_gauge().get_value()),
+                    MetricType::HISTOGRAM => {
+                        let histogram = metric.get_histogram();
+                        sample.count = Some(histogram.get_sample_count());
+                        sample.sum = Some(histogram.get_sample_sum());
+                        sample.buckets = Some(
+                            histogram
+                                .get_bucket()
+                                .iter()
+                                .map(|b| (b.upper_bound().to_string(), b.cumulative_count()))
+                                .collect(),
+                        );
+                    }
+                    // This registry makes no summaries or untyped metrics.
+                    _ => {}
+                }
+                sample
+            })
+            .collect();
+        FamilyJson { name: family.name().to_owned(), help: family.help().to_owned(), kind, samples }
     }
 }

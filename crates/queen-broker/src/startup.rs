@@ -32,6 +32,7 @@ pub enum StartError {
 pub struct Application {
     port: u16,
     server: Server,
+    broker: web::Data<Broker>,
     database: Database,
 }
 
@@ -53,29 +54,51 @@ impl Application {
             0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
             n => n,
         };
+        let shutdown_timeout = config.http.shutdown_timeout_seconds;
         let broker = web::Data::new(Broker::new(pool, database.pg_config.clone(), Arc::new(config), broker_id));
+        let app_broker = broker.clone();
         let server = HttpServer::new(move || {
             App::new()
-                .app_data(broker.clone())
+                .app_data(app_broker.clone())
                 .wrap(NormalizePath::new(TrailingSlash::MergeOnly))
                 .configure(http::routes)
         })
         .workers(workers)
+        // Signals are ours to handle: the broker has to answer parked long polls first.
+        .disable_signals()
+        .shutdown_timeout(shutdown_timeout)
         .listen(listener)
         .map_err(|source| StartError::Bind { address: format!("port {port}"), source })?
         .run();
+        http::mark_start();
         tracing::info!(port, "queen listening on port {port}");
-        Ok(Self { port, server, database })
+        Ok(Self { port, server, broker, database })
     }
 
     pub fn port(&self) -> u16 {
         self.port
     }
 
-    /// Serves until SIGINT or SIGTERM, then stops the embedded database if this broker runs one.
+    /// Serves until SIGINT or SIGTERM, then shuts down gracefully: stops accepting connections,
+    /// answers parked long polls (empty), lets in-flight requests finish (at most
+    /// `http.shutdown_timeout_seconds`), releases the leases this broker granted, and stops the
+    /// embedded database if this broker runs one.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
-        let served = self.server.await;
-        self.database.close().await;
+        let Application { server, broker, database, .. } = self;
+        let handle = server.handle();
+        let stopper = broker.clone();
+        actix_web::rt::spawn(async move {
+            wait_for_signal().await;
+            tracing::info!("shutting down: answering long polls and finishing in-flight requests");
+            stopper.begin_shutdown();
+            handle.stop(true).await;
+        });
+        let served = server.await;
+        match broker.release_leases().await {
+            Ok(released) => tracing::info!(released, "released the leases this broker granted"),
+            Err(e) => tracing::warn!(error = %e, "could not release this broker's leases; they will expire"),
+        }
+        database.close().await;
         served
     }
 }
@@ -100,6 +123,23 @@ pub async fn migrate_with_retries(pool: &queen_store::Pool) -> Result<(), StartE
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
             Err(e) => return Err(StartError::Migrate(e)),
+        }
+    }
+}
+
+/// The first SIGTERM or SIGINT.
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(mut terminate), Ok(mut interrupt)) => {
+            tokio::select! {
+                _ = terminate.recv() => {}
+                _ = interrupt.recv() => {}
+            }
+        }
+        _ => {
+            tracing::error!("cannot listen for SIGTERM and SIGINT; stop the broker with SIGKILL");
+            std::future::pending::<()>().await;
         }
     }
 }

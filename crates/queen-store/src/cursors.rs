@@ -296,6 +296,8 @@ pub struct AckOutcome {
     pub verdict: AckVerdict,
     /// The group's cursor on the partition after the call.
     pub committed: Option<i64>,
+    /// The queue of the partition, when the group has a cursor on it.
+    pub queue: Option<String>,
 }
 
 /// What a batch of acknowledgement calls did.
@@ -391,7 +393,7 @@ pub async fn acknowledge(
     for call in calls {
         let call_offsets = &offsets[first..first + call.len()];
         first += call.len();
-        outcomes.push(apply_call(call, call_offsets, &mut tracks));
+        outcomes.push(apply_call(call, call_offsets, &mut tracks, &partition_heads));
     }
 
     let changed: Vec<(&CursorKey, &CursorTrack)> = tracks.iter().filter(|(_, t)| t.now != t.before).collect();
@@ -434,7 +436,9 @@ fn apply_call(
     call: &[AckRequest],
     offsets: &[Option<i64>],
     tracks: &mut HashMap<CursorKey, CursorTrack>,
+    partition_heads: &HashMap<i64, (i64, String, i64)>,
 ) -> Vec<AckOutcome> {
+    let queue_of = |partition_id: i64| partition_heads.get(&partition_id).map(|(_, queue, _)| queue.clone());
     let mut outcomes: Vec<Option<AckOutcome>> = vec![None; call.len()];
     let mut per_cursor: HashMap<CursorKey, Vec<usize>> = HashMap::new();
     for (i, request) in call.iter().enumerate() {
@@ -448,7 +452,8 @@ fn apply_call(
                 continue;
             }
         };
-        outcomes[i] = Some(AckOutcome { verdict: AckVerdict::Refused(refusal), committed });
+        let queue = queue_of(request.partition_id);
+        outcomes[i] = Some(AckOutcome { verdict: AckVerdict::Refused(refusal), committed, queue });
     }
     for (key, indices) in per_cursor {
         // Grouped above only when the cursor exists and the offset resolved.
@@ -464,7 +469,8 @@ fn apply_call(
             .collect();
         let (change, verdicts) = ack_rules::apply(&track.now, &items);
         for (&i, verdict) in indices.iter().zip(verdicts) {
-            outcomes[i] = Some(AckOutcome { verdict, committed: Some(change.after.committed) });
+            let queue = queue_of(call[i].partition_id);
+            outcomes[i] = Some(AckOutcome { verdict, committed: Some(change.after.committed), queue });
         }
         track.now = change.after;
         track.consumed += change.consumed;
@@ -472,7 +478,10 @@ fn apply_call(
         track.dead_letters.extend(change.dead_letters);
     }
     // Every request got an outcome: refused up front, or from its cursor's rules.
-    outcomes.into_iter().map(|o| o.unwrap_or(AckOutcome { verdict: AckVerdict::Noop, committed: None })).collect()
+    outcomes
+        .into_iter()
+        .map(|o| o.unwrap_or(AckOutcome { verdict: AckVerdict::Noop, committed: None, queue: None }))
+        .collect()
 }
 
 async fn write_cursor_changes(
@@ -559,4 +568,23 @@ async fn insert_dead_letters(
         .await?;
     }
     Ok(())
+}
+
+/// Releases the live leases `broker` granted (it is shutting down) and announces the partitions
+/// that have messages left, inside the caller's transaction. How many leases were released.
+pub async fn release_leases_of(tx: &deadpool_postgres::Transaction<'_>, broker: &str) -> Result<u64, StoreError> {
+    let rows = tx
+        .query(
+            "UPDATE queen.log_consumers c SET lease_expires_at = NULL
+               FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+              WHERE c.lease_broker = $1 AND c.lease_expires_at > now() AND p.id = c.partition_id
+          RETURNING q.id, p.id, q.name, p.last_offset > c.committed",
+            &[&broker],
+        )
+        .await?;
+    for row in rows.iter().filter(|row| row.get::<_, bool>(3)) {
+        events::publish(tx, &Event::Available { queue_id: row.get(0), partition_id: row.get(1), queue: row.get(2) })
+            .await?;
+    }
+    Ok(rows.len() as u64)
 }

@@ -1,4 +1,22 @@
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use thiserror::Error;
+
+static UNAVAILABLE: AtomicU64 = AtomicU64::new(0);
+static REFUSED: AtomicU64 = AtomicU64::new(0);
+
+/// Database failures seen by this process since it started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FailureCounts {
+    /// PostgreSQL could not be reached, or no connection was free in time.
+    pub unavailable: u64,
+    /// PostgreSQL refused a statement.
+    pub refused: u64,
+}
+
+pub fn failure_counts() -> FailureCounts {
+    FailureCounts { unavailable: UNAVAILABLE.load(Ordering::Relaxed), refused: REFUSED.load(Ordering::Relaxed) }
+}
 
 /// What went wrong talking to PostgreSQL.
 #[derive(Debug, Error)]
@@ -54,7 +72,13 @@ fn is_connection_failure(e: &tokio_postgres::Error) -> bool {
 
 impl From<tokio_postgres::Error> for StoreError {
     fn from(e: tokio_postgres::Error) -> Self {
-        if is_connection_failure(&e) { StoreError::Unavailable(e.to_string()) } else { StoreError::Db(e) }
+        if is_connection_failure(&e) {
+            UNAVAILABLE.fetch_add(1, Ordering::Relaxed);
+            StoreError::Unavailable(e.to_string())
+        } else {
+            REFUSED.fetch_add(1, Ordering::Relaxed);
+            StoreError::Db(e)
+        }
     }
 }
 
@@ -62,7 +86,10 @@ impl From<deadpool_postgres::PoolError> for StoreError {
     fn from(e: deadpool_postgres::PoolError) -> Self {
         match e {
             deadpool_postgres::PoolError::Backend(e) => e.into(),
-            other => StoreError::Unavailable(other.to_string()),
+            other => {
+                UNAVAILABLE.fetch_add(1, Ordering::Relaxed);
+                StoreError::Unavailable(other.to_string())
+            }
         }
     }
 }

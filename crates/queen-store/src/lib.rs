@@ -15,6 +15,7 @@ pub mod migrations;
 pub mod pool;
 pub mod queues;
 pub mod retention;
+pub mod stats;
 
 pub use deadpool_postgres::{Pool, Transaction};
-pub use error::StoreError;
+pub use error::{FailureCounts, StoreError, failure_counts};

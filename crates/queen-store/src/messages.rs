@@ -84,3 +84,59 @@ pub async fn find(
         groups,
     }))
 }
+
+/// A message of a listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedMessage {
+    pub partition: String,
+    pub partition_id: i64,
+    pub offset: i64,
+    pub created_at: DateTime<Utc>,
+    pub frame: FrameOwned,
+}
+
+/// Partitions a listing reads at most, the most recently pushed first.
+const LISTED_PARTITIONS: i64 = 50;
+
+/// The newest `limit` messages of the queue (of one partition, when named), newest first. Reads
+/// only the last segments of the most recently pushed partitions, through the primary key.
+pub async fn newest(
+    client: &impl GenericClient,
+    queue: &str,
+    partition: Option<&str>,
+    limit: i64,
+) -> Result<Vec<ListedMessage>, StoreError> {
+    let rows = client
+        .query(
+            "SELECT p.id, p.name, GREATEST(p.retained_from, p.last_offset - $3 + 1), p.last_offset
+               FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+              WHERE q.name = $1 AND ($2::text IS NULL OR p.name = $2) AND p.last_offset >= p.retained_from
+              ORDER BY p.last_segment_at DESC NULLS LAST, p.id
+              LIMIT $4",
+            &[&queue, &partition, &limit, &LISTED_PARTITIONS],
+        )
+        .await?;
+    let names: std::collections::HashMap<i64, String> = rows.iter().map(|row| (row.get(0), row.get(1))).collect();
+    let spans: Vec<Span> =
+        rows.iter().map(|row| Span { partition_id: row.get(0), first: row.get(2), last: row.get(3) }).collect();
+    let mut listed = Vec::new();
+    for segment in read_spans(client, &spans).await? {
+        let Some(span) = spans.iter().find(|s| s.partition_id == segment.partition_id) else { continue };
+        for (index, frame) in segment.frames.frames().enumerate() {
+            let offset = segment.base_offset + index as i64;
+            let Ok(frame) = frame else { break };
+            if offset >= span.first && offset <= span.last {
+                listed.push(ListedMessage {
+                    partition: names.get(&segment.partition_id).cloned().unwrap_or_default(),
+                    partition_id: segment.partition_id,
+                    offset,
+                    created_at: segment.created_at,
+                    frame: frame.to_owned(),
+                });
+            }
+        }
+    }
+    listed.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(b.offset.cmp(&a.offset)));
+    listed.truncate(usize::try_from(limit).unwrap_or(0));
+    Ok(listed)
+}

@@ -76,6 +76,11 @@ pub struct DataAvailable {
     pub queue: Arc<str>,
 }
 
+/// Wake every parked pop (the broker is shutting down).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct WakeAll;
+
 /// A fleet event, from the LISTEN connection.
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -296,6 +301,14 @@ impl Handler<DataAvailable> for Coordinator {
 
     fn handle(&mut self, msg: DataAvailable, _: &mut Self::Context) {
         self.wake(msg.queue);
+    }
+}
+
+impl Handler<WakeAll> for Coordinator {
+    type Result = ();
+
+    fn handle(&mut self, _: WakeAll, _: &mut Self::Context) {
+        self.wake_all();
     }
 }
 

@@ -23,6 +23,13 @@ type Reply<O, E> = oneshot::Sender<Result<Vec<O>, E>>;
 /// Where the results of a batch go: each request's item count and reply channel.
 pub struct Replies<O, E>(Vec<(usize, Reply<O, E>)>);
 
+impl<O, E> Replies<O, E> {
+    /// How many requests the batch answers.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
 impl<O, E: Clone> Replies<O, E> {
     /// Answers every request of the batch from the results of the whole, which must be aligned
     /// with `items`.

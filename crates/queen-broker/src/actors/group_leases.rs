@@ -14,6 +14,10 @@ use super::WorkError;
 use super::coordinator::{Coordinator, DataAvailable};
 use super::fusion::{FusionQueue, Pending};
 use super::registry::Registry;
+use crate::metrics::Metrics;
+
+/// This actor's label in the metrics.
+const ACTOR: &str = "group_leases";
 
 /// Most acknowledgements applied in one transaction.
 const MAX_ACKS_PER_BATCH: usize = 10_000;
@@ -34,6 +38,7 @@ pub struct GroupLeases {
     idle: Duration,
     registry: Registry<Arc<str>, GroupLeases>,
     coordinator: Addr<Coordinator>,
+    metrics: Arc<Metrics>,
 }
 
 impl GroupLeases {
@@ -46,6 +51,7 @@ impl GroupLeases {
         let pool = self.pool.clone();
         let calls = batch.items;
         let replies = batch.replies;
+        self.metrics.actor_queued.with_label_values(&[ACTOR]).sub(replies.len() as i64);
         let commit = async move {
             let mut client = pool.get().await.map_err(queen_store::StoreError::from)?;
             let tx = client.transaction().await?;
@@ -74,6 +80,7 @@ impl Actor for GroupLeases {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
+        self.metrics.actors.with_label_values(&[ACTOR]).inc();
         ctx.set_mailbox_capacity(4096);
         let idle = self.idle;
         ctx.run_interval(idle / 2, move |leases, ctx| {
@@ -84,6 +91,7 @@ impl Actor for GroupLeases {
     }
 
     fn stopped(&mut self, ctx: &mut Self::Context) {
+        self.metrics.actors.with_label_values(&[ACTOR]).dec();
         self.registry.remove(&self.group, &ctx.address());
     }
 }
@@ -93,6 +101,7 @@ impl Handler<Acknowledge> for GroupLeases {
 
     fn handle(&mut self, msg: Acknowledge, ctx: &mut Self::Context) {
         self.last_activity = Instant::now();
+        self.metrics.actor_queued.with_label_values(&[ACTOR]).inc();
         self.queue.push(Pending { items: vec![msg.call], reply: msg.reply });
         self.commit_next(ctx);
     }
@@ -105,11 +114,12 @@ pub struct Groups {
     pool: Pool,
     coordinator: Addr<Coordinator>,
     idle: Duration,
+    metrics: Arc<Metrics>,
 }
 
 impl Groups {
-    pub fn new(pool: Pool, coordinator: Addr<Coordinator>, idle: Duration) -> Self {
-        Self { registry: Registry::default(), pool, coordinator, idle }
+    pub fn new(pool: Pool, coordinator: Addr<Coordinator>, idle: Duration, metrics: Arc<Metrics>) -> Self {
+        Self { registry: Registry::default(), pool, coordinator, idle, metrics }
     }
 
     fn start(&self, group: &Arc<str>) -> Addr<GroupLeases> {
@@ -121,6 +131,7 @@ impl Groups {
             idle: self.idle,
             registry: self.registry.clone(),
             coordinator: self.coordinator.clone(),
+            metrics: Arc::clone(&self.metrics),
         }
         .start()
     }

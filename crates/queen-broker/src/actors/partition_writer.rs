@@ -18,6 +18,9 @@ use super::fusion::{FusionQueue, Pending};
 use super::registry::Registry;
 use crate::metrics::Metrics;
 
+/// This actor's label in the metrics.
+const ACTOR: &str = "partition_writer";
+
 /// The partition a writer appends to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WriteTarget {
@@ -79,6 +82,7 @@ impl PartitionWriter {
         let target = self.target.clone();
         let messages = batch.items;
         let replies = batch.replies;
+        self.metrics.actor_queued.with_label_values(&[ACTOR]).sub(replies.len() as i64);
         let write = async move {
             let client = pool.get().await.map_err(queen_store::StoreError::from)?;
             let destination =
@@ -121,6 +125,7 @@ impl Actor for PartitionWriter {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
+        self.metrics.actors.with_label_values(&[ACTOR]).inc();
         ctx.set_mailbox_capacity(self.limits.mailbox);
         let idle = self.limits.idle;
         ctx.run_interval(idle / 2, move |writer, ctx| {
@@ -131,6 +136,7 @@ impl Actor for PartitionWriter {
     }
 
     fn stopped(&mut self, ctx: &mut Self::Context) {
+        self.metrics.actors.with_label_values(&[ACTOR]).dec();
         self.registry.remove(&self.target.partition_id, &ctx.address());
     }
 }
@@ -140,6 +146,7 @@ impl Handler<Append> for PartitionWriter {
 
     fn handle(&mut self, msg: Append, ctx: &mut Self::Context) {
         self.last_activity = Instant::now();
+        self.metrics.actor_queued.with_label_values(&[ACTOR]).inc();
         self.queue.push(Pending { items: msg.messages, reply: msg.reply });
         self.write_next(ctx);
     }

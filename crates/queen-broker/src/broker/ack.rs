@@ -5,15 +5,31 @@ use queen_store::cursors::{AckOutcome, AckRequest};
 
 use super::Broker;
 use crate::error::ApiError;
+use crate::metrics::Metrics;
 
 /// Applies one call's acknowledgements, all of `group`. Outcomes are aligned with `requests`.
 pub async fn acknowledge(broker: &Broker, group: &str, requests: Vec<AckRequest>) -> Result<Vec<AckOutcome>, ApiError> {
     let statuses: Vec<AckStatus> = requests.iter().map(|r| r.status).collect();
     let outcomes = broker.groups.acknowledge(group, requests).await?;
-    for (status, outcome) in statuses.iter().zip(&outcomes) {
-        broker.metrics.acks.with_label_values(&[status_label(*status), verdict_label(&outcome.verdict)]).inc();
-    }
+    record(&broker.metrics, &statuses, &outcomes);
     Ok(outcomes)
+}
+
+/// Counts acknowledgements by status and verdict, and messages acked, failed and dead-lettered
+/// by queue.
+pub fn record(metrics: &Metrics, statuses: &[AckStatus], outcomes: &[AckOutcome]) {
+    for (status, outcome) in statuses.iter().zip(outcomes) {
+        metrics.acks.with_label_values(&[status_label(*status), verdict_label(&outcome.verdict)]).inc();
+        let per_queue = match outcome.verdict {
+            AckVerdict::Committed { .. } => &metrics.messages_acked,
+            AckVerdict::Requeued { .. } => &metrics.messages_failed,
+            AckVerdict::DeadLettered => &metrics.messages_dead_lettered,
+            AckVerdict::Noop | AckVerdict::Refused(_) => continue,
+        };
+        if let Some(queue) = &outcome.queue {
+            per_queue.with_label_values(&[queue]).inc();
+        }
+    }
 }
 
 pub fn status_label(status: AckStatus) -> &'static str {

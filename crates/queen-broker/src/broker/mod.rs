@@ -8,13 +8,14 @@ pub mod push;
 pub mod transaction;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use actix::Addr;
 use moka::sync::Cache;
 use queen_store::Pool;
 
-use crate::actors::coordinator::{Coordinator, CoordinatorSettings};
+use crate::actors::coordinator::{Coordinator, CoordinatorSettings, WakeAll};
 use crate::actors::group_leases::Groups;
 use crate::actors::partition_writer::{WriterDeps, WriterLimits, Writers};
 use crate::config::Config;
@@ -39,9 +40,33 @@ pub struct Broker {
     pub metrics: Arc<Metrics>,
     /// Identifies this broker in the leases it grants.
     pub broker_id: String,
+    /// When `/metrics` last read consumer lag from the database.
+    pub lag_refreshed_at: std::sync::Mutex<Option<std::time::Instant>>,
+    shutting_down: AtomicBool,
 }
 
 impl Broker {
+    /// Whether the broker is shutting down: it is not ready, and long polls answer at once.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+
+    /// Starts the graceful shutdown: parked long polls are woken and answer empty.
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+        self.coordinator.do_send(WakeAll);
+    }
+
+    /// Releases the live leases this broker granted, announcing the partitions, so that other
+    /// brokers' consumers take the work at once instead of after the lease time. How many.
+    pub async fn release_leases(&self) -> Result<u64, queen_store::StoreError> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let released = queen_store::cursors::release_leases_of(&tx, &self.broker_id).await?;
+        tx.commit().await?;
+        Ok(released)
+    }
+
     /// Wires the actors and starts the LISTEN connection (on `pg`). Must run inside an actix
     /// system.
     pub fn new(pool: Pool, pg: tokio_postgres::Config, config: Arc<Config>, broker_id: String) -> Self {
@@ -63,7 +88,7 @@ impl Broker {
             coordinator: coordinator.clone(),
             metrics: Arc::clone(&metrics),
         });
-        let groups = Groups::new(pool.clone(), coordinator.clone(), idle);
+        let groups = Groups::new(pool.clone(), coordinator.clone(), idle, Arc::clone(&metrics));
         let registered = Cache::builder()
             .max_capacity(100_000)
             .time_to_live(Duration::from_secs(60))
@@ -82,6 +107,18 @@ impl Broker {
             Arc::clone(&names),
             Arc::clone(&metrics),
         ));
-        Self { pool, config, names, registered, writers, groups, coordinator, metrics, broker_id }
+        Self {
+            pool,
+            config,
+            names,
+            registered,
+            writers,
+            groups,
+            coordinator,
+            metrics,
+            broker_id,
+            lag_refreshed_at: std::sync::Mutex::new(None),
+            shutting_down: AtomicBool::new(false),
+        }
     }
 }

@@ -76,6 +76,9 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, ApiE
     super::groups::register_on_first_pop(broker, &request.queue, &request.group, request.seed).await?;
     let queue: Arc<str> = Arc::from(request.queue.as_str());
     loop {
+        if broker.is_shutting_down() {
+            return Ok(Delivery::default());
+        }
         let seen = if request.wait { Some(observe(broker, &queue).await?) } else { None };
         let retry_at = match pop_once(broker, request).await? {
             Attempt::Delivered(delivery) => return Ok(delivery),
@@ -211,6 +214,8 @@ async fn pop_once(broker: &Broker, request: &PopRequest) -> Result<Attempt, ApiE
 
     let metrics = &broker.metrics;
     metrics.messages_delivered.with_label_values(&[&request.queue]).inc_by(messages.len() as u64);
+    let bytes: usize = messages.iter().map(|m| m.data.get().len()).sum();
+    metrics.bytes_delivered.with_label_values(&[&request.queue]).inc_by(bytes as u64);
     if !request.auto_ack {
         metrics.leases_granted.inc_by(claims.len() as u64);
     }

@@ -119,6 +119,8 @@ pub async fn execute(broker: &Broker, operations: Vec<Operation>) -> Result<Vec<
     for queue in woken {
         broker.coordinator.do_send(DataAvailable { queue: Arc::from(queue) });
     }
+    let statuses: Vec<_> = acks.iter().map(|a| a.status).collect();
+    super::ack::record(&broker.metrics, &statuses, &ack_outcomes);
     let mut acks = acks.into_iter().zip(ack_outcomes).map(Some).collect::<Vec<_>>();
     order
         .into_iter()

@@ -33,8 +33,10 @@ pub async fn batch(broker: web::Data<Broker>, payload: web::Payload) -> Result<H
 }
 
 async fn answer(broker: &Broker, group: &str, requests: Vec<AckRequest>) -> Result<HttpResponse, ApiError> {
+    let started = std::time::Instant::now();
     let echo = requests.clone();
     let outcomes = acknowledge(broker, group, requests).await?;
+    broker.metrics.ack_duration.observe(started.elapsed().as_secs_f64());
     let results: Vec<AckResult<'_>> = echo
         .iter()
         .zip(&outcomes)

@@ -12,7 +12,11 @@ mod messages;
 mod pop;
 mod push;
 mod resources;
+mod status;
 mod transaction;
+
+pub use push::parse_items as parse_push_body;
+pub use status::mark_start;
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use chrono::{DateTime, SecondsFormat, Utc};
@@ -68,6 +72,14 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                 .service(resource("/ack/batch").route(web::post().to(ack::batch)))
                 .service(resource("/lease/{lease_id}/extend").route(web::post().to(lease::extend)))
                 .service(resource("/transaction").route(web::post().to(transaction::handle)))
+                .service(resource("/resources/overview").route(web::get().to(status::overview)))
+                .service(resource("/resources/queues").route(web::get().to(status::queues)))
+                .service(resource("/resources/partitions").route(web::get().to(status::partitions)))
+                .service(resource("/status").route(web::get().to(status::status)))
+                .service(resource("/status/queues").route(web::get().to(status::queue_statuses)))
+                .service(resource("/status/queues/{queue}").route(web::get().to(status::queue_status)))
+                .service(resource("/status/analytics").route(web::get().to(status::analytics)))
+                .service(resource("/messages").route(web::get().to(status::list_messages)))
                 .service(
                     resource("/resources/queues/{queue}")
                         .route(web::get().to(resources::get_queue))

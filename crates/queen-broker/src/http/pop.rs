@@ -35,7 +35,10 @@ async fn handle(
     names::check(NameKind::Queue, "queue", &queue).map_err(ApiError::BadRequest)?;
     let query = query_pairs(req.query_string())?;
     let (request, autopilot) = parse_query(&broker, queue, partition, &query)?;
+    let started = std::time::Instant::now();
     let delivery = pop(&broker, &request).await?;
+    let wait = if request.wait { "true" } else { "false" };
+    broker.metrics.pop_duration.with_label_values(&[wait]).observe(started.elapsed().as_secs_f64());
     if delivery.messages.is_empty() {
         return Ok(HttpResponse::NoContent().finish());
     }

@@ -39,7 +39,14 @@ impl Answer {
 
 /// A metric sample of the broker at `base`; 0 when absent.
 pub async fn metric_at(http: &reqwest::Client, base: &str, sample: &str) -> f64 {
-    let text = http.get(format!("{base}/metrics")).send().await.expect("metrics").text().await.expect("text");
+    let text = http
+        .get(format!("{base}/metrics?format=prometheus"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
     text.lines()
         .find_map(|line| line.strip_prefix(sample).and_then(|rest| rest.strip_prefix(' ')))
         .and_then(|value| value.trim().parse().ok())

@@ -12,6 +12,7 @@ mod helpers;
 mod leases;
 mod long_poll;
 mod messages;
+mod operations;
 mod retention;
 mod seek;
 mod storage;

@@ -1,0 +1,332 @@
+//! Dashboard reads: `/api/v1/resources/...`, `/api/v1/status/...` and the message listing. Every
+//! answer comes from the queue, partition and cursor rows (and, for lag, one index probe per
+//! cursor), never from a scan of message history.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use actix_web::{HttpRequest, HttpResponse, web};
+use queen_store::groups::{self, CursorLag};
+use queen_store::stats::{self, Overview, PartitionStats, QueueStats};
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use super::body::{query_int, query_pairs};
+use super::{StoredMessageJson, timestamp};
+use crate::broker::Broker;
+use crate::error::ApiError;
+use crate::names::{self, NameKind};
+
+/// Most rows a listing returns.
+const MAX_PAGE: u64 = 1000;
+
+/// When the process started, for the status's uptime.
+static STARTED: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
+
+/// Sets the start time now, so uptime counts from the broker's start rather than its first read.
+pub fn mark_start() {
+    std::sync::LazyLock::force(&STARTED);
+}
+
+fn page(req: &HttpRequest, default_limit: u64) -> Result<(BTreeMap<String, String>, i64, i64), ApiError> {
+    let query = query_pairs(req.query_string())?;
+    let limit = query_int(&query, "limit", 1, MAX_PAGE)?.unwrap_or(default_limit) as i64;
+    let offset = query_int(&query, "offset", 0, i64::MAX as u64)?.unwrap_or(0) as i64;
+    Ok((query, limit, offset))
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct OverviewJson {
+    queues: i64,
+    partitions: i64,
+    messages: MessagesJson,
+    consumer_groups: i64,
+    active_leases: i64,
+    dead_letters: i64,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct MessagesJson {
+    pushed: i64,
+    stored: i64,
+}
+
+impl From<Overview> for OverviewJson {
+    fn from(o: Overview) -> Self {
+        OverviewJson {
+            queues: o.queues,
+            partitions: o.partitions,
+            messages: MessagesJson { pushed: o.messages_pushed, stored: o.messages_stored },
+            consumer_groups: o.consumer_groups,
+            active_leases: o.active_leases,
+            dead_letters: o.dead_letters,
+        }
+    }
+}
+
+pub async fn overview(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
+    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
+    Ok(HttpResponse::Ok().json(OverviewJson::from(stats::overview(&client).await?)))
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct QueueJson {
+    id: i64,
+    name: String,
+    namespace: Option<String>,
+    task: Option<String>,
+    partitions: i64,
+    messages: MessagesJson,
+    last_push_at: Option<String>,
+    created_at: String,
+    options: Map<String, Value>,
+}
+
+impl From<QueueStats> for QueueJson {
+    fn from(q: QueueStats) -> Self {
+        QueueJson {
+            id: q.id,
+            name: q.name,
+            namespace: q.namespace,
+            task: q.task,
+            partitions: q.partitions,
+            messages: MessagesJson { pushed: q.messages_pushed, stored: q.messages_stored },
+            last_push_at: q.last_push_at.map(timestamp),
+            created_at: timestamp(q.created_at),
+            options: q.options,
+        }
+    }
+}
+
+/// A page of queues, filtered by the `namespace` and `task` of the query.
+async fn queue_page(
+    client: &deadpool_postgres::Client,
+    query: &BTreeMap<String, String>,
+    limit: i64,
+    offset: i64,
+) -> Result<Vec<QueueStats>, queen_store::StoreError> {
+    let namespace = query.get("namespace").map(String::as_str);
+    stats::queues(client, None, namespace, query.get("task").map(String::as_str), limit, offset).await
+}
+
+/// `GET /resources/queues?namespace=&task=&limit=&offset=`.
+pub async fn queues(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    let (query, limit, offset) = page(&req, 100)?;
+    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
+    let found = queue_page(&client, &query, limit, offset).await?;
+    let queues: Vec<QueueJson> = found.into_iter().map(QueueJson::from).collect();
+    Ok(HttpResponse::Ok().json(serde_json::json!({ "queues": queues, "limit": limit, "offset": offset })))
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PartitionJson {
+    id: String,
+    queue: String,
+    name: String,
+    last_offset: i64,
+    retained_from: i64,
+    messages_stored: i64,
+    created_at: String,
+    last_push_at: Option<String>,
+}
+
+impl From<PartitionStats> for PartitionJson {
+    fn from(p: PartitionStats) -> Self {
+        PartitionJson {
+            id: p.id.to_string(),
+            queue: p.queue,
+            name: p.name,
+            last_offset: p.last_offset,
+            retained_from: p.retained_from,
+            messages_stored: (p.last_offset - p.retained_from + 1).max(0),
+            created_at: timestamp(p.created_at),
+            last_push_at: p.last_push_at.map(timestamp),
+        }
+    }
+}
+
+/// `GET /resources/partitions?queue=&limit=&offset=`: the most recently pushed first.
+pub async fn partitions(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    let (query, limit, offset) = page(&req, 100)?;
+    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
+    let found = stats::partitions(&client, query.get("queue").map(String::as_str), limit, offset).await?;
+    let partitions: Vec<PartitionJson> = found.into_iter().map(PartitionJson::from).collect();
+    Ok(HttpResponse::Ok().json(serde_json::json!({ "partitions": partitions, "limit": limit, "offset": offset })))
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct StatusJson {
+    status: &'static str,
+    broker: String,
+    version: &'static str,
+    uptime_seconds: f64,
+    #[serde(flatten)]
+    overview: OverviewJson,
+}
+
+/// `GET /status`: the broker and its data at a glance.
+pub async fn status(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
+    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
+    let overview = stats::overview(&client).await?;
+    Ok(HttpResponse::Ok().json(StatusJson {
+        status: "ok",
+        broker: broker.broker_id.clone(),
+        version: env!("CARGO_PKG_VERSION"),
+        uptime_seconds: STARTED.elapsed().as_secs_f64(),
+        overview: overview.into(),
+    }))
+}
+
+#[derive(Serialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct GroupLagJson {
+    name: String,
+    partitions: usize,
+    lag_messages: i64,
+    lag_seconds: f64,
+    active_leases: usize,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct QueueStatusJson {
+    #[serde(flatten)]
+    queue: QueueJson,
+    consumer_groups: Vec<GroupLagJson>,
+}
+
+/// Per queue: the groups reading it and their lag.
+fn lag_by_queue(lags: &[CursorLag]) -> BTreeMap<&str, BTreeMap<&str, GroupLagJson>> {
+    let mut queues: BTreeMap<&str, BTreeMap<&str, GroupLagJson>> = BTreeMap::new();
+    for cursor in lags {
+        let group = queues.entry(&cursor.queue).or_default().entry(&cursor.group).or_default();
+        group.partitions += 1;
+        group.lag_messages += cursor.lag_messages;
+        group.lag_seconds = group.lag_seconds.max(cursor.lag_seconds);
+        group.active_leases += usize::from(cursor.lease_expires_at.is_some());
+    }
+    queues
+}
+
+fn with_groups(queue: QueueStats, lags: &mut BTreeMap<&str, BTreeMap<&str, GroupLagJson>>) -> QueueStatusJson {
+    let groups = lags
+        .remove(queue.name.as_str())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(name, lag)| GroupLagJson { name: name.to_owned(), ..lag })
+        .collect();
+    QueueStatusJson { queue: queue.into(), consumer_groups: groups }
+}
+
+/// `GET /status/queues`: every queue with its size and its groups' lag.
+pub async fn queue_statuses(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    let (query, limit, offset) = page(&req, 100)?;
+    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
+    let found = queue_page(&client, &query, limit, offset).await?;
+    let lags = groups::cursor_lags(&client, None).await?;
+    let mut by_queue = lag_by_queue(&lags);
+    let queues: Vec<QueueStatusJson> = found.into_iter().map(|q| with_groups(q, &mut by_queue)).collect();
+    Ok(HttpResponse::Ok().json(serde_json::json!({ "queues": queues, "limit": limit, "offset": offset })))
+}
+
+/// `GET /status/queues/{queue}`: one queue, its partitions and its groups' lag.
+pub async fn queue_status(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    let name = req.match_info().get("queue").unwrap_or_default().to_owned();
+    names::check(NameKind::Queue, "queue", &name).map_err(ApiError::BadRequest)?;
+    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
+    let queue = stats::queues(&client, Some(&name), None, None, 1, 0)
+        .await?
+        .pop()
+        .ok_or_else(|| ApiError::NotFound(format!("queue {name:?} not found")))?;
+    let partitions = stats::partitions(&client, Some(&name), MAX_PAGE as i64, 0).await?;
+    let lags: Vec<CursorLag> =
+        groups::cursor_lags(&client, None).await?.into_iter().filter(|c| c.queue == name).collect();
+    let mut by_queue = lag_by_queue(&lags);
+    let partitions: Vec<PartitionJson> = partitions.into_iter().map(PartitionJson::from).collect();
+    let status = with_groups(queue, &mut by_queue);
+    Ok(HttpResponse::Ok().json(serde_json::json!({ "queue": status, "partitions": partitions })))
+}
+
+/// `GET /status/analytics`: this broker's traffic since it started (from its counters), the
+/// data's totals, and what maintenance removed in the last day.
+pub async fn analytics(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
+    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
+    let overview = stats::overview(&client).await?;
+    let maintenance = stats::maintenance(&client, 24.0).await?;
+    let metrics = &broker.metrics;
+    let sum = |family: &prometheus::IntCounterVec| -> u64 {
+        use prometheus::core::Collector;
+        family.collect().iter().flat_map(|f| f.get_metric()).map(|m| m.get_counter().get_value() as u64).sum()
+    };
+    Ok(HttpResponse::Ok().json(serde_json::json!({
+        "broker": {
+            "id": broker.broker_id,
+            "uptimeSeconds": STARTED.elapsed().as_secs_f64(),
+            "messagesPushed": sum(&metrics.messages_pushed),
+            "messagesDelivered": sum(&metrics.messages_delivered),
+            "messagesAcked": sum(&metrics.messages_acked),
+            "messagesFailed": sum(&metrics.messages_failed),
+            "messagesDeadLettered": sum(&metrics.messages_dead_lettered),
+            "segmentsWritten": metrics.segments_written.get(),
+        },
+        "totals": OverviewJson::from(overview),
+        "maintenanceLastDay": {
+            "passes": maintenance.passes,
+            "segmentsDeleted": maintenance.segments_deleted,
+            "messagesDeleted": maintenance.messages_deleted,
+            "partitionsDeleted": maintenance.partitions_deleted,
+            "lastPassAt": maintenance.last_pass_at.map(timestamp),
+        },
+    })))
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ListedJson<'a> {
+    #[serde(flatten)]
+    stored: StoredMessageJson<'a>,
+}
+
+/// `GET /messages?queue=&partition=&limit=`: the newest messages of a queue (default 20, at
+/// most 1000), newest first, read from the last segments of its most recently pushed partitions.
+pub async fn list_messages(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    let query = query_pairs(req.query_string())?;
+    let queue = query.get("queue").ok_or_else(|| ApiError::bad_request("queue is required"))?;
+    names::check(NameKind::Queue, "queue", queue).map_err(ApiError::BadRequest)?;
+    let limit = query_int(&query, "limit", 1, MAX_PAGE)?.unwrap_or(20) as i64;
+    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
+    let listed =
+        queen_store::messages::newest(&client, queue, query.get("partition").map(String::as_str), limit).await?;
+    let data: Vec<Box<serde_json::value::RawValue>> = listed
+        .iter()
+        .map(|m| {
+            let text = String::from_utf8(m.frame.payload.clone())
+                .map_err(|_| ApiError::Internal("a stored message is not UTF-8 JSON".into()))?;
+            serde_json::value::RawValue::from_string(text)
+                .map_err(|e| ApiError::Internal(format!("a stored message is not JSON: {e}")))
+        })
+        .collect::<Result<_, _>>()?;
+    let messages: Vec<ListedJson<'_>> = listed
+        .iter()
+        .zip(&data)
+        .map(|(m, data)| ListedJson {
+            stored: StoredMessageJson {
+                id: m.frame.message_id,
+                transaction_id: &m.frame.transaction_id,
+                trace_id: m.frame.trace_id,
+                queue,
+                partition: &m.partition,
+                partition_id: m.partition_id.to_string(),
+                offset: m.offset,
+                created_at: timestamp(m.created_at),
+                data,
+            },
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(serde_json::json!({ "messages": messages, "limit": limit })))
+}

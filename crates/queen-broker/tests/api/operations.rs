@@ -1,0 +1,173 @@
+//! What operators read: metrics (Prometheus text that promtool accepts, or JSON), and the status
+//! and resource routes of dashboards.
+
+use std::process::Stdio;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio::io::AsyncWriteExt;
+
+use crate::helpers::TestApp;
+
+/// The `promtool` to check metrics with: `QUEEN_PROMTOOL`, else the one on the PATH.
+fn promtool() -> String {
+    std::env::var("QUEEN_PROMTOOL").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| "promtool".into())
+}
+
+/// Traffic that gives every labelled metric a series: pushes, a duplicate, pops, acks of every
+/// kind, a dead letter, a long poll.
+async fn traffic(app: &TestApp) {
+    app.push(json!([{"queue": "ops", "partition": "a", "transactionId": "1", "payload": {"v": 1}},
+                    {"queue": "ops", "partition": "a", "transactionId": "2", "payload": {"v": 2}},
+                    {"queue": "ops", "partition": "b", "transactionId": "3", "payload": {"v": 3}}]))
+        .await;
+    app.push_one("ops", "a", "1", json!("again")).await;
+    let first = app.pop("queue/ops/partition/a", "batch=1&consumerGroup=g").await.messages();
+    app.ack_all(&first, "failed", Some("g")).await;
+    let second = app.pop("queue/ops/partition/a", "batch=2&consumerGroup=g").await.messages();
+    app.ack_all(&second[..1], "dlq", Some("g")).await;
+    app.ack_all(&second[1..], "completed", Some("g")).await;
+    app.pop("queue/ops/partition/b", "batch=1&wait=true&timeout=100").await;
+}
+
+#[actix_web::test]
+async fn the_prometheus_text_passes_promtool() {
+    let app = TestApp::spawn().await;
+    traffic(&app).await;
+    let text = app
+        .http
+        .get(app.url("/metrics"))
+        .header("accept", "text/plain;version=0.0.4;q=0.9,*/*;q=0.1")
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    for family in [
+        "queen_messages_pushed_total{queue=\"ops\"} 3",
+        "queen_pushed_bytes_total{queue=\"ops\"}",
+        "queen_messages_delivered_total{queue=\"ops\"}",
+        "queen_delivered_bytes_total{queue=\"ops\"}",
+        "queen_messages_acked_total{queue=\"ops\"} 1",
+        "queen_messages_failed_total{queue=\"ops\"} 1",
+        "queen_messages_dead_lettered_total{queue=\"ops\"} 1",
+        "queen_push_duplicates_total{queue=\"ops\"} 1",
+        "queen_segments_written_total",
+        "queen_segment_messages_bucket",
+        "queen_pop_duration_seconds_bucket",
+        "queen_ack_duration_seconds_bucket",
+        "queen_push_duration_seconds_bucket",
+        "queen_long_poll_waiters",
+        "queen_leases_granted_total",
+        "queen_leases_expired_total",
+        "queen_consumer_group_lag_messages{group=\"g\",queue=\"ops\"}",
+        "queen_consumer_group_lag_seconds{group=\"g\",queue=\"ops\"}",
+        "queen_db_pool_connections{state=\"in_use\"}",
+        "queen_db_errors_total{kind=\"unavailable\"}",
+        "queen_actor_queued_requests{actor=\"partition_writer\"}",
+        "queen_actors{actor=\"group_leases\"}",
+        "queen_notices_received_total",
+        "process_resident_memory_bytes",
+    ] {
+        assert!(text.contains(family), "{family} is missing from:\n{text}");
+    }
+
+    let mut check = tokio::process::Command::new(promtool())
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("cannot run promtool ({e}): scripts/test.sh installs it, or set QUEEN_PROMTOOL to its path")
+        });
+    let mut stdin = check.stdin.take().expect("stdin");
+    stdin.write_all(text.as_bytes()).await.expect("feeding promtool");
+    drop(stdin);
+    let output = check.wait_with_output().await.expect("promtool ran");
+    assert!(
+        output.status.success(),
+        "promtool check metrics failed:\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[actix_web::test]
+async fn metrics_are_json_for_the_official_client() {
+    let app = TestApp::spawn().await;
+    traffic(&app).await;
+    let answer = app.http.get(app.url("/metrics")).header("accept", "*/*").send().await.expect("metrics");
+    assert!(answer.headers()["content-type"].to_str().unwrap_or("").contains("application/json"));
+    let body: Value = answer.json().await.expect("JSON");
+    let pushed = body["metrics"]
+        .as_array()
+        .expect("families")
+        .iter()
+        .find(|f| f["name"] == "queen_messages_pushed_total")
+        .expect("queen_messages_pushed_total");
+    assert_eq!(pushed["type"], "counter");
+    assert_eq!(pushed["samples"][0]["labels"]["queue"], "ops");
+    assert_eq!(pushed["samples"][0]["value"], 3.0);
+    let prometheus = app.http.get(app.url("/metrics?format=prometheus")).send().await.expect("metrics");
+    assert!(prometheus.headers()["content-type"].to_str().unwrap_or("").starts_with("text/plain"));
+    assert!(prometheus.text().await.expect("text").contains("# TYPE queen_messages_pushed_total counter"));
+}
+
+#[actix_web::test]
+async fn status_and_resource_routes_report_the_data() {
+    let app = TestApp::spawn().await;
+    app.post("/api/v1/configure", &json!({"queue": "billing.invoices", "options": {"leaseTime": 60}})).await;
+    traffic(&app).await;
+
+    let overview = app.get("/api/v1/resources/overview").await;
+    assert_eq!(overview.status, StatusCode::OK);
+    assert_eq!(overview.body["queues"], 2);
+    assert_eq!(overview.body["partitions"], 2);
+    assert_eq!(overview.body["messages"]["pushed"], 3);
+    assert_eq!(overview.body["consumerGroups"], 2);
+    assert_eq!(overview.body["deadLetters"], 1);
+
+    let queues = app.get("/api/v1/resources/queues").await;
+    let names: Vec<&str> =
+        queues.body["queues"].as_array().expect("queues").iter().map(|q| q["name"].as_str().unwrap_or("")).collect();
+    assert_eq!(names, vec!["billing.invoices", "ops"]);
+    let billing = app.get("/api/v1/resources/queues?namespace=billing").await;
+    assert_eq!(billing.body["queues"][0]["task"], "invoices");
+    assert_eq!(billing.body["queues"].as_array().map(Vec::len), Some(1));
+
+    let partitions = app.get("/api/v1/resources/partitions?queue=ops").await;
+    let list = partitions.body["partitions"].as_array().expect("partitions");
+    assert_eq!(list.len(), 2);
+    assert!(list.iter().any(|p| p["name"] == "a" && p["lastOffset"] == 2));
+
+    let status = app.get("/api/v1/status").await;
+    assert_eq!(status.body["status"], "ok");
+    assert!(status.body["uptimeSeconds"].as_f64().is_some());
+    assert_eq!(status.body["messages"]["stored"], 3);
+
+    let per_queue = app.get("/api/v1/status/queues").await;
+    let ops = per_queue.body["queues"].as_array().expect("queues").iter().find(|q| q["name"] == "ops").expect("ops");
+    let groups = ops["consumerGroups"].as_array().expect("groups");
+    assert!(groups.iter().any(|g| g["name"] == "g" && g["lagMessages"] == 0), "{groups:?}");
+    assert!(groups.iter().any(|g| g["name"] == "__QUEUE_MODE__" && g["lagMessages"] == 1), "{groups:?}");
+
+    let one = app.get("/api/v1/status/queues/ops").await;
+    assert_eq!(one.body["queue"]["name"], "ops");
+    assert_eq!(one.body["partitions"].as_array().map(Vec::len), Some(2));
+    assert_eq!(app.get("/api/v1/status/queues/nope").await.status, StatusCode::NOT_FOUND);
+
+    let analytics = app.get("/api/v1/status/analytics").await;
+    assert_eq!(analytics.body["broker"]["messagesPushed"], 3);
+    assert_eq!(analytics.body["broker"]["messagesDeadLettered"], 1);
+    assert_eq!(analytics.body["totals"]["messages"]["pushed"], 3);
+
+    let listed = app.get("/api/v1/messages?queue=ops&limit=2").await;
+    let messages = listed.body["messages"].as_array().expect("messages");
+    assert_eq!(messages.len(), 2, "the newest two");
+    assert!(messages.iter().all(|m| m["queue"] == "ops" && m["data"].is_object()));
+    let one_partition = app.get("/api/v1/messages?queue=ops&partition=b").await;
+    assert_eq!(one_partition.body["messages"][0]["transactionId"], "3");
+    assert_eq!(app.get("/api/v1/messages").await.status, StatusCode::BAD_REQUEST, "queue is required");
+}

@@ -1,0 +1,179 @@
+//! What dashboards read: counts and sizes from the queue and partition rows, never from the
+//! message history (which may be billions of offsets long).
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::GenericClient;
+use serde_json::{Map, Value};
+
+use crate::StoreError;
+
+/// The whole broker's data at a glance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Overview {
+    pub queues: i64,
+    pub partitions: i64,
+    /// Messages ever pushed (the sum of the partitions' last offsets).
+    pub messages_pushed: i64,
+    /// Messages still stored (not yet retained away).
+    pub messages_stored: i64,
+    pub consumer_groups: i64,
+    pub active_leases: i64,
+    pub dead_letters: i64,
+}
+
+pub async fn overview(client: &impl GenericClient) -> Result<Overview, StoreError> {
+    let row = client
+        .query_one(
+            "SELECT (SELECT count(*) FROM queen.queues),
+                    count(*),
+                    COALESCE(sum(last_offset), 0)::bigint,
+                    COALESCE(sum(GREATEST(last_offset - retained_from + 1, 0)), 0)::bigint,
+                    (SELECT count(DISTINCT consumer_group) FROM queen.log_consumers),
+                    (SELECT count(*) FROM queen.log_consumers WHERE lease_expires_at > now()),
+                    (SELECT count(*) FROM queen.log_dlq)
+               FROM queen.partitions",
+            &[],
+        )
+        .await?;
+    Ok(Overview {
+        queues: row.get(0),
+        partitions: row.get(1),
+        messages_pushed: row.get(2),
+        messages_stored: row.get(3),
+        consumer_groups: row.get(4),
+        active_leases: row.get(5),
+        dead_letters: row.get(6),
+    })
+}
+
+/// A queue with its size.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueStats {
+    pub id: i64,
+    pub name: String,
+    pub namespace: Option<String>,
+    pub task: Option<String>,
+    pub options: Map<String, Value>,
+    pub created_at: DateTime<Utc>,
+    pub partitions: i64,
+    pub messages_pushed: i64,
+    pub messages_stored: i64,
+    pub last_push_at: Option<DateTime<Utc>>,
+}
+
+/// Queues by name, filtered by namespace and task, paged.
+pub async fn queues(
+    client: &impl GenericClient,
+    name: Option<&str>,
+    namespace: Option<&str>,
+    task: Option<&str>,
+    limit: i64,
+    offset: i64,
+) -> Result<Vec<QueueStats>, StoreError> {
+    let rows = client
+        .query(
+            "SELECT q.id, q.name, q.namespace, q.task, q.options, q.created_at, count(p.id),
+                    COALESCE(sum(p.last_offset), 0)::bigint,
+                    COALESCE(sum(GREATEST(p.last_offset - p.retained_from + 1, 0)), 0)::bigint,
+                    max(p.last_segment_at)
+               FROM queen.queues q
+               LEFT JOIN queen.partitions p ON p.queue_id = q.id
+              WHERE ($1::text IS NULL OR q.name = $1)
+                AND ($2::text IS NULL OR q.namespace = $2)
+                AND ($3::text IS NULL OR q.task = $3)
+              GROUP BY q.id
+              ORDER BY q.name
+              LIMIT $4 OFFSET $5",
+            &[&name, &namespace, &task, &limit, &offset],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|row| QueueStats {
+            id: row.get(0),
+            name: row.get(1),
+            namespace: row.get(2),
+            task: row.get(3),
+            options: match row.get::<_, Value>(4) {
+                Value::Object(map) => map,
+                _ => Map::new(),
+            },
+            created_at: row.get(5),
+            partitions: row.get(6),
+            messages_pushed: row.get(7),
+            messages_stored: row.get(8),
+            last_push_at: row.get(9),
+        })
+        .collect())
+}
+
+/// A partition with its offsets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionStats {
+    pub id: i64,
+    pub queue: String,
+    pub name: String,
+    pub last_offset: i64,
+    pub retained_from: i64,
+    pub created_at: DateTime<Utc>,
+    pub last_push_at: Option<DateTime<Utc>>,
+}
+
+/// Partitions (of one queue, when named), the most recently pushed first, paged.
+pub async fn partitions(
+    client: &impl GenericClient,
+    queue: Option<&str>,
+    limit: i64,
+    offset: i64,
+) -> Result<Vec<PartitionStats>, StoreError> {
+    let rows = client
+        .query(
+            "SELECT p.id, q.name, p.name, p.last_offset, p.retained_from, p.created_at, p.last_segment_at
+               FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+              WHERE $1::text IS NULL OR q.name = $1
+              ORDER BY p.last_segment_at DESC NULLS LAST, p.id
+              LIMIT $2 OFFSET $3",
+            &[&queue, &limit, &offset],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|row| PartitionStats {
+            id: row.get(0),
+            queue: row.get(1),
+            name: row.get(2),
+            last_offset: row.get(3),
+            retained_from: row.get(4),
+            created_at: row.get(5),
+            last_push_at: row.get(6),
+        })
+        .collect())
+}
+
+/// What maintenance did over the last `hours`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaintenanceSummary {
+    pub passes: i64,
+    pub segments_deleted: i64,
+    pub messages_deleted: i64,
+    pub partitions_deleted: i64,
+    pub last_pass_at: Option<DateTime<Utc>>,
+}
+
+pub async fn maintenance(client: &impl GenericClient, hours: f64) -> Result<MaintenanceSummary, StoreError> {
+    let row = client
+        .query_one(
+            "SELECT count(*), COALESCE(sum(segments_deleted), 0)::bigint, COALESCE(sum(messages_deleted), 0)::bigint,
+                    COALESCE(sum(partitions_deleted), 0)::bigint, max(finished_at)
+               FROM queen.maintenance_runs WHERE started_at > now() - $1 * interval '1 hour'",
+            &[&hours],
+        )
+        .await?;
+    Ok(MaintenanceSummary {
+        passes: row.get(0),
+        segments_deleted: row.get(1),
+        messages_deleted: row.get(2),
+        partitions_deleted: row.get(3),
+        last_pass_at: row.get(4),
+    })
+}
