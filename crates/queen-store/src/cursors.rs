@@ -52,24 +52,37 @@ pub async fn candidates(
     scope: Scope<'_>,
     group: &str,
 ) -> Result<Vec<Candidate>, StoreError> {
-    let only: Option<&[i64]> = match scope {
-        Scope::All => None,
-        Scope::Only(ids) => Some(ids),
+    // Two statements rather than one with `$3 IS NULL OR p.id = ANY($3)`: under that OR a cached
+    // plan compares every partition with every listed id.
+    macro_rules! pending_in {
+        ($partitions:literal) => {
+            concat!(
+                "SELECT p.id, p.name, c.partition_id IS NOT NULL,
+                        CASE WHEN c.lease_expires_at > now() THEN c.lease_expires_at END AS leased_until
+                   FROM ",
+                $partitions,
+                " LEFT JOIN queen.log_consumers c ON c.partition_id = p.id AND c.consumer_group = $2
+                  WHERE p.queue_id = $1
+                    AND p.last_offset >= p.retained_from
+                    AND (c.partition_id IS NULL OR p.last_offset > c.committed)
+                  ORDER BY leased_until NULLS FIRST, c.last_claimed_at NULLS FIRST, p.id"
+            )
+        };
+    }
+    let rows = match scope {
+        Scope::All => {
+            let statement = client.prepare_cached(pending_in!("queen.partitions p")).await?;
+            client.query(&statement, &[&queue_id, &group]).await?
+        }
+        Scope::Only(ids) => {
+            let statement = client
+                .prepare_cached(pending_in!(
+                    "unnest($3::bigint[]) AS listed(id) JOIN queen.partitions p ON p.id = listed.id"
+                ))
+                .await?;
+            client.query(&statement, &[&queue_id, &group, &ids]).await?
+        }
     };
-    let statement = client
-        .prepare_cached(
-            "SELECT p.id, p.name, c.partition_id IS NOT NULL,
-                    CASE WHEN c.lease_expires_at > now() THEN c.lease_expires_at END AS leased_until
-               FROM queen.partitions p
-               LEFT JOIN queen.log_consumers c ON c.partition_id = p.id AND c.consumer_group = $2
-              WHERE p.queue_id = $1
-                AND ($3::bigint[] IS NULL OR p.id = ANY($3))
-                AND p.last_offset >= p.retained_from
-                AND (c.partition_id IS NULL OR p.last_offset > c.committed)
-              ORDER BY leased_until NULLS FIRST, c.last_claimed_at NULLS FIRST, p.id",
-        )
-        .await?;
-    let rows = client.query(&statement, &[&queue_id, &group, &only]).await?;
     Ok(rows
         .iter()
         .map(|row| Candidate {
@@ -305,8 +318,16 @@ pub struct AckOutcome {
 pub struct AckBatch {
     /// One list per call, aligned with that call's requests.
     pub outcomes: Vec<Vec<AckOutcome>>,
-    /// Queues on which a released lease left messages for other consumers to take.
-    pub queues_with_released_work: Vec<String>,
+    /// Partitions on which a released lease left messages for other consumers to take.
+    pub released: Vec<ReleasedWork>,
+}
+
+/// A partition where a released lease left messages for the group's other consumers.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ReleasedWork {
+    pub queue_id: i64,
+    pub partition_id: i64,
+    pub queue: String,
 }
 
 type CursorKey = (i64, String);
@@ -339,8 +360,11 @@ pub async fn acknowledge(
 
     let resolve = tx
         .prepare_cached(
+            // A primary-key probe per acknowledged message (LATERAL ... LIMIT 1 cannot become a
+            // hash join over the whole table, which the planner picks for larger batches).
             "SELECT m.message_offset FROM unnest($1::bigint[], $2::text[]) WITH ORDINALITY AS x(partition_id, transaction_id, ord)
-               LEFT JOIN queen.log_message_ids m ON m.partition_id = x.partition_id AND m.transaction_id = x.transaction_id
+               LEFT JOIN LATERAL (SELECT message_offset FROM queen.log_message_ids
+                                   WHERE partition_id = x.partition_id AND transaction_id = x.transaction_id LIMIT 1) m ON true
               ORDER BY x.ord",
         )
         .await?;
@@ -403,32 +427,26 @@ pub async fn acknowledge(
     insert_dead_letters(tx, &dead).await?;
     // A released lease over pending messages makes them available to the group's other
     // consumers, on any broker: announce it at commit, as a push would.
-    let mut released: Vec<Event> = changed
+    let mut released: Vec<ReleasedWork> = changed
         .iter()
         .filter(|(_, track)| track.lease_released)
         .filter_map(|((partition_id, _), track)| {
             let (queue_id, queue, last_offset) = partition_heads.get(partition_id)?;
-            (track.now.committed < *last_offset).then(|| Event::Available {
+            (track.now.committed < *last_offset).then(|| ReleasedWork {
                 queue_id: *queue_id,
                 partition_id: *partition_id,
                 queue: queue.clone(),
             })
         })
         .collect();
-    released.sort_by_key(Event::encode);
+    released.sort();
     released.dedup();
-    for event in &released {
-        events::publish(tx, event).await?;
+    for work in &released {
+        let event =
+            Event::Available { queue_id: work.queue_id, partition_id: work.partition_id, queue: work.queue.clone() };
+        events::publish(tx, &event).await?;
     }
-    let mut queues_with_released_work: Vec<String> = released
-        .into_iter()
-        .filter_map(|event| match event {
-            Event::Available { queue, .. } => Some(queue),
-            _ => None,
-        })
-        .collect();
-    queues_with_released_work.dedup();
-    Ok(AckBatch { outcomes, queues_with_released_work })
+    Ok(AckBatch { outcomes, released })
 }
 
 /// One call's acks against the cursors as the earlier calls of the batch left them.

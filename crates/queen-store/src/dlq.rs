@@ -113,6 +113,7 @@ pub async fn list(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Requeued {
     pub queue: String,
+    pub queue_id: i64,
     pub partition_id: i64,
     /// The new message's transaction id: `dlq:<dead-letter id>`.
     pub transaction_id: String,
@@ -156,6 +157,7 @@ pub async fn requeue(
     let outcome = appended.outcomes.into_iter().next().ok_or(StoreError::Missing("append outcome"))?;
     Ok(Some(Requeued {
         queue,
+        queue_id,
         partition_id: target,
         transaction_id: new_transaction_id,
         outcome,

@@ -72,8 +72,12 @@ pub async fn existing_transaction_ids(
 ) -> Result<HashMap<String, (i64, Uuid)>, StoreError> {
     let statement = client
         .prepare_cached(
-            "SELECT transaction_id, message_offset, message_id FROM queen.log_message_ids
-              WHERE partition_id = $1 AND transaction_id = ANY($2)",
+            // One primary-key probe per id, whatever the table's statistics say: a plan cached
+            // while the table was small would otherwise scan it whole for every push.
+            "SELECT t.transaction_id, m.message_offset, m.message_id
+               FROM unnest($2::text[]) AS t(transaction_id)
+              CROSS JOIN LATERAL (SELECT message_offset, message_id FROM queen.log_message_ids
+                                   WHERE partition_id = $1 AND transaction_id = t.transaction_id LIMIT 1) m",
         )
         .await?;
     let rows = client.query(&statement, &[&partition_id, &transaction_ids]).await?;

@@ -31,6 +31,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(2, "0002_dlq"),
     migration!(3, "0003_consumer_groups"),
     migration!(4, "0004_maintenance"),
+    migration!(5, "0005_message_ids_without_fk"),
 ];
 
 /// The newest schema version this build knows.

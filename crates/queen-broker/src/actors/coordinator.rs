@@ -7,26 +7,31 @@
 //! pop that parks with a number that has already moved on is woken at once, so a push landing
 //! between the try and the park is never missed.
 //!
-//! **Candidates.** Pushes (from any broker) announce their partition through `NOTIFY`; the
+//! **Candidates.** Pushes (from any broker) announce their partition through `NOTIFY`, and a
+//! local push to its own coordinator at once, so a pop that follows a push always sees it. The
 //! coordinator keeps, per queue, the partitions announced recently: the *hot list*. Per (queue,
 //! group) it keeps a *view*: when it last scanned every partition of the queue for the group, and
-//! which partitions had work then. A queue-wide pop asks for a [`PopPlan`]: with a fresh view,
-//! the candidates are the view's partitions plus the hot list (a bounded set, checked in one
-//! query, never a scan of every partition); without one, a full scan, whose result becomes the
-//! view. A view is re-verified at most every `view_max_age` (30 s). With the hot list off, the
-//! full scan runs every time, except that a scan that found nothing (the empty-scan watermark) is
-//! trusted until a push to the queue or the view's age says otherwise.
+//! which partitions have had work since, the scan's finds plus every partition announced after
+//! it (the hot list feeds the view). A queue-wide pop asks for a [`PopPlan`]: with a fresh view,
+//! the candidates are the view's partitions, at most the pop's limit of them, taken round robin when
+//! there are more, so that one pop's query stays small however many partitions have work; a
+//! check that finds a candidate drained removes it, unless it was announced again meanwhile.
+//! Without a view, a full scan, whose result becomes the view. A view is re-verified at most
+//! every `view_max_age` (30 s). With the hot list off, the full scan runs every time, except that
+//! a scan that found nothing (the empty-scan watermark) is trusted until a push to the queue or
+//! the view's age says otherwise.
 //!
 //! Seek, group deletion and subscription changes clear the group's views on every broker
 //! ([`Forget`], from a local call or a fleet notice). While the LISTEN connection is down no view
 //! is trusted; when it comes back, views are dropped, the hot list is seeded from what was pushed
 //! recently, and every parked pop looks again, since notices may have been missed.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use queen_store::cursors::ReleasedWork;
 use queen_store::events::Event;
 use tokio::sync::oneshot;
 
@@ -69,11 +74,20 @@ pub struct Park {
     pub wake: oneshot::Sender<()>,
 }
 
-/// Messages became available on the queue, pushed by this broker.
+/// Messages became available on a partition, by this broker's doing (a push, a released lease).
+/// Announced here before the caller is answered; the fleet notice follows.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct DataAvailable {
     pub queue: Arc<str>,
+    pub queue_id: i64,
+    pub partition_id: i64,
+}
+
+impl From<ReleasedWork> for DataAvailable {
+    fn from(work: ReleasedWork) -> Self {
+        DataAvailable { queue: Arc::from(work.queue), queue_id: work.queue_id, partition_id: work.partition_id }
+    }
 }
 
 /// Wake every parked pop (the broker is shutting down).
@@ -114,8 +128,9 @@ pub struct Forget {
 pub enum PopPlan {
     /// Scan every partition of the queue; report it with [`ScanDone`].
     Full { ticket: u64 },
-    /// Check these partitions only (none: nothing can be pending); report with [`Checked`].
-    Candidates { ticket: u64, partitions: Vec<i64> },
+    /// Check these partitions only (none: nothing can be pending); report with [`Checked`],
+    /// passing `as_of` back. They are one round of a view of `view_size` partitions.
+    Candidates { ticket: u64, as_of: u64, partitions: Vec<i64>, view_size: usize },
 }
 
 #[derive(Message)]
@@ -123,6 +138,8 @@ pub enum PopPlan {
 pub struct PlanPop {
     pub queue_id: i64,
     pub group: Arc<str>,
+    /// Most partitions to check.
+    pub limit: usize,
 }
 
 /// A full scan that started at `started` found work in `pending` (leased or not).
@@ -136,13 +153,15 @@ pub struct ScanDone {
     pub pending: Vec<i64>,
 }
 
-/// Of a plan's candidates, these still have work.
+/// A plan's candidates were `checked`; of them, these are still `pending`.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Checked {
     pub ticket: u64,
+    pub as_of: u64,
     pub queue_id: i64,
     pub group: Arc<str>,
+    pub checked: Vec<i64>,
     pub pending: Vec<i64>,
 }
 
@@ -155,8 +174,39 @@ struct QueueWaiters {
 /// What a broker knows about a group's work on a queue since its last full scan.
 struct GroupView {
     scanned_at: Instant,
-    /// Partitions with work (leased or not) at the scan, minus those found drained since.
-    pending: HashSet<i64>,
+    /// Partitions with work (leased or not) at the scan or announced since, minus those found
+    /// drained since; each with the revision that put it here.
+    pending: BTreeMap<i64, u64>,
+    /// Where the next plan's round starts.
+    next: i64,
+}
+
+impl GroupView {
+    fn scanned(at: Instant, pending: impl IntoIterator<Item = i64>, revision: u64) -> Self {
+        GroupView { scanned_at: at, pending: pending.into_iter().map(|p| (p, revision)).collect(), next: 0 }
+    }
+
+    fn is_fresh(&self, max_age: Duration) -> bool {
+        self.scanned_at.elapsed() < max_age
+    }
+
+    /// Up to `limit` pending partitions, going on from where the last call stopped.
+    fn next_round(&mut self, limit: usize) -> Vec<i64> {
+        let mut round: Vec<i64> = self
+            .pending
+            .range(self.next..)
+            .chain(self.pending.range(..self.next))
+            .map(|(p, _)| *p)
+            .take(limit)
+            .collect();
+        if round.len() == self.pending.len() {
+            round.sort_unstable();
+            self.next = 0;
+        } else if let Some(last) = round.last() {
+            self.next = last + 1;
+        }
+        round
+    }
 }
 
 pub struct Coordinator {
@@ -168,6 +218,9 @@ pub struct Coordinator {
     /// Per queue id: partitions announced recently, with when.
     hot: HashMap<i64, HashMap<i64, Instant>>,
     views: HashMap<(i64, Arc<str>), GroupView>,
+    /// Advances with every change that adds to views (an announcement, a scan), so a check
+    /// planned before cannot remove what was added after it.
+    revision: u64,
     /// Advances whenever views may have gone stale (a forget, a lost connection), so that a scan
     /// planned before cannot store its outdated result.
     ticket: u64,
@@ -183,6 +236,7 @@ impl Coordinator {
             last_seq: 0,
             hot: HashMap::new(),
             views: HashMap::new(),
+            revision: 0,
             ticket: 0,
             listening: false,
             metrics,
@@ -209,6 +263,19 @@ impl Coordinator {
         for queue in queues {
             self.wake(queue);
         }
+    }
+
+    /// A push to the partition was announced: it is hot, and pending for every group viewing the
+    /// queue.
+    fn announce(&mut self, queue_id: i64, partition_id: i64, at: Instant) {
+        self.revision += 1;
+        let revision = self.revision;
+        for ((view_queue, _), view) in &mut self.views {
+            if *view_queue == queue_id {
+                view.pending.insert(partition_id, revision);
+            }
+        }
+        self.mark_hot(queue_id, partition_id, at);
     }
 
     fn mark_hot(&mut self, queue_id: i64, partition_id: i64, at: Instant) {
@@ -240,27 +307,49 @@ impl Coordinator {
         }
         self.hot.retain(|_, hot| !hot.is_empty());
         let max_age = self.settings.view_max_age;
-        self.views.retain(|_, view| view.scanned_at.elapsed() < max_age);
+        self.views.retain(|_, view| view.is_fresh(max_age));
         self.update_gauge();
     }
 
-    fn plan(&self, queue_id: i64, group: Arc<str>) -> PopPlan {
-        let ticket = self.ticket;
-        let fresh =
-            self.views.get(&(queue_id, group)).filter(|view| view.scanned_at.elapsed() < self.settings.view_max_age);
+    fn plan(&mut self, queue_id: i64, group: Arc<str>, limit: usize) -> PopPlan {
+        let (ticket, as_of) = (self.ticket, self.revision);
+        let max_age = self.settings.view_max_age;
+        let fresh = self.views.get_mut(&(queue_id, group)).filter(|view| view.is_fresh(max_age));
         let (Some(view), true) = (fresh, self.listening) else { return PopPlan::Full { ticket } };
-        let hot = self.hot.get(&queue_id);
         if self.settings.hot_list {
-            let mut partitions: HashSet<i64> = view.pending.clone();
-            partitions.extend(hot.into_iter().flat_map(|hot| hot.keys().copied()));
-            return PopPlan::Candidates { ticket, partitions: partitions.into_iter().collect() };
+            let view_size = view.pending.len();
+            return PopPlan::Candidates { ticket, as_of, partitions: view.next_round(limit), view_size };
         }
         // Without the hot list, only an empty scan with no push to the queue since is trusted.
-        let pushed_since = hot.is_some_and(|hot| hot.values().any(|at| *at >= view.scanned_at));
-        if view.pending.is_empty() && !pushed_since {
-            PopPlan::Candidates { ticket, partitions: Vec::new() }
+        if view.pending.is_empty() {
+            PopPlan::Candidates { ticket, as_of, partitions: Vec::new(), view_size: 0 }
         } else {
             PopPlan::Full { ticket }
+        }
+    }
+
+    fn store_scan(&mut self, msg: ScanDone) {
+        if msg.ticket == self.ticket && self.listening {
+            // Pushes announced while the scan ran may be missing from what it saw.
+            let announced = self.hot.get(&msg.queue_id).into_iter().flatten();
+            let since: Vec<i64> = announced.filter(|(_, at)| **at >= msg.started).map(|(p, _)| *p).collect();
+            self.revision += 1;
+            let view = GroupView::scanned(msg.started, msg.pending.into_iter().chain(since), self.revision);
+            self.views.insert((msg.queue_id, msg.group), view);
+        }
+    }
+
+    fn apply_check(&mut self, msg: Checked) {
+        if msg.ticket != self.ticket {
+            return;
+        }
+        let Some(view) = self.views.get_mut(&(msg.queue_id, msg.group)) else { return };
+        let still: HashSet<i64> = msg.pending.into_iter().collect();
+        for partition in msg.checked.iter().filter(|p| !still.contains(p)) {
+            // Announced after the check was planned: the check may have missed that push.
+            if view.pending.get(partition).is_some_and(|added| *added <= msg.as_of) {
+                view.pending.remove(partition);
+            }
         }
     }
 }
@@ -300,6 +389,7 @@ impl Handler<DataAvailable> for Coordinator {
     type Result = ();
 
     fn handle(&mut self, msg: DataAvailable, _: &mut Self::Context) {
+        self.announce(msg.queue_id, msg.partition_id, Instant::now());
         self.wake(msg.queue);
     }
 }
@@ -319,7 +409,7 @@ impl Handler<Notice> for Coordinator {
         self.metrics.notices_received.inc();
         match event {
             Event::Available { queue_id, partition_id, queue } => {
-                self.mark_hot(queue_id, partition_id, Instant::now());
+                self.announce(queue_id, partition_id, Instant::now());
                 self.wake(Arc::from(queue));
             }
             Event::Reset { queue_id, group } => {
@@ -372,7 +462,7 @@ impl Handler<PlanPop> for Coordinator {
     type Result = MessageResult<PlanPop>;
 
     fn handle(&mut self, msg: PlanPop, _: &mut Self::Context) -> Self::Result {
-        let plan = self.plan(msg.queue_id, msg.group);
+        let plan = self.plan(msg.queue_id, msg.group, msg.limit);
         let kind = match &plan {
             PopPlan::Full { .. } => "full",
             PopPlan::Candidates { partitions, .. } if partitions.is_empty() => "skipped",
@@ -387,10 +477,7 @@ impl Handler<ScanDone> for Coordinator {
     type Result = ();
 
     fn handle(&mut self, msg: ScanDone, _: &mut Self::Context) {
-        if msg.ticket == self.ticket && self.listening {
-            let view = GroupView { scanned_at: msg.started, pending: msg.pending.into_iter().collect() };
-            self.views.insert((msg.queue_id, msg.group), view);
-        }
+        self.store_scan(msg);
     }
 }
 
@@ -398,12 +485,7 @@ impl Handler<Checked> for Coordinator {
     type Result = ();
 
     fn handle(&mut self, msg: Checked, _: &mut Self::Context) {
-        if msg.ticket != self.ticket {
-            return;
-        }
-        if let Some(view) = self.views.get_mut(&(msg.queue_id, msg.group)) {
-            view.pending = msg.pending.into_iter().collect();
-        }
+        self.apply_check(msg);
     }
 }
 
@@ -416,6 +498,10 @@ mod tests {
         let mut coordinator = Coordinator::new(settings, Arc::new(Metrics::new()));
         coordinator.listening = true;
         coordinator
+    }
+
+    fn view(pending: impl IntoIterator<Item = i64>) -> GroupView {
+        GroupView::scanned(Instant::now(), pending, 0)
     }
 
     fn group() -> Arc<str> {
@@ -433,43 +519,68 @@ mod tests {
     }
 
     #[test]
-    fn a_fresh_view_plus_the_hot_list_replaces_the_full_scan() {
+    fn a_fresh_view_plus_later_announcements_replace_the_full_scan() {
         let mut c = coordinator(true);
-        assert_eq!(c.plan(1, group()), PopPlan::Full { ticket: 0 });
-        c.views.insert((1, group()), GroupView { scanned_at: Instant::now(), pending: HashSet::from([5]) });
-        c.mark_hot(1, 9, Instant::now());
-        c.mark_hot(2, 7, Instant::now());
-        assert_eq!(sorted(c.plan(1, group())), Some(vec![5, 9]));
+        assert_eq!(c.plan(1, group(), 3), PopPlan::Full { ticket: 0 });
+        c.views.insert((1, group()), view([5]));
+        c.announce(1, 9, Instant::now());
+        c.announce(2, 7, Instant::now());
+        assert_eq!(sorted(c.plan(1, group(), 3)), Some(vec![5, 9]));
+    }
+
+    #[test]
+    fn a_scan_keeps_what_was_announced_while_it_ran() {
+        let mut c = coordinator(true);
+        let started = Instant::now();
+        c.announce(1, 8, started + Duration::from_millis(1));
+        c.store_scan(ScanDone { ticket: 0, queue_id: 1, group: group(), started, pending: vec![3] });
+        assert_eq!(sorted(c.plan(1, group(), 3)), Some(vec![3, 8]));
+    }
+
+    #[test]
+    fn a_large_view_is_planned_round_robin() {
+        let mut c = coordinator(true);
+        c.views.insert((1, group()), view(1..=7));
+        let rounds: Vec<Option<Vec<i64>>> = (0..3).map(|_| sorted(c.plan(1, group(), 3))).collect();
+        assert_eq!(rounds, vec![Some(vec![1, 2, 3]), Some(vec![4, 5, 6]), Some(vec![1, 2, 7])]);
+    }
+
+    #[test]
+    fn a_check_drops_drained_candidates_unless_announced_after_it_was_planned() {
+        let mut c = coordinator(true);
+        c.views.insert((1, group()), view([1, 2, 3]));
+        let PopPlan::Candidates { ticket, as_of, partitions, .. } = c.plan(1, group(), 3) else { panic!("candidates") };
+        c.announce(1, 2, Instant::now());
+        c.apply_check(Checked { ticket, as_of, queue_id: 1, group: group(), checked: partitions, pending: vec![3] });
+        assert_eq!(sorted(c.plan(1, group(), 3)), Some(vec![2, 3]), "1 drained; 2 pushed again after the check");
     }
 
     #[test]
     fn a_forget_drops_the_view_and_outdates_scans_in_flight() {
         let mut c = coordinator(true);
-        let PopPlan::Full { ticket } = c.plan(1, group()) else { panic!("a full scan") };
+        let PopPlan::Full { ticket } = c.plan(1, group(), 3) else { panic!("a full scan") };
         c.forget_views(1, "g");
-        let stale = GroupView { scanned_at: Instant::now(), pending: HashSet::new() };
         assert_ne!(ticket, c.ticket, "a scan planned before the forget must not be stored");
-        c.views.insert((1, group()), stale);
+        c.views.insert((1, group()), view([]));
         c.forget_views(0, "g");
-        assert_eq!(sorted(c.plan(1, group())), None, "forgetting every queue of the group");
+        assert_eq!(sorted(c.plan(1, group(), 3)), None, "forgetting every queue of the group");
     }
 
     #[test]
     fn without_a_listen_connection_every_pop_scans() {
         let mut c = coordinator(true);
-        c.views.insert((1, group()), GroupView { scanned_at: Instant::now(), pending: HashSet::new() });
+        c.views.insert((1, group()), view([]));
         c.listening = false;
-        assert_eq!(sorted(c.plan(1, group())), None);
+        assert_eq!(sorted(c.plan(1, group(), 3)), None);
     }
 
     #[test]
     fn without_the_hot_list_only_an_empty_scan_with_no_push_since_is_trusted() {
         let mut c = coordinator(false);
-        let scanned_at = Instant::now();
-        c.views.insert((1, group()), GroupView { scanned_at, pending: HashSet::new() });
-        assert_eq!(sorted(c.plan(1, group())), Some(vec![]));
-        c.mark_hot(1, 4, scanned_at + Duration::from_millis(1));
-        assert_eq!(sorted(c.plan(1, group())), None, "a push since the scan");
+        c.views.insert((1, group()), view([]));
+        assert_eq!(sorted(c.plan(1, group(), 3)), Some(vec![]));
+        c.announce(1, 4, Instant::now());
+        assert_eq!(sorted(c.plan(1, group(), 3)), None, "a push since the scan");
     }
 
     #[test]

@@ -62,8 +62,8 @@ impl GroupLeases {
         ctx.spawn(commit.into_actor(self).map(move |result, leases, ctx| {
             match result {
                 Ok(batch) => {
-                    for queue in batch.queues_with_released_work {
-                        leases.coordinator.do_send(DataAvailable { queue: queue.into() });
+                    for work in batch.released {
+                        leases.coordinator.do_send(DataAvailable::from(work));
                     }
                     replies.answer(Ok(batch.outcomes));
                 }

@@ -95,7 +95,10 @@ impl PartitionWriter {
                 Ok((result, bytes)) => {
                     writer.record(&result, bytes);
                     if result.segment.is_some() {
-                        writer.coordinator.do_send(DataAvailable { queue: writer.target.queue.clone() });
+                        let target = &writer.target;
+                        let (queue, queue_id, partition_id) =
+                            (target.queue.clone(), target.queue_id, target.partition_id);
+                        writer.coordinator.do_send(DataAvailable { queue, queue_id, partition_id });
                     }
                     replies.answer(Ok(result.outcomes));
                 }

@@ -113,41 +113,26 @@ async fn pop_once(broker: &Broker, request: &PopRequest) -> Result<Attempt, ApiE
         return Ok(Attempt::Empty { retry_at: None });
     };
     let group: Arc<str> = Arc::from(request.group.as_str());
+    // Free partitions to consider claiming: a few more than the pop may take, in case some are
+    // claimed by a competing pop in the meantime.
+    let claimable = usize::try_from(request.max_partitions.max(4) * 4).unwrap_or(usize::MAX);
     // Which partitions to look at: the one named, or the coordinator's plan for the queue.
-    let plan = match &request.partition {
-        Some(name) => match names.partition(&broker.pool, queue_id, name).await? {
-            Some(partition_id) => PopPlan::Candidates { ticket: 0, partitions: vec![partition_id] },
+    let (client, candidates) = match &request.partition {
+        Some(name) => {
+            let Some(partition_id) = names.partition(&broker.pool, queue_id, name).await? else {
+                return Ok(Attempt::Empty { retry_at: None });
+            };
+            let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
+            let found = cursors::candidates(&client, queue_id, Scope::Only(&[partition_id]), &request.group).await?;
+            (client, found)
+        }
+        None => match planned_candidates(broker, queue_id, &group, claimable).await? {
+            Some(found) => found,
             None => return Ok(Attempt::Empty { retry_at: None }),
         },
-        None => {
-            broker.coordinator.send(PlanPop { queue_id, group: Arc::clone(&group) }).await.map_err(coordinator_gone)?
-        }
-    };
-    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
-    let candidates = match plan {
-        PopPlan::Candidates { partitions, .. } if partitions.is_empty() => {
-            return Ok(Attempt::Empty { retry_at: None });
-        }
-        PopPlan::Candidates { ticket, partitions } => {
-            let found = cursors::candidates(&client, queue_id, Scope::Only(&partitions), &request.group).await?;
-            if request.partition.is_none() {
-                let pending = found.iter().map(|c| c.partition_id).collect();
-                broker.coordinator.do_send(Checked { ticket, queue_id, group, pending });
-            }
-            found
-        }
-        PopPlan::Full { ticket } => {
-            let started = Instant::now();
-            let found = cursors::candidates(&client, queue_id, Scope::All, &request.group).await?;
-            let pending = found.iter().map(|c| c.partition_id).collect();
-            broker.coordinator.do_send(ScanDone { ticket, queue_id, group, started, pending });
-            found
-        }
     };
     let retry_at = candidates.iter().filter_map(|c| c.leased_until).min();
-    // Free partitions, longest-unserved first; a few more than the pop may take, in case some
-    // are claimed by a competing pop in the meantime.
-    let claimable = usize::try_from(request.max_partitions.max(4) * 4).unwrap_or(usize::MAX);
+    // Free partitions, longest-unserved first.
     let free: Vec<&cursors::Candidate> =
         candidates.iter().filter(|c| c.leased_until.is_none()).take(claimable).collect();
     if free.is_empty() {
@@ -225,6 +210,55 @@ async fn pop_once(broker: &Broker, request: &PopRequest) -> Result<Attempt, ApiE
         partitions_claimed: claims.len(),
         messages,
     }))
+}
+
+/// The partitions with work for the group that a queue-wide pop considers, as the coordinator
+/// plans them, with the connection that looked; `None` when the plan says nothing can be pending
+/// (the database is not touched). A round of candidates that are all leased to other consumers
+/// is followed by the next round, until one has a free partition or the whole view was looked at,
+/// so a pop never waits on leases while another candidate is free.
+async fn planned_candidates(
+    broker: &Broker,
+    queue_id: i64,
+    group: &Arc<str>,
+    limit: usize,
+) -> Result<Option<(deadpool_postgres::Object, Vec<cursors::Candidate>)>, ApiError> {
+    let plan_pop = || broker.coordinator.send(PlanPop { queue_id, group: Arc::clone(group), limit });
+    let mut plan = plan_pop().await.map_err(coordinator_gone)?;
+    let budget = match &plan {
+        PopPlan::Candidates { partitions, .. } if partitions.is_empty() => return Ok(None),
+        PopPlan::Candidates { view_size, .. } => *view_size,
+        PopPlan::Full { .. } => 0,
+    };
+    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
+    let (mut found, mut looked) = (Vec::new(), 0);
+    loop {
+        match plan {
+            PopPlan::Full { ticket } => {
+                let started = Instant::now();
+                let scanned = cursors::candidates(&client, queue_id, Scope::All, group).await?;
+                let pending = scanned.iter().map(|c| c.partition_id).collect();
+                broker.coordinator.do_send(ScanDone { ticket, queue_id, group: Arc::clone(group), started, pending });
+                return Ok(Some((client, scanned)));
+            }
+            PopPlan::Candidates { ticket, as_of, partitions, .. } => {
+                let checked = cursors::candidates(&client, queue_id, Scope::Only(&partitions), group).await?;
+                let pending = checked.iter().map(|c| c.partition_id).collect();
+                let any_free = checked.iter().any(|c| c.leased_until.is_none());
+                looked += partitions.len();
+                let group = Arc::clone(group);
+                broker.coordinator.do_send(Checked { ticket, as_of, queue_id, group, checked: partitions, pending });
+                found.extend(checked);
+                if any_free || looked >= budget {
+                    return Ok(Some((client, found)));
+                }
+            }
+        }
+        plan = plan_pop().await.map_err(coordinator_gone)?;
+        if matches!(&plan, PopPlan::Candidates { partitions, .. } if partitions.is_empty()) {
+            return Ok(Some((client, found)));
+        }
+    }
 }
 
 fn corrupt(partition_id: i64, base_offset: i64, source: queen_log::DecodeError) -> ApiError {

@@ -1,7 +1,7 @@
 //! Transactions: acknowledgements and pushes applied in one PostgreSQL transaction, all or
 //! nothing (the seeds' "chain the stages": ack stage one, push stage two).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use queen_store::StoreError;
@@ -111,13 +111,12 @@ pub async fn execute(broker: &Broker, operations: Vec<Operation>) -> Result<Vec<
         }
     }
 
-    let woken: HashSet<&str> = items
-        .iter()
-        .map(|item| item.queue.as_str())
-        .chain(ack_batch.queues_with_released_work.iter().map(String::as_str))
-        .collect();
-    for queue in woken {
-        broker.coordinator.do_send(DataAvailable { queue: Arc::from(queue) });
+    for (&(partition_id, queue_id), indices) in &by_partition {
+        let queue = Arc::from(items[indices[0]].queue.as_str());
+        broker.coordinator.do_send(DataAvailable { queue, queue_id, partition_id });
+    }
+    for work in ack_batch.released {
+        broker.coordinator.do_send(DataAvailable::from(work));
     }
     let statuses: Vec<_> = acks.iter().map(|a| a.status).collect();
     super::ack::record(&broker.metrics, &statuses, &ack_outcomes);

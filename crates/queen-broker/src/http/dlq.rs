@@ -130,7 +130,8 @@ pub async fn retry(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpRe
         Appended::Queued { offset, message_id } => ("moved", offset, message_id),
         Appended::Duplicate { offset, message_id } => ("duplicate", offset, message_id),
     };
-    broker.coordinator.do_send(DataAvailable { queue: Arc::from(moved.queue.as_str()) });
+    let queue = Arc::from(moved.queue.as_str());
+    broker.coordinator.do_send(DataAvailable { queue, queue_id: moved.queue_id, partition_id: moved.partition_id });
     Ok(HttpResponse::Ok().json(Moved {
         success: true,
         result,

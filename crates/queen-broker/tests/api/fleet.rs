@@ -155,6 +155,26 @@ async fn with_the_hot_list_pops_find_pushed_partitions_without_scanning_the_queu
 }
 
 #[actix_web::test]
+async fn a_pop_looks_past_candidates_that_are_all_leased() {
+    let app = TestApp::spawn().await;
+    let items: Vec<Value> =
+        (1..=20).map(|i| json!({"queue": "busy", "partition": format!("p{i:02}"), "payload": i})).collect();
+    app.push(Value::Array(items)).await;
+    // One consumer leases sixteen partitions, as many as a one-partition pop checks at a time.
+    let first = app.pop("queue/busy", "batch=16&partitions=16&consumerGroup=g").await.messages();
+    assert_eq!(first.len(), 16);
+    // Every other consumer of the group still gets the four free ones, one each, without waiting.
+    let mut rest = BTreeSet::new();
+    for _ in 0..4 {
+        let answer = app.pop("queue/busy", "batch=1&partitions=1&consumerGroup=g").await;
+        assert_eq!(answer.status, StatusCode::OK, "a free partition was left: {:?}", answer.body);
+        rest.insert(answer.messages()[0]["partition"].as_str().expect("partition").to_owned());
+    }
+    assert_eq!(rest.len(), 4, "four different partitions");
+    assert_eq!(app.pop("queue/busy", "batch=1&partitions=1&consumerGroup=g").await.status, StatusCode::NO_CONTENT);
+}
+
+#[actix_web::test]
 async fn with_the_hot_list_off_every_pop_scans_unless_the_queue_was_found_empty() {
     let app = TestApp::spawn_with(|config| config.pop.hot_list = false).await;
     app.push(json!([{"queue": "cold", "payload": 1}, {"queue": "cold", "payload": 2}])).await;
