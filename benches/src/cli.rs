@@ -1,0 +1,152 @@
+//! The `queen-bench` command line.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::scenarios::ScenarioName;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "queen-bench",
+    version,
+    about = "Load generator and storage-ceiling tool for Queen-compatible brokers",
+    after_help = "Every figure worth quoting is a ratio measured side by side in one `suite` run; see benches/README.md."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run every scenario and the ceiling side by side: own PostgreSQL, one broker per scenario
+    Suite(SuiteArgs),
+    /// Run one scenario against a broker you started
+    Run(RunArgs),
+    /// Insert segments straight into PostgreSQL with the production SQL (no broker)
+    Ceiling(CeilingArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SuiteArgs {
+    /// Directory for report.json, report.md and the broker logs
+    #[arg(long, default_value = "target/bench")]
+    pub out: PathBuf,
+    /// The broker binary; defaults to `queen` next to this binary (target/release/queen)
+    #[arg(long, value_name = "PATH")]
+    pub broker_bin: Option<PathBuf>,
+    /// Data directory of the suite's own PostgreSQL; defaults to bench-pg in the target directory
+    #[arg(long, value_name = "DIR")]
+    pub pg_dir: Option<PathBuf>,
+    /// Only these scenarios (comma-separated); all by default
+    #[arg(long, value_delimiter = ',')]
+    pub scenarios: Vec<ScenarioName>,
+    /// Skip the storage ceiling (the push-vs-ceiling target is then not computed)
+    #[arg(long)]
+    pub skip_ceiling: bool,
+    /// Measured time of each ceiling cell
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    pub ceiling_cell: Duration,
+    /// Do not run pg_test_fsync before and after the suite
+    #[arg(long)]
+    pub no_fsync_probe: bool,
+    #[command(flatten)]
+    pub load: LoadArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The scenario to run
+    pub scenario: ScenarioName,
+    /// Base URL of the broker
+    #[arg(long, default_value = "http://127.0.0.1:6632", env = "QUEEN_BENCH_URL")]
+    pub url: String,
+    /// The broker's process id, to report its CPU time and peak RSS (same machine only)
+    #[arg(long)]
+    pub broker_pid: Option<i32>,
+    /// The PostgreSQL postmaster's process id, to report the CPU time of PostgreSQL
+    #[arg(long)]
+    pub postgres_pid: Option<i32>,
+    /// Directory for report.json and report.md
+    #[arg(long, default_value = "target/bench")]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub load: LoadArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct CeilingArgs {
+    /// PostgreSQL to write to (the schema is migrated; queues named ceiling-* are created)
+    #[arg(long, value_name = "URL", env = "QUEEN_BENCH_DATABASE_URL")]
+    pub database_url: String,
+    /// Measured time of each cell
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    pub cell: Duration,
+    /// Directory for report.json and report.md
+    #[arg(long, default_value = "target/bench")]
+    pub out: PathBuf,
+}
+
+/// The shape of the load, shared by every scenario.
+#[derive(Debug, Clone, Args)]
+pub struct LoadArgs {
+    /// Measured time of each timed scenario
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Time at the start of each timed phase that is run but not measured
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub warmup: Duration,
+    /// Concurrent producer connections
+    #[arg(long, default_value_t = 8)]
+    pub connections: usize,
+    /// Partitions the push, consume and fan-out scenarios spread their messages over
+    #[arg(long, default_value_t = 32)]
+    pub partitions: usize,
+    /// Concurrent consumers of each consumer group
+    #[arg(long, default_value_t = 2)]
+    pub consumers: usize,
+    /// `batch` of every consumer pop
+    #[arg(long, default_value_t = 100)]
+    pub pop_batch: usize,
+    /// `partitions` of every queue-wide consumer pop (partitions one pop may claim)
+    #[arg(long, default_value_t = 10)]
+    pub pop_partitions: usize,
+    /// Messages pushed before the consume scenario pops them
+    #[arg(long, default_value_t = 100_000)]
+    pub prefill: u64,
+    /// Single-message pushes per second in e2e-latency
+    #[arg(long, default_value_t = 50)]
+    pub latency_rate: u32,
+}
+
+/// `15s`, `500ms`, `2m` or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number.parse().map_err(|_| format!("{text:?} is not a duration like 15s, 500ms or 2m"))?;
+    let seconds = match unit {
+        "" | "s" => value,
+        "ms" => value / 1000.0,
+        "m" | "min" => value * 60.0,
+        _ => return Err(format!("unknown unit {unit:?} in {text:?}; use ms, s or m")),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("15s"), Ok(Duration::from_secs(15)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert!(parse_duration("fast").is_err());
+        assert!(parse_duration("3h").is_err());
+    }
+}

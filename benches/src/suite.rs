@@ -1,0 +1,173 @@
+//! The whole suite, side by side in one run: the suite's own PostgreSQL, a fresh database and a
+//! fresh broker process per scenario, then the storage ceiling on the same server.
+
+use std::path::{Path, PathBuf};
+
+use queen_store::embedded::{EmbeddedOptions, EmbeddedPostgres};
+
+use crate::broker_process::{BrokerError, BrokerProcess};
+use crate::cli::{LoadArgs, SuiteArgs};
+use crate::client::QueenClient;
+use crate::environment::{Environment, fdatasync_probe};
+use crate::procfs::Watched;
+use crate::report::Report;
+use crate::scenarios::{Harness, ScenarioName, ScenarioReport};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SuiteError {
+    #[error("cannot locate this executable to find the broker next to it: {0}")]
+    Location(std::io::Error),
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+    #[error("the suite's PostgreSQL: {0}")]
+    Postgres(#[from] queen_store::embedded::EmbeddedError),
+    #[error("the suite's PostgreSQL: {0}")]
+    Sql(#[from] tokio_postgres::Error),
+    #[error("{0}: {1}")]
+    Io(String, std::io::Error),
+}
+
+/// Runs the suite and returns its report; the caller writes and prints it.
+pub async fn run(args: SuiteArgs) -> Result<Report, SuiteError> {
+    let target_dir = target_dir()?;
+    let broker_bin = args.broker_bin.clone().unwrap_or_else(|| target_dir.join("release").join("queen"));
+    if !broker_bin.is_file() {
+        return Err(BrokerError::Missing(broker_bin).into());
+    }
+    let logs = args.out.join("logs");
+    std::fs::create_dir_all(&logs).map_err(|e| SuiteError::Io(format!("creating {}", logs.display()), e))?;
+    let pg_dir = args.pg_dir.clone().unwrap_or_else(|| target_dir.join("bench-pg"));
+    tracing::info!(data_dir = %pg_dir.display(), "starting the suite's PostgreSQL");
+    let postgres = EmbeddedPostgres::start(EmbeddedOptions {
+        data_dir: pg_dir,
+        bin_dir: None,
+        port: None,
+        // Production-like: fsync and synchronous_commit stay on.
+        settings: vec![],
+    })
+    .await?;
+    let report = Suite { args: &args, postgres: &postgres, broker_bin, logs }.run().await;
+    if let Err(e) = postgres.stop().await {
+        tracing::error!("stopping the suite's PostgreSQL: {e}");
+    }
+    report
+}
+
+/// The target directory: this binary lives in `<target>/release`.
+fn target_dir() -> Result<PathBuf, SuiteError> {
+    let exe = std::env::current_exe().map_err(SuiteError::Location)?;
+    let profile_dir = exe.parent().unwrap_or(Path::new("."));
+    Ok(profile_dir.parent().unwrap_or(profile_dir).to_owned())
+}
+
+struct Suite<'a> {
+    args: &'a SuiteArgs,
+    postgres: &'a EmbeddedPostgres,
+    broker_bin: PathBuf,
+    logs: PathBuf,
+}
+
+impl Suite<'_> {
+    async fn run(&self) -> Result<Report, SuiteError> {
+        let mut environment = Environment::collect(
+            format!("{} (a fresh process per scenario)", self.broker_bin.display()),
+            load_flags(&self.args.load),
+        );
+        environment.read_postgres(&self.postgres.url("postgres")).await?;
+        let probe_dir = self.postgres.data_dir().parent().unwrap_or(Path::new(".")).to_owned();
+        if !self.args.no_fsync_probe {
+            environment.fdatasync_before = fdatasync_probe(self.postgres.bin_dir(), &probe_dir).await;
+        }
+        let postmaster = postmaster_pid(self.postgres.data_dir());
+        let (admin, connection) =
+            tokio_postgres::connect(&self.postgres.url("postgres"), tokio_postgres::NoTls).await?;
+        let connection = tokio::spawn(connection);
+
+        let scenarios =
+            if self.args.scenarios.is_empty() { ScenarioName::ALL.to_vec() } else { self.args.scenarios.clone() };
+        let mut reports = Vec::new();
+        for scenario in scenarios {
+            tracing::info!(%scenario, "scenario");
+            let database = format!("bench_{}", scenario.as_str().replace('-', "_"));
+            recreate_database(&admin, &database).await?;
+            let report = self.run_scenario(scenario, &database, postmaster).await;
+            if !report.passed() {
+                tracing::error!(%scenario, "scenario failed: {}", report.failure.as_deref().unwrap_or("verification failed"));
+            }
+            reports.push(report);
+            drop_database(&admin, &database).await?;
+        }
+
+        let mut failures = Vec::new();
+        let ceiling = if self.args.skip_ceiling {
+            None
+        } else {
+            recreate_database(&admin, "bench_ceiling").await?;
+            let ceiling = crate::ceiling::run(&self.postgres.url("bench_ceiling"), self.args.ceiling_cell).await;
+            drop_database(&admin, "bench_ceiling").await?;
+            ceiling.map_err(|e| failures.push(e.to_string())).ok()
+        };
+        if !self.args.no_fsync_probe {
+            environment.fdatasync_after = fdatasync_probe(self.postgres.bin_dir(), &probe_dir).await;
+        }
+        drop(admin);
+        let _ = connection.await;
+        let mut report = Report::new(environment, reports, ceiling);
+        report.failures = failures;
+        Ok(report)
+    }
+
+    /// One scenario on a broker of its own; whatever goes wrong ends up in the report.
+    async fn run_scenario(&self, scenario: ScenarioName, database: &str, postmaster: Option<i32>) -> ScenarioReport {
+        let log = self.logs.join(format!("{scenario}.broker.log"));
+        let mut broker = match BrokerProcess::start(&self.broker_bin, &self.postgres.url(database), &log).await {
+            Ok(broker) => broker,
+            Err(e) => return ScenarioReport::failed(scenario, e.to_string()),
+        };
+        let client = match QueenClient::new(broker.url()) {
+            Ok(client) => client,
+            Err(e) => return ScenarioReport::failed(scenario, e.to_string()),
+        };
+        let watched = Watched { broker: Some(broker.pid()), postgres: postmaster };
+        let mut report = Harness::new(client, self.args.load.clone(), watched).run(scenario).await;
+        if let Some(status) = broker.exited() {
+            let crash = format!("the broker exited during the scenario ({status}); see {}", broker.log().display());
+            report.failure = Some(report.failure.map_or(crash.clone(), |f| format!("{crash}; {f}")));
+        }
+        if let Err(e) = broker.stop().await {
+            tracing::warn!(%scenario, "{e}");
+        }
+        report
+    }
+}
+
+/// The load settings as the flags that reproduce them.
+pub fn load_flags(load: &LoadArgs) -> String {
+    format!(
+        "--duration {}s --warmup {}s --connections {} --partitions {} --consumers {} --pop-batch {} \
+         --pop-partitions {} --prefill {} --latency-rate {}",
+        load.duration.as_secs_f64(),
+        load.warmup.as_secs_f64(),
+        load.connections,
+        load.partitions,
+        load.consumers,
+        load.pop_batch,
+        load.pop_partitions,
+        load.prefill,
+        load.latency_rate
+    )
+}
+
+/// The postmaster's pid: the first line of `postmaster.pid`.
+fn postmaster_pid(data_dir: &Path) -> Option<i32> {
+    std::fs::read_to_string(data_dir.join("postmaster.pid")).ok()?.lines().next()?.trim().parse().ok()
+}
+
+async fn recreate_database(admin: &tokio_postgres::Client, name: &str) -> Result<(), tokio_postgres::Error> {
+    drop_database(admin, name).await?;
+    admin.batch_execute(&format!("CREATE DATABASE \"{name}\"")).await
+}
+
+async fn drop_database(admin: &tokio_postgres::Client, name: &str) -> Result<(), tokio_postgres::Error> {
+    admin.batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")).await
+}
