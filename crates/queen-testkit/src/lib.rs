@@ -22,12 +22,18 @@ pub use process::BrokerProcess;
 const EXTERNAL_URL_VAR: &str = "QUEEN_TEST_DATABASE_URL";
 
 /// Durability is worthless for throwaway test data, and speed is not; many tests run at once.
-const TEST_SETTINGS: [(&str, &str); 5] = [
+///
+/// `authentication_timeout`: a test that ends while its broker is still opening a connection
+/// blocks its runtime in `TestDatabase`'s drop, so that connection's handshake stalls; `DROP
+/// DATABASE` then waits for the stalled backend (it cannot accept the drop's barrier while
+/// authenticating) until the server gives up on it, 60 s by default.
+const TEST_SETTINGS: [(&str, &str); 6] = [
     ("fsync", "off"),
     ("synchronous_commit", "off"),
     ("full_page_writes", "off"),
     ("max_connections", "500"),
     ("shared_buffers", "128MB"),
+    ("authentication_timeout", "5s"),
 ];
 
 const NAME_PREFIX: &str = "queen_test_";
