@@ -219,5 +219,5 @@ async fn sigterm_under_load_loses_no_acknowledged_push_and_exits_cleanly() {
         .await
         .expect("leases")
         .get(0);
-    assert_eq!(live, 0, "the broker released the leases it granted");
+    assert_eq!(live, 0, "the broker released the leases it granted; log:\n{}", broker.log().join("\n"));
 }

@@ -40,6 +40,8 @@ pub struct Broker {
     pub metrics: Arc<Metrics>,
     /// Identifies this broker in the leases it grants.
     pub broker_id: String,
+    /// Where the database is, for connections that must not come from the pool.
+    pg_config: tokio_postgres::Config,
     /// When `/metrics` last read consumer lag from the database.
     pub lag_refreshed_at: std::sync::Mutex<Option<std::time::Instant>>,
     shutting_down: AtomicBool,
@@ -59,8 +61,14 @@ impl Broker {
 
     /// Releases the live leases this broker granted, announcing the partitions, so that other
     /// brokers' consumers take the work at once instead of after the lease time. How many.
+    ///
+    /// Runs at shutdown over a connection of its own, opened on the calling runtime: the shared
+    /// pool's connections opened by HTTP workers are driven by the workers' runtimes, which are
+    /// stopping by then, and may close under the statement.
     pub async fn release_leases(&self) -> Result<u64, queen_store::StoreError> {
-        let mut client = self.pool.get().await?;
+        let settings = queen_store::pool::PoolSettings { max_size: 1, ..self.config.database.pool_settings() };
+        let pool = queen_store::pool::build_pool(self.pg_config.clone(), &settings)?;
+        let mut client = pool.get().await?;
         let tx = client.transaction().await?;
         let released = queen_store::cursors::release_leases_of(&tx, &self.broker_id).await?;
         tx.commit().await?;
@@ -75,7 +83,7 @@ impl Broker {
         let settings = CoordinatorSettings { hot_list: config.pop.hot_list, view_max_age, hot_capacity: HOT_CAPACITY };
         let coordinator = actix::Actor::start(Coordinator::new(settings, Arc::clone(&metrics)));
         let hot_seconds = (view_max_age * 2).as_secs_f64();
-        actix::spawn(keep_listening(pg, pool.clone(), coordinator.clone(), hot_seconds));
+        actix::spawn(keep_listening(pg.clone(), pool.clone(), coordinator.clone(), hot_seconds));
         let idle = Duration::from_secs(config.push.writer_idle_seconds.max(1));
         let writers = Writers::new(WriterDeps {
             pool: pool.clone(),
@@ -117,6 +125,7 @@ impl Broker {
             coordinator,
             metrics,
             broker_id,
+            pg_config: pg,
             lag_refreshed_at: std::sync::Mutex::new(None),
             shutting_down: AtomicBool::new(false),
         }
