@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
-use queen_testkit::{BrokerProcess, TestDatabase};
+use queen_testkit::{BrokerProcess, TestDatabase, metric_at};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
@@ -21,21 +21,6 @@ async fn start_brokers(db: &TestDatabase, n: usize) -> Vec<BrokerProcess> {
     brokers
 }
 
-async fn parked(http: &reqwest::Client, base: &str) -> f64 {
-    let text = http
-        .get(format!("{base}/metrics?format=prometheus"))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
-    text.lines()
-        .find_map(|l| l.strip_prefix("queen_long_poll_waiters "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
 #[tokio::test]
 async fn a_pop_waiting_on_one_broker_is_answered_by_a_push_on_another() {
     let db = TestDatabase::create("e2e_cross_poll").await;
@@ -45,7 +30,7 @@ async fn a_pop_waiting_on_one_broker_is_answered_by_a_push_on_another() {
     let waiting = http.get(format!("{b}/api/v1/pop/queue/cross?batch=1&wait=true&timeout=20000")).send();
     let push = async {
         let deadline = Instant::now() + Duration::from_secs(10);
-        while parked(&http, &b).await < 1.0 {
+        while metric_at(&http, &b, "queen_long_poll_waiters").await < 1.0 {
             assert!(Instant::now() < deadline, "the pop never parked on broker B");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

@@ -65,6 +65,23 @@ async fn start_or_adopt_cluster() -> String {
     cluster.url("postgres")
 }
 
+/// A sample of the Prometheus metrics of the broker at `base`, named as exposed (with its
+/// labels); 0 when absent, as for a counter never incremented.
+pub async fn metric_at(http: &reqwest::Client, base: &str, sample: &str) -> f64 {
+    let text = http
+        .get(format!("{base}/metrics?format=prometheus"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    text.lines()
+        .find_map(|line| line.strip_prefix(sample).and_then(|rest| rest.strip_prefix(' ')))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
 /// Cargo's target directory: `CARGO_TARGET_DIR`, else `<workspace root>/target`.
 pub fn target_dir() -> PathBuf {
     let workspace_root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use queen_broker::config::Config;
 use queen_broker::startup::Application;
-use queen_testkit::TestDatabase;
+use queen_testkit::{TestDatabase, metric_at};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -35,22 +35,6 @@ impl Answer {
     pub fn transaction_ids(&self) -> Vec<String> {
         self.messages().iter().map(|m| m["transactionId"].as_str().unwrap_or_default().to_owned()).collect()
     }
-}
-
-/// A metric sample of the broker at `base`; 0 when absent.
-pub async fn metric_at(http: &reqwest::Client, base: &str, sample: &str) -> f64 {
-    let text = http
-        .get(format!("{base}/metrics?format=prometheus"))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
-    text.lines()
-        .find_map(|line| line.strip_prefix(sample).and_then(|rest| rest.strip_prefix(' ')))
-        .and_then(|value| value.trim().parse().ok())
-        .unwrap_or(0.0)
 }
 
 fn client() -> reqwest::Client {
