@@ -149,8 +149,8 @@ pub struct PopConfig {
     pub default_timeout_ms: u64,
     /// Largest long-poll `timeout` (ms) accepted.
     pub max_timeout_ms: u64,
-    /// Queue-wide pops take candidates from the hot list (partitions announced by recent pushes)
-    /// and the last scan; off, every such pop scans the queue's partitions.
+    /// Queue-wide pops take candidates from the last scan and the partitions announced since (the
+    /// hot list); off, every such pop scans the queue's partitions.
     pub hot_list: bool,
     /// A group's view of where its work is (and its empty-scan watermark) is re-verified by a
     /// full scan at most this often.

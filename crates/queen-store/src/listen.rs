@@ -48,19 +48,3 @@ pub async fn listen(pg: &tokio_postgres::Config) -> Result<Listening, StoreError
     client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
     Ok(Listening { _client: client, events })
 }
-
-/// Partitions pushed to in the last `seconds`, with their queue: what the hot lists are seeded
-/// with after a lost LISTEN connection (whose notices may have been missed).
-pub async fn recently_pushed(
-    client: &impl deadpool_postgres::GenericClient,
-    seconds: f64,
-) -> Result<Vec<(i64, i64)>, StoreError> {
-    let rows = client
-        .query(
-            "SELECT queue_id, id FROM queen.partitions
-              WHERE last_segment_at > now() - $1 * interval '1 second' AND last_offset >= retained_from",
-            &[&seconds],
-        )
-        .await?;
-    Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
-}

@@ -8,23 +8,23 @@
 //! between the try and the park is never missed.
 //!
 //! **Candidates.** Pushes (from any broker) announce their partition through `NOTIFY`, and a
-//! local push to its own coordinator at once, so a pop that follows a push always sees it. The
-//! coordinator keeps, per queue, the partitions announced recently: the *hot list*. Per (queue,
-//! group) it keeps a *view*: when it last scanned every partition of the queue for the group, and
-//! which partitions have had work since, the scan's finds plus every partition announced after
-//! it (the hot list feeds the view). A queue-wide pop asks for a [`PopPlan`]: with a fresh view,
-//! the candidates are the view's partitions, at most the pop's limit of them, taken round robin when
-//! there are more, so that one pop's query stays small however many partitions have work; a
-//! check that finds a candidate drained removes it, unless it was announced again meanwhile.
-//! Without a view, a full scan, whose result becomes the view. A view is re-verified at most
-//! every `view_max_age` (30 s). With the hot list off, the full scan runs every time, except that
-//! a scan that found nothing (the empty-scan watermark) is trusted until a push to the queue or
-//! the view's age says otherwise.
+//! local push to its own coordinator at once, so a pop that follows a push always sees it. Per
+//! (queue, group) the coordinator keeps a *view*: when it last scanned every partition of the
+//! queue for the group, and which partitions have had work since, the scan's finds plus every
+//! partition announced after the scan was planned (the *hot list* of the queue, as the group
+//! sees it). A queue-wide pop asks for a [`PopPlan`]: with a fresh view, the candidates are the
+//! view's partitions, at most the pop's limit of them, taken round robin when there are more, so
+//! that one pop's query stays small however many partitions have work; a check that finds a
+//! candidate drained removes it, unless it was announced again meanwhile. Without a view, a full
+//! scan, whose result becomes the view. A view is re-verified at most every `view_max_age` (30 s).
+//! With the hot list off, the full scan runs every time, except that a scan that found nothing
+//! (the empty-scan watermark) is trusted until a push to the queue or the view's age says
+//! otherwise.
 //!
 //! Seek, group deletion and subscription changes clear the group's views on every broker
 //! ([`Forget`], from a local call or a fleet notice). While the LISTEN connection is down no view
-//! is trusted; when it comes back, views are dropped, the hot list is seeded from what was pushed
-//! recently, and every parked pop looks again, since notices may have been missed.
+//! is trusted; when it comes back, views are dropped and every parked pop looks again, since
+//! notices may have been missed: each group's next pop scans committed state.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -37,25 +37,15 @@ use tokio::sync::oneshot;
 
 use crate::metrics::Metrics;
 
-/// How often stale hot entries, views and closed waiters are swept away.
+/// How often stale views, forgotten scans and closed waiters are swept away.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CoordinatorSettings {
-    /// Take queue-wide pop candidates from the hot list and views.
+    /// Take queue-wide pop candidates from the views (fed by announcements) instead of scans.
     pub hot_list: bool,
     /// A view older than this is re-verified by a full scan.
     pub view_max_age: Duration,
-    /// Most partitions remembered as hot per queue; the least recently pushed go first.
-    pub hot_capacity: usize,
-}
-
-impl CoordinatorSettings {
-    /// How long a partition stays hot after its last notice. Twice the view age, so a partition
-    /// pushed after a scan stays a candidate until the next scan has certainly seen it.
-    fn hot_ttl(&self) -> Duration {
-        self.view_max_age * 2
-    }
 }
 
 /// The queue's current sequence number.
@@ -105,13 +95,10 @@ pub struct Notice(pub Event);
 #[rtype(result = "()")]
 pub struct ListenLost;
 
-/// The LISTEN connection is (back) up; `recent` are (queue id, partition id) pairs pushed to
-/// lately, read from committed state.
+/// The LISTEN connection is (back) up.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct ListenRestored {
-    pub recent: Vec<(i64, i64)>,
-}
+pub struct ListenRestored;
 
 /// Forget the group's views on the queue (every queue when `queue_id` is 0), and wake the
 /// queue's parked pops.
@@ -127,7 +114,7 @@ pub struct Forget {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PopPlan {
     /// Scan every partition of the queue; report it with [`ScanDone`].
-    Full { ticket: u64 },
+    Full { ticket: u64, scan: u64 },
     /// Check these partitions only (none: nothing can be pending); report with [`Checked`],
     /// passing `as_of` back. They are one round of a view of `view_size` partitions.
     Candidates { ticket: u64, as_of: u64, partitions: Vec<i64>, view_size: usize },
@@ -142,14 +129,13 @@ pub struct PlanPop {
     pub limit: usize,
 }
 
-/// A full scan that started at `started` found work in `pending` (leased or not).
+/// The full scan `scan` found work in `pending` (leased or not).
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct ScanDone {
     pub ticket: u64,
-    pub queue_id: i64,
+    pub scan: u64,
     pub group: Arc<str>,
-    pub started: Instant,
     pub pending: Vec<i64>,
 }
 
@@ -169,6 +155,14 @@ pub struct Checked {
 struct QueueWaiters {
     seq: u64,
     parked: Vec<oneshot::Sender<()>>,
+}
+
+/// A full scan planned and not reported yet, with the partitions announced since it was planned
+/// (the scan may have missed them).
+struct Scan {
+    queue_id: i64,
+    planned_at: Instant,
+    announced: Vec<i64>,
 }
 
 /// What a broker knows about a group's work on a queue since its last full scan.
@@ -215,9 +209,10 @@ pub struct Coordinator {
     /// Sequence numbers are unique across queues and never 0, so a queue forgotten by the sweep
     /// and seen again can never repeat a number a waiter holds.
     last_seq: u64,
-    /// Per queue id: partitions announced recently, with when.
-    hot: HashMap<i64, HashMap<i64, Instant>>,
-    views: HashMap<(i64, Arc<str>), GroupView>,
+    /// Per queue id, per group.
+    views: HashMap<i64, HashMap<Arc<str>, GroupView>>,
+    scans: HashMap<u64, Scan>,
+    last_scan: u64,
     /// Advances with every change that adds to views (an announcement, a scan), so a check
     /// planned before cannot remove what was added after it.
     revision: u64,
@@ -234,8 +229,9 @@ impl Coordinator {
             settings,
             waiters: HashMap::new(),
             last_seq: 0,
-            hot: HashMap::new(),
             views: HashMap::new(),
+            scans: HashMap::new(),
+            last_scan: 0,
             revision: 0,
             ticket: 0,
             listening: false,
@@ -265,35 +261,31 @@ impl Coordinator {
         }
     }
 
-    /// A push to the partition was announced: it is hot, and pending for every group viewing the
-    /// queue.
-    fn announce(&mut self, queue_id: i64, partition_id: i64, at: Instant) {
+    /// Messages became available in the partition: it is pending for every group viewing the
+    /// queue, and for every scan of the queue under way.
+    fn announce(&mut self, queue_id: i64, partition_id: i64) {
         self.revision += 1;
         let revision = self.revision;
-        for ((view_queue, _), view) in &mut self.views {
-            if *view_queue == queue_id {
-                view.pending.insert(partition_id, revision);
-            }
+        for view in self.views.get_mut(&queue_id).into_iter().flat_map(HashMap::values_mut) {
+            view.pending.insert(partition_id, revision);
         }
-        self.mark_hot(queue_id, partition_id, at);
-    }
-
-    fn mark_hot(&mut self, queue_id: i64, partition_id: i64, at: Instant) {
-        let hot = self.hot.entry(queue_id).or_default();
-        hot.insert(partition_id, at);
-        if hot.len() > self.settings.hot_capacity {
-            let oldest = hot.iter().min_by_key(|(_, at)| **at).map(|(id, _)| *id);
-            if let Some(oldest) = oldest {
-                hot.remove(&oldest);
-            }
+        for scan in self.scans.values_mut().filter(|scan| scan.queue_id == queue_id) {
+            scan.announced.push(partition_id);
         }
     }
 
     fn forget_views(&mut self, queue_id: i64, group: &str) {
         self.ticket += 1;
-        self.views.retain(|(view_queue, view_group), _| {
-            !(&**view_group == group && (queue_id == 0 || *view_queue == queue_id))
-        });
+        for (view_queue, groups) in &mut self.views {
+            if queue_id == 0 || *view_queue == queue_id {
+                groups.remove(group);
+            }
+        }
+        self.views.retain(|_, groups| !groups.is_empty());
+    }
+
+    fn view_mut(&mut self, queue_id: i64, group: &str) -> Option<&mut GroupView> {
+        self.views.get_mut(&queue_id)?.get_mut(group)
     }
 
     fn sweep(&mut self) {
@@ -301,41 +293,45 @@ impl Coordinator {
             waiters.parked.retain(|wake| !wake.is_closed());
         }
         self.waiters.retain(|_, waiters| !waiters.parked.is_empty());
-        let ttl = self.settings.hot_ttl();
-        for hot in self.hot.values_mut() {
-            hot.retain(|_, at| at.elapsed() < ttl);
-        }
-        self.hot.retain(|_, hot| !hot.is_empty());
         let max_age = self.settings.view_max_age;
-        self.views.retain(|_, view| view.is_fresh(max_age));
+        for groups in self.views.values_mut() {
+            groups.retain(|_, view| view.is_fresh(max_age));
+        }
+        self.views.retain(|_, groups| !groups.is_empty());
+        // A scan whose pop failed never reports.
+        self.scans.retain(|_, scan| scan.planned_at.elapsed() < max_age);
         self.update_gauge();
     }
 
-    fn plan(&mut self, queue_id: i64, group: Arc<str>, limit: usize) -> PopPlan {
-        let (ticket, as_of) = (self.ticket, self.revision);
+    fn plan(&mut self, queue_id: i64, group: &str, limit: usize) -> PopPlan {
+        let (ticket, as_of, hot_list, listening) = (self.ticket, self.revision, self.settings.hot_list, self.listening);
         let max_age = self.settings.view_max_age;
-        let fresh = self.views.get_mut(&(queue_id, group)).filter(|view| view.is_fresh(max_age));
-        let (Some(view), true) = (fresh, self.listening) else { return PopPlan::Full { ticket } };
-        if self.settings.hot_list {
-            let view_size = view.pending.len();
-            return PopPlan::Candidates { ticket, as_of, partitions: view.next_round(limit), view_size };
-        }
-        // Without the hot list, only an empty scan with no push to the queue since is trusted.
-        if view.pending.is_empty() {
-            PopPlan::Candidates { ticket, as_of, partitions: Vec::new(), view_size: 0 }
-        } else {
-            PopPlan::Full { ticket }
+        let fresh = self.view_mut(queue_id, group).filter(|view| view.is_fresh(max_age));
+        match fresh {
+            Some(view) if listening && hot_list => {
+                let view_size = view.pending.len();
+                PopPlan::Candidates { ticket, as_of, partitions: view.next_round(limit), view_size }
+            }
+            // Without the hot list, only an empty scan with no push to the queue since is trusted.
+            Some(view) if listening && view.pending.is_empty() => {
+                PopPlan::Candidates { ticket, as_of, partitions: Vec::new(), view_size: 0 }
+            }
+            _ => {
+                self.last_scan += 1;
+                let scan = Scan { queue_id, planned_at: Instant::now(), announced: Vec::new() };
+                self.scans.insert(self.last_scan, scan);
+                PopPlan::Full { ticket, scan: self.last_scan }
+            }
         }
     }
 
     fn store_scan(&mut self, msg: ScanDone) {
+        let Some(scan) = self.scans.remove(&msg.scan) else { return };
         if msg.ticket == self.ticket && self.listening {
-            // Pushes announced while the scan ran may be missing from what it saw.
-            let announced = self.hot.get(&msg.queue_id).into_iter().flatten();
-            let since: Vec<i64> = announced.filter(|(_, at)| **at >= msg.started).map(|(p, _)| *p).collect();
             self.revision += 1;
-            let view = GroupView::scanned(msg.started, msg.pending.into_iter().chain(since), self.revision);
-            self.views.insert((msg.queue_id, msg.group), view);
+            let pending = msg.pending.into_iter().chain(scan.announced);
+            let view = GroupView::scanned(scan.planned_at, pending, self.revision);
+            self.views.entry(scan.queue_id).or_default().insert(msg.group, view);
         }
     }
 
@@ -343,7 +339,7 @@ impl Coordinator {
         if msg.ticket != self.ticket {
             return;
         }
-        let Some(view) = self.views.get_mut(&(msg.queue_id, msg.group)) else { return };
+        let Some(view) = self.view_mut(msg.queue_id, &msg.group) else { return };
         let still: HashSet<i64> = msg.pending.into_iter().collect();
         for partition in msg.checked.iter().filter(|p| !still.contains(p)) {
             // Announced after the check was planned: the check may have missed that push.
@@ -389,7 +385,7 @@ impl Handler<DataAvailable> for Coordinator {
     type Result = ();
 
     fn handle(&mut self, msg: DataAvailable, _: &mut Self::Context) {
-        self.announce(msg.queue_id, msg.partition_id, Instant::now());
+        self.announce(msg.queue_id, msg.partition_id);
         self.wake(msg.queue);
     }
 }
@@ -409,7 +405,7 @@ impl Handler<Notice> for Coordinator {
         self.metrics.notices_received.inc();
         match event {
             Event::Available { queue_id, partition_id, queue } => {
-                self.announce(queue_id, partition_id, Instant::now());
+                self.announce(queue_id, partition_id);
                 self.wake(Arc::from(queue));
             }
             Event::Reset { queue_id, group } => {
@@ -434,14 +430,10 @@ impl Handler<ListenLost> for Coordinator {
 impl Handler<ListenRestored> for Coordinator {
     type Result = ();
 
-    fn handle(&mut self, msg: ListenRestored, _: &mut Self::Context) {
+    fn handle(&mut self, _: ListenRestored, _: &mut Self::Context) {
         self.listening = true;
         self.ticket += 1;
         self.views.clear();
-        let now = Instant::now();
-        for (queue_id, partition_id) in msg.recent {
-            self.mark_hot(queue_id, partition_id, now);
-        }
         self.wake_all();
     }
 }
@@ -462,7 +454,7 @@ impl Handler<PlanPop> for Coordinator {
     type Result = MessageResult<PlanPop>;
 
     fn handle(&mut self, msg: PlanPop, _: &mut Self::Context) -> Self::Result {
-        let plan = self.plan(msg.queue_id, msg.group, msg.limit);
+        let plan = self.plan(msg.queue_id, &msg.group, msg.limit);
         let kind = match &plan {
             PopPlan::Full { .. } => "full",
             PopPlan::Candidates { partitions, .. } if partitions.is_empty() => "skipped",
@@ -494,7 +486,7 @@ mod tests {
     use super::*;
 
     fn coordinator(hot_list: bool) -> Coordinator {
-        let settings = CoordinatorSettings { hot_list, view_max_age: Duration::from_secs(30), hot_capacity: 3 };
+        let settings = CoordinatorSettings { hot_list, view_max_age: Duration::from_secs(30) };
         let mut coordinator = Coordinator::new(settings, Arc::new(Metrics::new()));
         coordinator.listening = true;
         coordinator
@@ -521,77 +513,80 @@ mod tests {
     #[test]
     fn a_fresh_view_plus_later_announcements_replace_the_full_scan() {
         let mut c = coordinator(true);
-        assert_eq!(c.plan(1, group(), 3), PopPlan::Full { ticket: 0 });
-        c.views.insert((1, group()), view([5]));
-        c.announce(1, 9, Instant::now());
-        c.announce(2, 7, Instant::now());
-        assert_eq!(sorted(c.plan(1, group(), 3)), Some(vec![5, 9]));
+        assert_eq!(c.plan(1, "g", 3), PopPlan::Full { ticket: 0, scan: 1 });
+        c.views.entry(1).or_default().insert(group(), view([5]));
+        c.announce(1, 9);
+        c.announce(2, 7);
+        assert_eq!(sorted(c.plan(1, "g", 3)), Some(vec![5, 9]));
     }
 
     #[test]
     fn a_scan_keeps_what_was_announced_while_it_ran() {
         let mut c = coordinator(true);
-        let started = Instant::now();
-        c.announce(1, 8, started + Duration::from_millis(1));
-        c.store_scan(ScanDone { ticket: 0, queue_id: 1, group: group(), started, pending: vec![3] });
-        assert_eq!(sorted(c.plan(1, group(), 3)), Some(vec![3, 8]));
+        let PopPlan::Full { ticket, scan } = c.plan(1, "g", 3) else { panic!("a full scan") };
+        c.announce(1, 8);
+        c.announce(2, 9);
+        c.store_scan(ScanDone { ticket, scan, group: group(), pending: vec![3] });
+        assert_eq!(sorted(c.plan(1, "g", 3)), Some(vec![3, 8]));
+        assert!(c.scans.is_empty(), "a reported scan is done with");
     }
 
     #[test]
     fn a_large_view_is_planned_round_robin() {
         let mut c = coordinator(true);
-        c.views.insert((1, group()), view(1..=7));
-        let rounds: Vec<Option<Vec<i64>>> = (0..3).map(|_| sorted(c.plan(1, group(), 3))).collect();
+        c.views.entry(1).or_default().insert(group(), view(1..=7));
+        let rounds: Vec<Option<Vec<i64>>> = (0..3).map(|_| sorted(c.plan(1, "g", 3))).collect();
         assert_eq!(rounds, vec![Some(vec![1, 2, 3]), Some(vec![4, 5, 6]), Some(vec![1, 2, 7])]);
     }
 
     #[test]
     fn a_check_drops_drained_candidates_unless_announced_after_it_was_planned() {
         let mut c = coordinator(true);
-        c.views.insert((1, group()), view([1, 2, 3]));
-        let PopPlan::Candidates { ticket, as_of, partitions, .. } = c.plan(1, group(), 3) else { panic!("candidates") };
-        c.announce(1, 2, Instant::now());
+        c.views.entry(1).or_default().insert(group(), view([1, 2, 3]));
+        let PopPlan::Candidates { ticket, as_of, partitions, .. } = c.plan(1, "g", 3) else { panic!("candidates") };
+        c.announce(1, 2);
         c.apply_check(Checked { ticket, as_of, queue_id: 1, group: group(), checked: partitions, pending: vec![3] });
-        assert_eq!(sorted(c.plan(1, group(), 3)), Some(vec![2, 3]), "1 drained; 2 pushed again after the check");
+        assert_eq!(sorted(c.plan(1, "g", 3)), Some(vec![2, 3]), "1 drained; 2 pushed again after the check");
     }
 
     #[test]
     fn a_forget_drops_the_view_and_outdates_scans_in_flight() {
         let mut c = coordinator(true);
-        let PopPlan::Full { ticket } = c.plan(1, group(), 3) else { panic!("a full scan") };
+        let PopPlan::Full { ticket, scan } = c.plan(1, "g", 3) else { panic!("a full scan") };
         c.forget_views(1, "g");
-        assert_ne!(ticket, c.ticket, "a scan planned before the forget must not be stored");
-        c.views.insert((1, group()), view([]));
+        c.store_scan(ScanDone { ticket, scan, group: group(), pending: vec![] });
+        assert_eq!(sorted(c.plan(1, "g", 3)), None, "a scan planned before the forget is not stored");
+        c.views.entry(1).or_default().insert(group(), view([]));
         c.forget_views(0, "g");
-        assert_eq!(sorted(c.plan(1, group(), 3)), None, "forgetting every queue of the group");
+        assert_eq!(sorted(c.plan(1, "g", 3)), None, "forgetting every queue of the group");
     }
 
     #[test]
     fn without_a_listen_connection_every_pop_scans() {
         let mut c = coordinator(true);
-        c.views.insert((1, group()), view([]));
+        c.views.entry(1).or_default().insert(group(), view([]));
         c.listening = false;
-        assert_eq!(sorted(c.plan(1, group(), 3)), None);
+        assert_eq!(sorted(c.plan(1, "g", 3)), None);
     }
 
     #[test]
     fn without_the_hot_list_only_an_empty_scan_with_no_push_since_is_trusted() {
         let mut c = coordinator(false);
-        c.views.insert((1, group()), view([]));
-        assert_eq!(sorted(c.plan(1, group(), 3)), Some(vec![]));
-        c.announce(1, 4, Instant::now());
-        assert_eq!(sorted(c.plan(1, group(), 3)), None, "a push since the scan");
+        c.views.entry(1).or_default().insert(group(), view([]));
+        assert_eq!(sorted(c.plan(1, "g", 3)), Some(vec![]));
+        c.announce(1, 4);
+        assert_eq!(sorted(c.plan(1, "g", 3)), None, "a push since the scan");
     }
 
     #[test]
-    fn the_hot_list_is_bounded() {
+    fn a_scan_that_never_reports_is_swept() {
         let mut c = coordinator(true);
-        let start = Instant::now();
-        for (i, partition) in [1, 2, 3, 4].into_iter().enumerate() {
-            c.mark_hot(1, partition, start + Duration::from_millis(i as u64));
-        }
-        let mut hot: Vec<i64> = c.hot[&1].keys().copied().collect();
-        hot.sort();
-        assert_eq!(hot, vec![2, 3, 4], "the least recently pushed goes first");
+        let PopPlan::Full { scan, .. } = c.plan(1, "g", 3) else { panic!("a full scan") };
+        c.sweep();
+        assert!(c.scans.contains_key(&scan), "still under way");
+        let long_ago = Instant::now().checked_sub(Duration::from_secs(60)).expect("a minute of uptime");
+        c.scans.get_mut(&scan).expect("the scan").planned_at = long_ago;
+        c.sweep();
+        assert!(c.scans.is_empty());
     }
 }

@@ -23,8 +23,6 @@ use crate::metrics::Metrics;
 use crate::services::listener::keep_listening;
 use crate::services::maintenance::{Maintenance, MaintenanceSettings};
 
-/// Most partitions a broker remembers as hot per queue.
-const HOT_CAPACITY: usize = 4096;
 pub use names_cache::NamesCache;
 
 /// Everything a request handler needs, shared by all HTTP workers.
@@ -80,10 +78,9 @@ impl Broker {
     pub fn new(pool: Pool, pg: tokio_postgres::Config, config: Arc<Config>, broker_id: String) -> Self {
         let metrics = Arc::new(Metrics::new());
         let view_max_age = Duration::from_secs(config.pop.scan_refresh_seconds.max(1));
-        let settings = CoordinatorSettings { hot_list: config.pop.hot_list, view_max_age, hot_capacity: HOT_CAPACITY };
+        let settings = CoordinatorSettings { hot_list: config.pop.hot_list, view_max_age };
         let coordinator = actix::Actor::start(Coordinator::new(settings, Arc::clone(&metrics)));
-        let hot_seconds = (view_max_age * 2).as_secs_f64();
-        actix::spawn(keep_listening(pg.clone(), pool.clone(), coordinator.clone(), hot_seconds));
+        actix::spawn(keep_listening(pg.clone(), coordinator.clone()));
         let idle = Duration::from_secs(config.push.writer_idle_seconds.max(1));
         let writers = Writers::new(WriterDeps {
             pool: pool.clone(),

@@ -234,11 +234,10 @@ async fn planned_candidates(
     let (mut found, mut looked) = (Vec::new(), 0);
     loop {
         match plan {
-            PopPlan::Full { ticket } => {
-                let started = Instant::now();
+            PopPlan::Full { ticket, scan } => {
                 let scanned = cursors::candidates(&client, queue_id, Scope::All, group).await?;
                 let pending = scanned.iter().map(|c| c.partition_id).collect();
-                broker.coordinator.do_send(ScanDone { ticket, queue_id, group: Arc::clone(group), started, pending });
+                broker.coordinator.do_send(ScanDone { ticket, scan, group: Arc::clone(group), pending });
                 return Ok(Some((client, scanned)));
             }
             PopPlan::Candidates { ticket, as_of, partitions, .. } => {

@@ -5,8 +5,7 @@
 use std::time::Duration;
 
 use actix::Addr;
-use queen_store::Pool;
-use queen_store::listen::{listen, recently_pushed};
+use queen_store::listen::listen;
 
 use crate::actors::coordinator::{Coordinator, ListenLost, ListenRestored, Notice};
 
@@ -14,18 +13,15 @@ const FIRST_RETRY: Duration = Duration::from_millis(100);
 const LAST_RETRY: Duration = Duration::from_secs(5);
 
 /// Runs until the broker stops.
-pub async fn keep_listening(pg: tokio_postgres::Config, pool: Pool, coordinator: Addr<Coordinator>, hot_seconds: f64) {
+pub async fn keep_listening(pg: tokio_postgres::Config, coordinator: Addr<Coordinator>) {
     let mut retry = FIRST_RETRY;
     loop {
         match listen(&pg).await {
             Ok(mut listening) => {
                 retry = FIRST_RETRY;
-                // Read after LISTEN took effect: a push either shows here or arrives as a notice.
-                let recent = match pool.get().await {
-                    Ok(client) => recently_pushed(&client, hot_seconds).await.unwrap_or_default(),
-                    Err(_) => Vec::new(),
-                };
-                coordinator.do_send(ListenRestored { recent });
+                // Sent once LISTEN took effect: a push after it arrives as a notice, one before it
+                // is found by the scans that follow (the coordinator drops every view).
+                coordinator.do_send(ListenRestored);
                 while let Some(event) = listening.events.recv().await {
                     coordinator.do_send(Notice(event));
                 }
