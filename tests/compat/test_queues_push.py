@@ -53,6 +53,20 @@ def test_push_answers_queued_with_message_and_transaction_ids(queen_url):
     run(body())
 
 
+def test_an_empty_push_answers_no_results(queen_url):
+    """A push of no items (the JavaScript client's buffered producer flushes one when it closes)
+    answers an empty list and creates nothing."""
+
+    async def body():
+        name = unique("push-empty")
+        async with client(queen_url) as q:
+            assert await q.queue(name).push([]) == []
+            with pytest.raises(Exception):
+                await q.admin.get_queue(name)
+
+    run(body())
+
+
 def test_round_trip_carries_the_message_fields(queen_url):
     """§6.3: data, transactionId, partitionId, leaseId, createdAt and partition of a popped message."""
 

@@ -35,6 +35,30 @@ def test_an_ack_and_a_push_commit_together(queen_url):
     run(body())
 
 
+def test_one_bundle_acks_messages_popped_under_different_leases(queen_url):
+    """Messages of two partitions and of another queue, each popped under its own lease, are
+    acknowledged in one bundle (requiredLeases names every lease)."""
+
+    async def body():
+        qa, qb, qn = unique("leases-a"), unique("leases-b"), unique("leases-next")
+        async with client(queen_url) as q:
+            await q.queue(qa).partition("p1").push([{"data": {"v": 1}}])
+            await q.queue(qa).partition("p2").push([{"data": {"v": 2}}])
+            await q.queue(qb).push([{"data": {"v": 3}}])
+            first = (await pop_retry(q.queue(qa).partition("p1").batch(1).wait(False)))[0]
+            second = (await pop_retry(q.queue(qa).partition("p2").batch(1).wait(False)))[0]
+            third = (await pop_retry(q.queue(qb).batch(1).wait(False)))[0]
+            assert len({first["leaseId"], second["leaseId"], third["leaseId"]}) == 3
+
+            result = await q.transaction().ack([first, second, third]).queue(qn).push([{"data": {"v": 4}}]).commit()
+            assert result["success"] is True, result
+            assert await q.queue(qa).batch(10).wait(False).pop() == []
+            assert await q.queue(qb).batch(10).wait(False).pop() == []
+            assert [m["data"] for m in await pop_retry(q.queue(qn).batch(10).wait(False))] == [{"v": 4}]
+
+    run(body())
+
+
 def test_an_ack_under_an_expired_lease_rolls_the_whole_bundle_back(queen_url):
     """§6.33: A (lease 1 s) and B (lease 60 s) popped; A's lease expires and another pop takes A;
     a bundle acking both raises with "rolled back"; B is still un-acked and acks alone."""

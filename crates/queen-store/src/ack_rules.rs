@@ -12,6 +12,18 @@
 
 use uuid::Uuid;
 
+/// The lease an acknowledgement claims to act under.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum LeaseFence {
+    /// None named: allowed only while nobody holds the partition.
+    #[default]
+    Unfenced,
+    /// The lease of the delivery: it must be the partition's live lease.
+    Lease(Uuid),
+    /// One of a transaction's `requiredLeases`: the partition's live lease must be among them.
+    AnyOf(Vec<Uuid>),
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AckStatus {
     Completed,
@@ -38,7 +50,7 @@ pub struct CursorState {
 pub struct AckItem<'a> {
     pub offset: i64,
     pub status: AckStatus,
-    pub lease_id: Option<Uuid>,
+    pub fence: &'a LeaseFence,
     pub error: Option<&'a str>,
 }
 
@@ -53,6 +65,9 @@ pub enum Refusal {
     InvalidLease,
     /// Another consumer holds a live lease, and the ack named none.
     LeasedByAnother,
+    /// The ack named no lease of its own, and the partition's live lease (if any) is not one of
+    /// the transaction's `requiredLeases`.
+    OutsideRequiredLeases,
     /// The message lies beyond what the live lease delivered.
     NotDelivered,
     /// A `failed`, `retry` or `dlq` for a message the cursor has already passed.
@@ -118,11 +133,13 @@ fn validate(state: &CursorState, item: &AckItem<'_>) -> Result<(), AckVerdict> {
             _ => AckVerdict::Refused(Refusal::AlreadyCommitted),
         });
     }
-    match item.lease_id {
-        Some(lease) if !(state.lease_live && state.lease_id == Some(lease)) => {
-            return Err(AckVerdict::Refused(Refusal::InvalidLease));
+    let live = state.lease_id.filter(|_| state.lease_live);
+    match item.fence {
+        LeaseFence::Lease(lease) if live != Some(*lease) => return Err(AckVerdict::Refused(Refusal::InvalidLease)),
+        LeaseFence::AnyOf(leases) if !live.is_some_and(|live| leases.contains(&live)) => {
+            return Err(AckVerdict::Refused(Refusal::OutsideRequiredLeases));
         }
-        None if state.lease_live => return Err(AckVerdict::Refused(Refusal::LeasedByAnother)),
+        LeaseFence::Unfenced if live.is_some() => return Err(AckVerdict::Refused(Refusal::LeasedByAnother)),
         _ => {}
     }
     if state.lease_live && state.leased_until.is_some_and(|until| item.offset > until) {
@@ -227,6 +244,8 @@ mod tests {
     use super::*;
 
     const LEASE: Uuid = Uuid::from_u128(42);
+    const FENCED: LeaseFence = LeaseFence::Lease(LEASE);
+    const UNFENCED: LeaseFence = LeaseFence::Unfenced;
 
     fn leased(committed: i64, until: i64) -> CursorState {
         CursorState {
@@ -241,7 +260,7 @@ mod tests {
     }
 
     fn ack(offset: i64, status: AckStatus) -> AckItem<'static> {
-        AckItem { offset, status, lease_id: Some(LEASE), error: None }
+        AckItem { offset, status, fence: &FENCED, error: None }
     }
 
     #[test]
@@ -307,7 +326,7 @@ mod tests {
         let mut state = leased(4, 6);
         state.retry_limit = 1;
         state.retry_count = 1;
-        let item = AckItem { offset: 5, status: AckStatus::Failed, lease_id: Some(LEASE), error: Some("boom") };
+        let item = AckItem { offset: 5, status: AckStatus::Failed, fence: &FENCED, error: Some("boom") };
         let (change, verdicts) = apply(&state, &[item]);
         assert_eq!(change.after.committed, 5);
         assert_eq!(change.after.retry_count, 0);
@@ -344,14 +363,15 @@ mod tests {
         assert!(!change.is_change(&expired));
         assert_eq!(verdicts, vec![AckVerdict::Refused(Refusal::InvalidLease)]);
 
-        let other = AckItem { lease_id: Some(Uuid::from_u128(7)), ..ack(1, AckStatus::Completed) };
+        let foreign = LeaseFence::Lease(Uuid::from_u128(7));
+        let other = AckItem { fence: &foreign, ..ack(1, AckStatus::Completed) };
         let (_, verdicts) = apply(&leased(0, 2), &[other]);
         assert_eq!(verdicts, vec![AckVerdict::Refused(Refusal::InvalidLease)]);
     }
 
     #[test]
     fn an_unfenced_ack_is_refused_while_someone_holds_the_lease() {
-        let item = AckItem { lease_id: None, ..ack(1, AckStatus::Completed) };
+        let item = AckItem { fence: &UNFENCED, ..ack(1, AckStatus::Completed) };
         let (_, verdicts) = apply(&leased(0, 2), &[item]);
         assert_eq!(verdicts, vec![AckVerdict::Refused(Refusal::LeasedByAnother)]);
 
@@ -360,6 +380,26 @@ mod tests {
         let (change, verdicts) = apply(&free, &[item]);
         assert_eq!(change.after.committed, 1);
         assert_eq!(verdicts, vec![AckVerdict::Committed { lease_released: false }]);
+    }
+
+    #[test]
+    fn an_ack_under_required_leases_needs_the_live_lease_among_them() {
+        let required = LeaseFence::AnyOf(vec![Uuid::from_u128(7), LEASE]);
+        let item = AckItem { fence: &required, ..ack(1, AckStatus::Completed) };
+        let (change, verdicts) = apply(&leased(0, 2), &[item]);
+        assert_eq!(change.after.committed, 1);
+        assert_eq!(verdicts, vec![AckVerdict::Committed { lease_released: false }]);
+
+        let others = LeaseFence::AnyOf(vec![Uuid::from_u128(7)]);
+        let item = AckItem { fence: &others, ..ack(1, AckStatus::Completed) };
+        let (_, verdicts) = apply(&leased(0, 2), &[item]);
+        assert_eq!(verdicts, vec![AckVerdict::Refused(Refusal::OutsideRequiredLeases)]);
+
+        let mut free = leased(0, 2);
+        free.lease_live = false;
+        let item = AckItem { fence: &required, ..ack(1, AckStatus::Completed) };
+        let (_, verdicts) = apply(&free, &[item]);
+        assert_eq!(verdicts, vec![AckVerdict::Refused(Refusal::OutsideRequiredLeases)], "no live lease at all");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use deadpool_postgres::GenericClient;
 use uuid::Uuid;
 
 use crate::StoreError;
-use crate::ack_rules::{self, AckItem, AckStatus, AckVerdict, CursorState, DeadLetter, Refusal};
+use crate::ack_rules::{self, AckItem, AckStatus, AckVerdict, CursorState, DeadLetter, LeaseFence, Refusal};
 use crate::events::{self, Event};
 use crate::log::{Span, read_spans};
 
@@ -292,13 +292,29 @@ pub async fn extend_lease(
     })
 }
 
+/// Those of `leases` that are not live: unknown, expired or released. A transaction's
+/// `requiredLeases` must all be live for it to commit.
+pub async fn not_live_leases(client: &impl GenericClient, leases: &[Uuid]) -> Result<Vec<Uuid>, StoreError> {
+    if leases.is_empty() {
+        return Ok(Vec::new());
+    }
+    let statement = client
+        .prepare_cached(
+            "SELECT l.lease_id FROM unnest($1::uuid[]) AS l(lease_id)
+              WHERE NOT EXISTS (SELECT 1 FROM queen.log_consumers c
+                                 WHERE c.lease_id = l.lease_id AND c.lease_expires_at > now())",
+        )
+        .await?;
+    Ok(client.query(&statement, &[&leases]).await?.iter().map(|row| row.get(0)).collect())
+}
+
 /// One acknowledgement as received.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AckRequest {
     pub partition_id: i64,
     pub transaction_id: String,
     pub status: AckStatus,
-    pub lease_id: Option<Uuid>,
+    pub fence: LeaseFence,
     pub consumer_group: String,
     pub error: Option<String>,
 }
@@ -481,7 +497,7 @@ fn apply_call(
             .map(|&i| AckItem {
                 offset: offsets[i].unwrap_or_default(),
                 status: call[i].status,
-                lease_id: call[i].lease_id,
+                fence: &call[i].fence,
                 error: call[i].error.as_deref(),
             })
             .collect();

@@ -67,6 +67,9 @@ pub fn refusal_text(refusal: Refusal, request: &AckRequest, committed: Option<i6
         Refusal::LeasedByAnother => {
             "the partition is leased to a consumer of this group; acknowledge with the leaseId of the delivery".into()
         }
+        Refusal::OutsideRequiredLeases => "the partition's live lease is not one of the transaction's \
+                                           requiredLeases (it expired, was released, or belongs to another consumer)"
+            .into(),
         Refusal::NotDelivered => "the message was not delivered under this lease".into(),
         Refusal::AlreadyCommitted => match committed {
             Some(cursor) => format!("the message is already committed (the group's cursor is at offset {cursor})"),

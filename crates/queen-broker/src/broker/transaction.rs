@@ -22,6 +22,15 @@ pub enum Operation {
     Push(Vec<PushItem>),
 }
 
+/// A transaction as received: its operations in the caller's order, and the leases it requires.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bundle {
+    pub operations: Vec<Operation>,
+    /// Every one must be live when the bundle commits; acks that name no lease of their own are
+    /// fenced by them.
+    pub required_leases: Vec<uuid::Uuid>,
+}
+
 /// What one entry of the results (every ack and every pushed item, in operation order) became.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Applied {
@@ -44,10 +53,12 @@ impl From<StoreError> for TransactionError {
     }
 }
 
-/// Runs the bundle. Acknowledgements are applied first and pushes after, partition by partition
-/// in id order: the results do not depend on that order, and every transaction taking cursor
-/// locks before partition locks (in a fixed order each) keeps concurrent bundles from deadlocking.
-pub async fn execute(broker: &Broker, operations: Vec<Operation>) -> Result<Vec<Applied>, TransactionError> {
+/// Runs the bundle. Its required leases are checked first; acknowledgements are applied next and
+/// pushes after, partition by partition in id order: the results do not depend on that order,
+/// and every transaction taking cursor locks before partition locks (in a fixed order each) keeps
+/// concurrent bundles from deadlocking.
+pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, TransactionError> {
+    let Bundle { operations, required_leases } = bundle;
     let mut acks = Vec::new();
     let mut items = Vec::new();
     // For each entry of the results: which ack or which pushed item it is.
@@ -77,6 +88,15 @@ pub async fn execute(broker: &Broker, operations: Vec<Operation>) -> Result<Vec<
 
     let mut client = broker.pool.get().await.map_err(StoreError::from)?;
     let tx = client.transaction().await.map_err(StoreError::from)?;
+    // Before the acks: an ack that completes its lease's span releases the lease.
+    let not_live = queen_store::cursors::not_live_leases(&tx, &required_leases).await?;
+    if !not_live.is_empty() {
+        let leases: Vec<String> = not_live.iter().map(ToString::to_string).collect();
+        return Err(TransactionError::RolledBack(format!(
+            "required lease {} is not live (expired, released or unknown)",
+            leases.join(", ")
+        )));
+    }
     let ack_batch = queen_store::cursors::acknowledge(&tx, std::slice::from_ref(&acks)).await?;
     let ack_outcomes = ack_batch.outcomes.into_iter().next().unwrap_or_default();
     let refused = acks.iter().zip(&ack_outcomes).find_map(|(request, outcome)| match outcome.verdict {

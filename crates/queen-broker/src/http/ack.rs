@@ -1,7 +1,7 @@
 //! `POST /api/v1/ack` and `POST /api/v1/ack/batch`: per-item verdicts, HTTP 200.
 
 use actix_web::{HttpResponse, web};
-use queen_store::ack_rules::{AckStatus, AckVerdict};
+use queen_store::ack_rules::{AckStatus, AckVerdict, LeaseFence};
 use queen_store::cursors::{AckOutcome, AckRequest};
 use serde::Serialize;
 use uuid::Uuid;
@@ -88,7 +88,7 @@ pub fn status(item: &JsonObject<'_>) -> Result<AckStatus, ApiError> {
     }
 }
 
-/// One acknowledgement of a request body, for `group`.
+/// One acknowledgement of a request body, for `group`, fenced by the lease it names.
 pub fn parse_ack(item: &JsonObject<'_>, group: &str) -> Result<AckRequest, ApiError> {
     let transaction_id = item.required_string("transactionId")?;
     names::check(NameKind::TransactionId, &item.name_of("transactionId"), &transaction_id)
@@ -97,7 +97,7 @@ pub fn parse_ack(item: &JsonObject<'_>, group: &str) -> Result<AckRequest, ApiEr
         partition_id: partition_id(item)?,
         transaction_id,
         status: status(item)?,
-        lease_id: lease_id(item)?,
+        fence: lease_id(item)?.map_or(LeaseFence::Unfenced, LeaseFence::Lease),
         consumer_group: group.to_owned(),
         error: item.string("error")?,
     })

@@ -4,11 +4,13 @@ use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::ack::{AckResult, lease_id, parse_ack};
+use queen_store::ack_rules::LeaseFence;
+
+use super::ack::{AckResult, parse_ack};
 use super::body::{JsonObject, read_body};
 use super::push::{ItemResult, parse_item};
 use crate::broker::Broker;
-use crate::broker::transaction::{Applied, Operation, TransactionError, execute};
+use crate::broker::transaction::{Applied, Bundle, Operation, TransactionError, execute};
 use crate::error::ApiError;
 use crate::names::{self, NameKind};
 
@@ -21,9 +23,9 @@ pub async fn handle(
         return Err(ApiError::bad_request("binary transaction bodies are not supported by this broker; send JSON"));
     }
     let body = read_body(payload, broker.config.http.max_body_bytes).await?;
-    let operations = parse_bundle(&body, broker.config.push.max_items)?;
+    let bundle = parse_bundle(&body, broker.config.push.max_items)?;
     let transaction_id = Uuid::now_v7();
-    match execute(&broker, operations).await {
+    match execute(&broker, bundle).await {
         Ok(applied) => {
             let results: Vec<EntryResult<'_>> = applied
                 .iter()
@@ -45,8 +47,9 @@ pub async fn handle(
     }
 }
 
-/// The operations of a body, checked; one bad operation refuses the whole bundle.
-fn parse_bundle(body: &[u8], max_items: usize) -> Result<Vec<Operation>, ApiError> {
+/// The operations of a body, checked; one bad operation refuses the whole bundle. An ack that
+/// names no lease of its own is fenced by the bundle's `requiredLeases` when there are any.
+fn parse_bundle(body: &[u8], max_items: usize) -> Result<Bundle, ApiError> {
     let body = JsonObject::parse_body(body, false)?;
     for rider in ["kv", "timers"] {
         if body.raw(rider).is_some() {
@@ -59,21 +62,24 @@ fn parse_bundle(body: &[u8], max_items: usize) -> Result<Vec<Operation>, ApiErro
     if operations.is_empty() {
         return Err(ApiError::bad_request("operations must not be empty"));
     }
-    // A bundle naming exactly one lease lends it to acks that name none.
     let required: Vec<String> = match body.raw("requiredLeases") {
         None => Vec::new(),
         Some(raw) => serde_json::from_str(raw.get())
             .map_err(|_| ApiError::bad_request("requiredLeases must be an array of lease ids"))?,
     };
-    let lent = match required.as_slice() {
-        [only] => Some(
-            uuid::Uuid::parse_str(only)
-                .map_err(|_| ApiError::bad_request(format!("requiredLeases: {only:?} is not a lease id")))?,
-        ),
-        _ => None,
-    };
+    let mut required_leases = required
+        .iter()
+        .map(|lease| {
+            Uuid::parse_str(lease)
+                .map_err(|_| ApiError::bad_request(format!("requiredLeases: {lease:?} is not a lease id")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    required_leases.sort_unstable();
+    required_leases.dedup();
+    let unfenced =
+        if required_leases.is_empty() { LeaseFence::Unfenced } else { LeaseFence::AnyOf(required_leases.clone()) };
     let mut items = 0;
-    operations
+    let operations = operations
         .iter()
         .map(|operation| match operation.required_string("type")?.as_str() {
             "ack" => {
@@ -82,8 +88,8 @@ fn parse_bundle(body: &[u8], max_items: usize) -> Result<Vec<Operation>, ApiErro
                 names::check(NameKind::ConsumerGroup, &operation.name_of("consumerGroup"), &group)
                     .map_err(ApiError::BadRequest)?;
                 let mut ack = parse_ack(operation, &group)?;
-                if lease_id(operation)?.is_none() {
-                    ack.lease_id = lent;
+                if ack.fence == LeaseFence::Unfenced {
+                    ack.fence = unfenced.clone();
                 }
                 Ok(Operation::Ack(ack))
             }
@@ -105,7 +111,8 @@ fn parse_bundle(body: &[u8], max_items: usize) -> Result<Vec<Operation>, ApiErro
                 operation.name_of("type")
             ))),
         })
-        .collect()
+        .collect::<Result<_, _>>()?;
+    Ok(Bundle { operations, required_leases })
 }
 
 #[derive(Serialize)]
@@ -154,13 +161,25 @@ mod tests {
     }
 
     #[test]
-    fn a_single_required_lease_is_lent_to_acks_without_one() {
-        let lease = "0192f0c4-0000-7000-8000-000000000001";
+    fn acks_without_a_lease_are_fenced_by_the_required_leases() {
+        let (one, two) = ("0192f0c4-0000-7000-8000-000000000001", "0192f0c4-0000-7000-8000-000000000002");
         let body = format!(
-            r#"{{"operations": [{{"type": "ack", "transactionId": "t", "partitionId": "1"}}], "requiredLeases": ["{lease}"]}}"#
+            r#"{{"operations": [{{"type": "ack", "transactionId": "t", "partitionId": "1"}},
+                                {{"type": "ack", "transactionId": "u", "partitionId": "2", "leaseId": "{one}"}}],
+                "requiredLeases": ["{two}", "{one}", "{two}"]}}"#
         );
-        let operations = parse_bundle(body.as_bytes(), 10).unwrap();
-        let Operation::Ack(ack) = &operations[0] else { panic!("an ack") };
-        assert_eq!(ack.lease_id, Some(Uuid::parse_str(lease).unwrap()));
+        let bundle = parse_bundle(body.as_bytes(), 10).unwrap();
+        let leases = vec![Uuid::parse_str(one).unwrap(), Uuid::parse_str(two).unwrap()];
+        assert_eq!(bundle.required_leases, leases, "sorted, without repeats");
+        let fences: Vec<&LeaseFence> = bundle
+            .operations
+            .iter()
+            .map(|op| match op {
+                Operation::Ack(ack) => &ack.fence,
+                Operation::Push(_) => panic!("only acks"),
+            })
+            .collect();
+        assert_eq!(fences, vec![&LeaseFence::AnyOf(leases.clone()), &LeaseFence::Lease(leases[0])]);
+        assert!(refused(r#"{"operations": [{"type": "ack", "transactionId": "t", "partitionId": "1"}], "requiredLeases": ["x"]}"#).starts_with("requiredLeases"));
     }
 }

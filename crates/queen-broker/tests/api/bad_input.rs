@@ -50,7 +50,7 @@ async fn missing_fields_are_refused() {
 async fn empty_and_mistyped_fields_are_refused() {
     let app = TestApp::spawn().await;
     let cases: Vec<(&str, Value, &str)> = vec![
-        ("/api/v1/push", json!({"items": []}), "items must not be empty"),
+        ("/api/v1/push", json!({"items": null}), "items is required"),
         ("/api/v1/push", json!({"items": [{"queue": ""}]}), "items[0].queue"),
         ("/api/v1/push", json!({"items": [{"queue": "q", "partition": ""}]}), "items[0].partition"),
         ("/api/v1/push", json!({"items": [{"queue": "q", "transactionId": ""}]}), "items[0].transactionId"),
@@ -71,6 +71,15 @@ async fn empty_and_mistyped_fields_are_refused() {
     // One bad item refuses the whole push: the good items before it are not written either.
     let mixed = json!({"items": [{"queue": "good", "payload": 1}, {"queue": "good", "partition": "a/b"}]});
     assert_refused(&app.post("/api/v1/push", &mixed).await, StatusCode::BAD_REQUEST, "items[1].partition");
+    assert_nothing_written(&app).await;
+}
+
+#[actix_web::test]
+async fn an_empty_push_is_answered_with_no_results_and_writes_nothing() {
+    let app = TestApp::spawn().await;
+    let answer = app.post("/api/v1/push", &json!({"items": []})).await;
+    assert_eq!(answer.status, StatusCode::CREATED, "{answer:?}");
+    assert_eq!(answer.body, json!([]));
     assert_nothing_written(&app).await;
 }
 

@@ -16,6 +16,14 @@ fn ack_op(message: &Value, group: Option<&str>) -> Value {
     op
 }
 
+async fn committed(app: &TestApp, queue: &str, partition: &str) -> i64 {
+    app.count(&format!(
+        "SELECT c.committed FROM queen.log_consumers c JOIN queen.partitions p ON p.id = c.partition_id
+           JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = '{queue}' AND p.name = '{partition}'"
+    ))
+    .await
+}
+
 #[actix_web::test]
 async fn a_committed_transaction_acks_stage_one_and_pushes_stage_two_together() {
     let app = TestApp::spawn().await;
@@ -34,25 +42,10 @@ async fn a_committed_transaction_acks_stage_one_and_pushes_stage_two_together() 
     assert_eq!(results[0]["success"], true);
     assert_eq!(results[1]["status"], "queued");
 
-    let db = app.db.connect().await;
-    let committed: i64 = db
-        .query_one(
-            "SELECT c.committed FROM queen.log_consumers c JOIN queen.partitions p ON p.id = c.partition_id
-               JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = 'stage-one'",
-            &[],
-        )
-        .await
-        .expect("stage one's cursor")
-        .get(0);
-    assert_eq!(committed, 1, "stage one was acknowledged");
-    let pushed: i64 = db
-        .query_one(
-            "SELECT p.last_offset FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = 'stage-two'",
-            &[],
-        )
-        .await
-        .expect("stage two's partition")
-        .get(0);
+    assert_eq!(committed(&app, "stage-one", "p").await, 1, "stage one was acknowledged");
+    let pushed = app
+        .count("SELECT p.last_offset FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = 'stage-two'")
+        .await;
     assert_eq!(pushed, 1, "stage two was pushed");
     assert_eq!(app.pop("queue/stage-two", "batch=1").await.messages()[0]["data"], json!({"v": 2}));
 }
@@ -83,17 +76,7 @@ async fn a_transaction_with_an_ack_under_an_expired_lease_rolls_back_whole() {
     assert_eq!(answer.body["success"], false);
     assert!(answer.body["error"].as_str().is_some_and(|e| e.contains("rolled back")), "{answer:?}");
 
-    let db = app.db.connect().await;
-    let long_cursor: i64 = db
-        .query_one(
-            "SELECT c.committed FROM queen.log_consumers c JOIN queen.partitions p ON p.id = c.partition_id
-               JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = 'long'",
-            &[],
-        )
-        .await
-        .expect("b's cursor")
-        .get(0);
-    assert_eq!(long_cursor, 0, "b's ack did not happen");
+    assert_eq!(committed(&app, "long", "p").await, 0, "b's ack did not happen");
     assert_eq!(
         app.count(
             "SELECT count(*) FROM queen.log_segments s JOIN queen.partitions p ON p.id = s.partition_id
@@ -135,4 +118,85 @@ async fn bad_bundles_are_refused_and_write_nothing() {
         assert!(answer.body["error"].as_str().is_some_and(|e| e.contains(mentions)), "{answer:?}");
     }
     assert_eq!(app.count("SELECT count(*) FROM queen.queues").await, 0);
+}
+
+/// An ack operation as the official clients send it in a bundle spanning several leases: no
+/// `leaseId` of its own, the leases named in the bundle's `requiredLeases`.
+fn unfenced_ack_op(message: &Value) -> Value {
+    json!({"type": "ack", "transactionId": message["transactionId"], "partitionId": message["partitionId"],
+           "status": "completed"})
+}
+
+#[actix_web::test]
+async fn acks_without_their_own_lease_commit_under_the_bundles_required_leases() {
+    let app = TestApp::spawn().await;
+    app.push_one("multi-a", "p1", "a1", json!(1)).await;
+    app.push_one("multi-a", "p2", "a2", json!(2)).await;
+    app.push_one("multi-b", "p1", "b1", json!(3)).await;
+    let first = app.pop("queue/multi-a/partition/p1", "batch=1").await.messages().remove(0);
+    let second = app.pop("queue/multi-a/partition/p2", "batch=1").await.messages().remove(0);
+    let third = app.pop("queue/multi-b", "batch=1").await.messages().remove(0);
+    let leases: Vec<&Value> = vec![&first["leaseId"], &second["leaseId"], &third["leaseId"]];
+    assert_ne!(leases[0], leases[1], "each pop has its own lease");
+
+    let bundle = json!({
+        "operations": [unfenced_ack_op(&first), unfenced_ack_op(&second), unfenced_ack_op(&third),
+                       {"type": "push", "items": [{"queue": "multi-next", "payload": 4}]}],
+        "requiredLeases": leases,
+    });
+    let answer = app.post("/api/v1/transaction", &bundle).await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    assert_eq!(answer.body["success"], true);
+    assert_eq!(
+        (committed(&app, "multi-a", "p1").await, committed(&app, "multi-a", "p2").await),
+        (1, 1),
+        "both partitions of the first queue were acknowledged"
+    );
+    assert_eq!(committed(&app, "multi-b", "p1").await, 1, "and the other queue's");
+    assert_eq!(app.pop("queue/multi-next", "batch=10").await.messages().len(), 1);
+}
+
+#[actix_web::test]
+async fn a_required_lease_that_is_not_live_rolls_the_bundle_back() {
+    let app = TestApp::spawn().await;
+    app.post("/api/v1/configure", &json!({"queue": "brief", "options": {"leaseTime": 1}})).await;
+    app.push_one("brief", "p", "x", json!("x")).await;
+    app.push_one("steady", "p", "y", json!("y")).await;
+    let x = app.pop("queue/brief", "batch=1").await.messages().remove(0);
+    let y = app.pop("queue/steady", "batch=1").await.messages().remove(0);
+    // x's lease runs out; nobody takes x again, so the ack alone would be unfenced-legal.
+    let expired = Instant::now() + Duration::from_secs(10);
+    while app.count("SELECT count(*) FROM queen.log_consumers WHERE lease_expires_at > now()").await > 1 {
+        assert!(Instant::now() < expired, "x's lease never ran out");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let bundle = json!({"operations": [unfenced_ack_op(&y)], "requiredLeases": [x["leaseId"], y["leaseId"]]});
+    let answer = app.post("/api/v1/transaction", &bundle).await;
+    assert_eq!(answer.status, StatusCode::CONFLICT, "{answer:?}");
+    let error = answer.body["error"].as_str().unwrap_or_default();
+    assert!(error.contains("rolled back") && error.contains(x["leaseId"].as_str().unwrap()), "{error}");
+    assert_eq!(committed(&app, "steady", "p").await, 0, "y's ack did not happen");
+}
+
+#[actix_web::test]
+async fn an_unfenced_ack_of_a_partition_held_under_another_lease_rolls_the_bundle_back() {
+    let app = TestApp::spawn().await;
+    app.push_one("held", "p1", "m1", json!(1)).await;
+    app.push_one("held", "p2", "m2", json!(2)).await;
+    let mine = app.pop("queue/held/partition/p1", "batch=1").await.messages().remove(0);
+    let theirs = app.pop("queue/held/partition/p2", "batch=1").await.messages().remove(0);
+    // Only my lease is required, but the bundle also acks the partition another consumer holds.
+    let bundle = json!({"operations": [unfenced_ack_op(&mine), unfenced_ack_op(&theirs)],
+                        "requiredLeases": [mine["leaseId"]]});
+    let answer = app.post("/api/v1/transaction", &bundle).await;
+    assert_eq!(answer.status, StatusCode::CONFLICT, "{answer:?}");
+    assert!(answer.body["error"].as_str().is_some_and(|e| e.contains("requiredLeases")), "{answer:?}");
+    assert_eq!((committed(&app, "held", "p1").await, committed(&app, "held", "p2").await), (0, 0));
+
+    // Without requiredLeases, an ack without a lease keeps the old rule: refused while leased...
+    let bare = json!({"operations": [unfenced_ack_op(&mine)]});
+    assert_eq!(app.post("/api/v1/transaction", &bare).await.status, StatusCode::CONFLICT);
+    // ...and accepted with the lease of the delivery.
+    let fenced = json!({"operations": [ack_op(&mine, None)]});
+    assert_eq!(app.post("/api/v1/transaction", &fenced).await.status, StatusCode::OK);
 }
