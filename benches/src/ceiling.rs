@@ -138,7 +138,7 @@ async fn run_cell(
     let mut writers = Vec::new();
     {
         let client = pool.get().await?;
-        let queue_id = queen_store::queues::ensure_queue(&client, &queue).await?;
+        let queue_id = queen_store::queues::ensure_queue(&client, &queue).await?.id;
         for connection in 0..shape.connections {
             let mut partitions = Vec::new();
             for segment in 0..shape.segments_per_transaction {

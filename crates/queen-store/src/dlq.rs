@@ -142,7 +142,7 @@ pub async fn requeue(
     let Some(first) = rows.iter().min_by_key(|row| row.get::<_, i64>(0)) else { return Ok(None) };
     let (id, queue, partition): (i64, String, String) = (first.get(0), first.get(1), first.get(2));
     // The partition may have been cleaned up since: re-create it (and its queue) by name.
-    let queue_id = queues::ensure_queue(&tx, &queue).await?;
+    let queue_id = queues::ensure_queue(&tx, &queue).await?.id;
     let target = queues::ensure_partition(&tx, queue_id, &partition).await?;
     let new_transaction_id = format!("dlq:{id}");
     let message = NewMessage {

@@ -5,8 +5,9 @@
 //! announces the partition the same way. Seek, group deletion and subscription changes tell every
 //! broker to forget what it knew about a group (its empty-scan watermark and candidates).
 //!
-//! Payloads are short text: `p <queue id> <partition id> <queue>` and
-//! `r <queue id, or 0 for every queue> <group>`. Names come last, so they may contain spaces.
+//! Payloads are short text: `p <queue id> <partition id> <queue>`,
+//! `r <queue id, or 0 for every queue> <group>` and `q <queue id> <queue>`. Names come last, so
+//! they may contain spaces.
 
 use deadpool_postgres::GenericClient;
 
@@ -21,6 +22,8 @@ pub enum Event {
     Available { queue_id: i64, partition_id: i64, queue: String },
     /// Forget what is known about the group on the queue (every queue when `queue_id` is 0).
     Reset { queue_id: i64, group: String },
+    /// The queue was configured or deleted: forget what is cached of it.
+    QueueChanged { queue_id: i64, queue: String },
 }
 
 impl Event {
@@ -28,6 +31,7 @@ impl Event {
         match self {
             Event::Available { queue_id, partition_id, queue } => format!("p {queue_id} {partition_id} {queue}"),
             Event::Reset { queue_id, group } => format!("r {queue_id} {group}"),
+            Event::QueueChanged { queue_id, queue } => format!("q {queue_id} {queue}"),
         }
     }
 
@@ -42,6 +46,7 @@ impl Event {
                 Some(Event::Available { queue_id, partition_id: partition.parse().ok()?, queue: queue.to_owned() })
             }
             "r" => Some(Event::Reset { queue_id, group: rest.to_owned() }),
+            "q" => Some(Event::QueueChanged { queue_id, queue: rest.to_owned() }),
             _ => None,
         }
     }
@@ -64,6 +69,7 @@ mod tests {
             Event::Available { queue_id: 3, partition_id: 44, queue: "orders eu".into() },
             Event::Reset { queue_id: 3, group: "billing team".into() },
             Event::Reset { queue_id: 0, group: "g".into() },
+            Event::QueueChanged { queue_id: 9, queue: "billing eu".into() },
         ];
         for event in events {
             assert_eq!(Event::decode(&event.encode()), Some(event));

@@ -32,6 +32,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(3, "0003_consumer_groups"),
     migration!(4, "0004_maintenance"),
     migration!(5, "0005_message_ids_without_fk"),
+    migration!(6, "0006_queue_options"),
 ];
 
 /// The newest schema version this build knows.

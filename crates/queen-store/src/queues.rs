@@ -1,22 +1,74 @@
 //! Queues and partitions: creation on first use, configuration, lookup, deletion.
 
+use std::sync::LazyLock;
+
 use deadpool_postgres::GenericClient;
 use serde_json::{Map, Value};
 use tokio_postgres::error::SqlState;
 
 use crate::StoreError;
+use crate::events::{self, Event};
 
-/// The per-queue options the broker acts on. `None` leaves the stored value as it is.
+/// The per-queue options the broker acts on, as stored (a new queue gets the columns' defaults).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueOptions {
+    pub lease_time_seconds: i32,
+    /// A message is delivered at most `retry_limit + 1` times before it is given up on.
+    pub retry_limit: i32,
+    /// After a `failed` ack, the partition is not served to the group for this long.
+    pub retry_delay_ms: i32,
+    /// Namespace/task pops serve higher-priority queues first.
+    pub priority: i32,
+    /// A message becomes visible this long after it was pushed.
+    pub delayed_processing_seconds: i32,
+    /// A partition is served only after it has been quiet (no push) this long.
+    pub window_buffer_seconds: i32,
+    /// Most unconsumed messages the queue may hold; 0 = no limit.
+    pub max_size: i64,
+    /// Messages older than this are never delivered; 0 = no limit.
+    pub ttl_seconds: i32,
+    /// The same as `ttl_seconds`, under upstream's other name; the smaller of the two wins.
+    pub max_wait_seconds: i32,
+    /// Whether the broker dead-letters automatically at all (exhausted and expired messages).
+    pub dead_letter_queue: bool,
+    /// Whether a message that exhausted its retries is dead-lettered (or dropped).
+    pub dlq_after_max_retries: bool,
+    pub retention_enabled: bool,
+    pub retention_seconds: i32,
+    pub completed_retention_seconds: i32,
+    /// Segment bodies of the queue are sealed (AES-256-GCM) at rest.
+    pub encryption_enabled: bool,
+    /// How long a transaction id is remembered for dedup; 0 = as long as its message is retained.
+    pub dedup_window_seconds: i32,
+}
+
+impl QueueOptions {
+    /// The age (seconds) past which a message is not delivered: the smaller of `ttl` and
+    /// `maxWaitTimeSeconds` that is set; `None` when neither is.
+    pub fn expiry_seconds(&self) -> Option<i32> {
+        [self.ttl_seconds, self.max_wait_seconds].into_iter().filter(|s| *s > 0).min()
+    }
+}
+
+/// New values for some options; `None` leaves the stored value as it is.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct QueueOptionsPatch {
     pub lease_time_seconds: Option<i32>,
     pub retry_limit: Option<i32>,
+    pub retry_delay_ms: Option<i32>,
+    pub priority: Option<i32>,
     pub delayed_processing_seconds: Option<i32>,
     pub window_buffer_seconds: Option<i32>,
+    pub max_size: Option<i64>,
+    pub ttl_seconds: Option<i32>,
+    pub max_wait_seconds: Option<i32>,
+    pub dead_letter_queue: Option<bool>,
+    pub dlq_after_max_retries: Option<bool>,
     pub retention_enabled: Option<bool>,
     pub retention_seconds: Option<i32>,
     pub completed_retention_seconds: Option<i32>,
-    pub priority: Option<i32>,
+    pub encryption_enabled: Option<bool>,
+    pub dedup_window_seconds: Option<i32>,
 }
 
 /// A queue as stored.
@@ -26,37 +78,44 @@ pub struct Queue {
     pub name: String,
     pub namespace: Option<String>,
     pub task: Option<String>,
-    pub lease_time_seconds: i32,
-    pub retry_limit: i32,
-    pub delayed_processing_seconds: i32,
-    pub window_buffer_seconds: i32,
-    pub retention_enabled: bool,
-    pub retention_seconds: i32,
-    pub completed_retention_seconds: i32,
-    pub priority: i32,
-    /// Every option as configured, echoed back by configure.
-    pub options: Map<String, Value>,
+    pub options: QueueOptions,
+    /// Options this broker does not know, as configured (echoed back, never acted on).
+    pub unknown_options: Map<String, Value>,
 }
 
-const QUEUE_COLUMNS: &str = "id, name, namespace, task, lease_time_seconds, retry_limit, delayed_processing_seconds, \
-     window_buffer_seconds, retention_enabled, retention_seconds, completed_retention_seconds, priority, options";
+/// The columns [`queue_from_row`] reads, in its order.
+pub(crate) const QUEUE_COLUMNS: &str = "id, name, namespace, task, lease_time_seconds, retry_limit, retry_delay_ms, \
+     priority, delayed_processing_seconds, window_buffer_seconds, max_size, ttl_seconds, max_wait_seconds, \
+     dead_letter_queue, dlq_after_max_retries, retention_enabled, retention_seconds, completed_retention_seconds, \
+     encryption_enabled, dedup_window_seconds, unknown_options";
 
-fn queue_from_row(row: &tokio_postgres::Row) -> Queue {
-    let options: Value = row.get(12);
+/// A queue from the first columns of a row selected with [`QUEUE_COLUMNS`].
+pub(crate) fn queue_from_row(row: &tokio_postgres::Row) -> Queue {
+    let unknown_options: Value = row.get(20);
     Queue {
         id: row.get(0),
         name: row.get(1),
         namespace: row.get(2),
         task: row.get(3),
-        lease_time_seconds: row.get(4),
-        retry_limit: row.get(5),
-        delayed_processing_seconds: row.get(6),
-        window_buffer_seconds: row.get(7),
-        retention_enabled: row.get(8),
-        retention_seconds: row.get(9),
-        completed_retention_seconds: row.get(10),
-        priority: row.get(11),
-        options: match options {
+        options: QueueOptions {
+            lease_time_seconds: row.get(4),
+            retry_limit: row.get(5),
+            retry_delay_ms: row.get(6),
+            priority: row.get(7),
+            delayed_processing_seconds: row.get(8),
+            window_buffer_seconds: row.get(9),
+            max_size: row.get(10),
+            ttl_seconds: row.get(11),
+            max_wait_seconds: row.get(12),
+            dead_letter_queue: row.get(13),
+            dlq_after_max_retries: row.get(14),
+            retention_enabled: row.get(15),
+            retention_seconds: row.get(16),
+            completed_retention_seconds: row.get(17),
+            encryption_enabled: row.get(18),
+            dedup_window_seconds: row.get(19),
+        },
+        unknown_options: match unknown_options {
             Value::Object(map) => map,
             _ => Map::new(),
         },
@@ -74,78 +133,95 @@ pub fn derived_namespace_task(name: &str) -> (Option<&str>, Option<&str>) {
 }
 
 /// Creates the queue or updates its options, merging: options the request does not name keep
-/// their stored values. Returns the queue as stored afterwards.
+/// their stored values, and `unknown` options are added to the stored ones. Every broker is told
+/// the queue changed. Returns the queue as stored afterwards.
 pub async fn configure_queue(
-    client: &impl GenericClient,
+    client: &mut deadpool_postgres::Client,
     name: &str,
     namespace: Option<&str>,
     task: Option<&str>,
     patch: &QueueOptionsPatch,
-    options: &Map<String, Value>,
+    unknown: &Map<String, Value>,
 ) -> Result<Queue, StoreError> {
-    let (derived_ns, derived_task) = derived_namespace_task(name);
-    let options = Value::Object(options.clone());
+    let tx = client.transaction().await?;
+    ensure_queue(&tx, name).await?;
     let sql = format!(
-        "INSERT INTO queen.queues AS q (name, namespace, task, lease_time_seconds, retry_limit,
-             delayed_processing_seconds, window_buffer_seconds, retention_enabled, retention_seconds,
-             completed_retention_seconds, priority, options)
-         VALUES ($1, COALESCE($2, $3), COALESCE($4, $5), COALESCE($6, 300), COALESCE($7, 3), COALESCE($8, 0),
-             COALESCE($9, 0), COALESCE($10, false), COALESCE($11, 0), COALESCE($12, 0), COALESCE($13, 0), $14)
-         ON CONFLICT (name) DO UPDATE SET
-             namespace = COALESCE($2, q.namespace),
-             task = COALESCE($4, q.task),
-             lease_time_seconds = COALESCE($6, q.lease_time_seconds),
-             retry_limit = COALESCE($7, q.retry_limit),
-             delayed_processing_seconds = COALESCE($8, q.delayed_processing_seconds),
-             window_buffer_seconds = COALESCE($9, q.window_buffer_seconds),
-             retention_enabled = COALESCE($10, q.retention_enabled),
-             retention_seconds = COALESCE($11, q.retention_seconds),
-             completed_retention_seconds = COALESCE($12, q.completed_retention_seconds),
-             priority = COALESCE($13, q.priority),
-             options = q.options || $14,
+        "UPDATE queen.queues SET
+             namespace = COALESCE($2, namespace),
+             task = COALESCE($3, task),
+             lease_time_seconds = COALESCE($4, lease_time_seconds),
+             retry_limit = COALESCE($5, retry_limit),
+             retry_delay_ms = COALESCE($6, retry_delay_ms),
+             priority = COALESCE($7, priority),
+             delayed_processing_seconds = COALESCE($8, delayed_processing_seconds),
+             window_buffer_seconds = COALESCE($9, window_buffer_seconds),
+             max_size = COALESCE($10, max_size),
+             ttl_seconds = COALESCE($11, ttl_seconds),
+             max_wait_seconds = COALESCE($12, max_wait_seconds),
+             dead_letter_queue = COALESCE($13, dead_letter_queue),
+             dlq_after_max_retries = COALESCE($14, dlq_after_max_retries),
+             retention_enabled = COALESCE($15, retention_enabled),
+             retention_seconds = COALESCE($16, retention_seconds),
+             completed_retention_seconds = COALESCE($17, completed_retention_seconds),
+             encryption_enabled = COALESCE($18, encryption_enabled),
+             dedup_window_seconds = COALESCE($19, dedup_window_seconds),
+             unknown_options = unknown_options || $20,
              updated_at = now()
-         RETURNING {QUEUE_COLUMNS}"
+          WHERE name = $1
+      RETURNING {QUEUE_COLUMNS}"
     );
-    let row = client
+    let unknown = Value::Object(unknown.clone());
+    let row = tx
         .query_one(
             &sql,
             &[
                 &name,
                 &namespace,
-                &derived_ns,
                 &task,
-                &derived_task,
                 &patch.lease_time_seconds,
                 &patch.retry_limit,
+                &patch.retry_delay_ms,
+                &patch.priority,
                 &patch.delayed_processing_seconds,
                 &patch.window_buffer_seconds,
+                &patch.max_size,
+                &patch.ttl_seconds,
+                &patch.max_wait_seconds,
+                &patch.dead_letter_queue,
+                &patch.dlq_after_max_retries,
                 &patch.retention_enabled,
                 &patch.retention_seconds,
                 &patch.completed_retention_seconds,
-                &patch.priority,
-                &options,
+                &patch.encryption_enabled,
+                &patch.dedup_window_seconds,
+                &unknown,
             ],
         )
         .await?;
-    Ok(queue_from_row(&row))
+    let queue = queue_from_row(&row);
+    events::publish(&tx, &Event::QueueChanged { queue_id: queue.id, queue: queue.name.clone() }).await?;
+    tx.commit().await?;
+    Ok(queue)
 }
 
-/// The queue's id, creating the queue with default options if it does not exist.
-pub async fn ensure_queue(client: &impl GenericClient, name: &str) -> Result<i64, StoreError> {
+static ENSURE_QUEUE_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH created AS (
+             INSERT INTO queen.queues (name, namespace, task) VALUES ($1, $2, $3)
+             ON CONFLICT (name) DO NOTHING RETURNING {QUEUE_COLUMNS})
+         SELECT * FROM created UNION ALL SELECT {QUEUE_COLUMNS} FROM queen.queues WHERE name = $1 LIMIT 1"
+    )
+});
+
+/// The queue, created with default options if it does not exist.
+pub async fn ensure_queue(client: &impl GenericClient, name: &str) -> Result<Queue, StoreError> {
     let (namespace, task) = derived_namespace_task(name);
-    let statement = client
-        .prepare_cached(
-            "WITH created AS (
-                 INSERT INTO queen.queues (name, namespace, task) VALUES ($1, $2, $3)
-                 ON CONFLICT (name) DO NOTHING RETURNING id)
-             SELECT id FROM created UNION ALL SELECT id FROM queen.queues WHERE name = $1 LIMIT 1",
-        )
-        .await?;
+    let statement = client.prepare_cached(&ENSURE_QUEUE_SQL).await?;
     // A queue created by a concurrent transaction that committed after this statement's snapshot
     // makes both branches come back empty; the next attempt sees it.
     for _ in 0..3 {
         if let Some(row) = client.query_opt(&statement, &[&name, &namespace, &task]).await? {
-            return Ok(row.get(0));
+            return Ok(queue_from_row(&row));
         }
     }
     Err(StoreError::Missing("queue"))
@@ -174,8 +250,28 @@ pub async fn ensure_partition(client: &impl GenericClient, queue_id: i64, name: 
 }
 
 pub async fn find_queue(client: &impl GenericClient, name: &str) -> Result<Option<Queue>, StoreError> {
-    let sql = format!("SELECT {QUEUE_COLUMNS} FROM queen.queues WHERE name = $1");
-    Ok(client.query_opt(&sql, &[&name]).await?.as_ref().map(queue_from_row))
+    static SQL: LazyLock<String> =
+        LazyLock::new(|| format!("SELECT {QUEUE_COLUMNS} FROM queen.queues WHERE name = $1"));
+    let statement = client.prepare_cached(&SQL).await?;
+    Ok(client.query_opt(&statement, &[&name]).await?.as_ref().map(queue_from_row))
+}
+
+/// The queues of a namespace and/or task (either may be left open), highest priority first,
+/// then by name.
+pub async fn queues_of(
+    client: &impl GenericClient,
+    namespace: Option<&str>,
+    task: Option<&str>,
+) -> Result<Vec<Queue>, StoreError> {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "SELECT {QUEUE_COLUMNS} FROM queen.queues
+              WHERE ($1::text IS NULL OR namespace = $1) AND ($2::text IS NULL OR task = $2)
+              ORDER BY priority DESC, name"
+        )
+    });
+    let statement = client.prepare_cached(&SQL).await?;
+    Ok(client.query(&statement, &[&namespace, &task]).await?.iter().map(queue_from_row).collect())
 }
 
 pub async fn find_partition(client: &impl GenericClient, queue_id: i64, name: &str) -> Result<Option<i64>, StoreError> {
@@ -184,18 +280,23 @@ pub async fn find_partition(client: &impl GenericClient, queue_id: i64, name: &s
 }
 
 /// Deletes the queue with everything of it: partitions, segments, transaction ids and cursors
-/// (by cascade), the groups' registrations and the dead letters (by name). Whether it existed.
-pub async fn delete_queue(client: &impl GenericClient, name: &str) -> Result<bool, StoreError> {
-    let row = client
-        .query_one(
+/// (by cascade), the groups' registrations and the dead letters (by name), and tells every
+/// broker. Whether it existed.
+pub async fn delete_queue(client: &mut deadpool_postgres::Client, name: &str) -> Result<bool, StoreError> {
+    let tx = client.transaction().await?;
+    let deleted = tx
+        .query_opt(
             "WITH registrations AS (DELETE FROM queen.consumer_groups_metadata WHERE queue_name = $1),
-                  dead_letters AS (DELETE FROM queen.log_dlq WHERE queue_name = $1),
-                  queue AS (DELETE FROM queen.queues WHERE name = $1 RETURNING id)
-             SELECT count(*) FROM queue",
+                  dead_letters AS (DELETE FROM queen.log_dlq WHERE queue_name = $1)
+             DELETE FROM queen.queues WHERE name = $1 RETURNING id",
             &[&name],
         )
         .await?;
-    Ok(row.get::<_, i64>(0) > 0)
+    if let Some(row) = &deleted {
+        events::publish(&tx, &Event::QueueChanged { queue_id: row.get(0), queue: name.to_owned() }).await?;
+    }
+    tx.commit().await?;
+    Ok(deleted.is_some())
 }
 
 #[cfg(test)]

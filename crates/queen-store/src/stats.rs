@@ -1,11 +1,10 @@
 //! What dashboards read: counts and sizes from the queue and partition rows, never from the
 //! message history (which may be billions of offsets long).
 
+use crate::StoreError;
+use crate::queues::{QUEUE_COLUMNS, Queue, queue_from_row};
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
-use serde_json::{Map, Value};
-
-use crate::StoreError;
 
 /// The whole broker's data at a glance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,11 +48,7 @@ pub async fn overview(client: &impl GenericClient) -> Result<Overview, StoreErro
 /// A queue with its size.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QueueStats {
-    pub id: i64,
-    pub name: String,
-    pub namespace: Option<String>,
-    pub task: Option<String>,
-    pub options: Map<String, Value>,
+    pub queue: Queue,
     pub created_at: DateTime<Utc>,
     pub partitions: i64,
     pub messages_pushed: i64,
@@ -70,39 +65,31 @@ pub async fn queues(
     limit: i64,
     offset: i64,
 ) -> Result<Vec<QueueStats>, StoreError> {
-    let rows = client
-        .query(
-            "SELECT q.id, q.name, q.namespace, q.task, q.options, q.created_at, count(p.id),
-                    COALESCE(sum(p.last_offset), 0)::bigint,
+    let sql = format!(
+        "SELECT q.*, s.* FROM (
+             SELECT {QUEUE_COLUMNS}, created_at FROM queen.queues
+              WHERE ($1::text IS NULL OR name = $1)
+                AND ($2::text IS NULL OR namespace = $2)
+                AND ($3::text IS NULL OR task = $3)
+              ORDER BY name
+              LIMIT $4 OFFSET $5) q
+         CROSS JOIN LATERAL (
+             SELECT count(*), COALESCE(sum(p.last_offset), 0)::bigint,
                     COALESCE(sum(GREATEST(p.last_offset - p.retained_from + 1, 0)), 0)::bigint,
                     max(p.last_segment_at)
-               FROM queen.queues q
-               LEFT JOIN queen.partitions p ON p.queue_id = q.id
-              WHERE ($1::text IS NULL OR q.name = $1)
-                AND ($2::text IS NULL OR q.namespace = $2)
-                AND ($3::text IS NULL OR q.task = $3)
-              GROUP BY q.id
-              ORDER BY q.name
-              LIMIT $4 OFFSET $5",
-            &[&name, &namespace, &task, &limit, &offset],
-        )
-        .await?;
+               FROM queen.partitions p WHERE p.queue_id = q.id) s
+         ORDER BY q.name"
+    );
+    let rows = client.query(&sql, &[&name, &namespace, &task, &limit, &offset]).await?;
     Ok(rows
         .iter()
         .map(|row| QueueStats {
-            id: row.get(0),
-            name: row.get(1),
-            namespace: row.get(2),
-            task: row.get(3),
-            options: match row.get::<_, Value>(4) {
-                Value::Object(map) => map,
-                _ => Map::new(),
-            },
-            created_at: row.get(5),
-            partitions: row.get(6),
-            messages_pushed: row.get(7),
-            messages_stored: row.get(8),
-            last_push_at: row.get(9),
+            queue: queue_from_row(row),
+            created_at: row.get(21),
+            partitions: row.get(22),
+            messages_pushed: row.get(23),
+            messages_stored: row.get(24),
+            last_push_at: row.get(25),
         })
         .collect())
 }

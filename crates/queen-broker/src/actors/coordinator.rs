@@ -32,7 +32,6 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use queen_store::cursors::ReleasedWork;
-use queen_store::events::Event;
 use tokio::sync::oneshot;
 
 use crate::metrics::Metrics;
@@ -64,8 +63,8 @@ pub struct Park {
     pub wake: oneshot::Sender<()>,
 }
 
-/// Messages became available on a partition, by this broker's doing (a push, a released lease).
-/// Announced here before the caller is answered; the fleet notice follows.
+/// Messages became available on a partition: by this broker's doing (a push, a released lease),
+/// announced before the caller is answered, or by another broker's (its fleet notice).
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct DataAvailable {
@@ -85,11 +84,6 @@ impl From<ReleasedWork> for DataAvailable {
 #[rtype(result = "()")]
 pub struct WakeAll;
 
-/// A fleet event, from the LISTEN connection.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Notice(pub Event);
-
 /// The LISTEN connection is down: notices may be missed from now on.
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -101,7 +95,8 @@ pub struct ListenLost;
 pub struct ListenRestored;
 
 /// Forget the group's views on the queue (every queue when `queue_id` is 0), and wake the
-/// queue's parked pops.
+/// queue's parked pops (every parked pop when the queue's name is not known, as for a fleet
+/// notice, which names the queue by id only).
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Forget {
@@ -395,25 +390,6 @@ impl Handler<WakeAll> for Coordinator {
 
     fn handle(&mut self, _: WakeAll, _: &mut Self::Context) {
         self.wake_all();
-    }
-}
-
-impl Handler<Notice> for Coordinator {
-    type Result = ();
-
-    fn handle(&mut self, Notice(event): Notice, _: &mut Self::Context) {
-        self.metrics.notices_received.inc();
-        match event {
-            Event::Available { queue_id, partition_id, queue } => {
-                self.announce(queue_id, partition_id);
-                self.wake(Arc::from(queue));
-            }
-            Event::Reset { queue_id, group } => {
-                self.forget_views(queue_id, &group);
-                // Which queue was reset is known by id only: wake every parked pop to be sure.
-                self.wake_all();
-            }
-        }
     }
 }
 

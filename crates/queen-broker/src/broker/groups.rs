@@ -58,7 +58,7 @@ pub async fn seek(
     group: &str,
     target: SeekTarget,
 ) -> Result<Option<Vec<SeekedPartition>>, ApiError> {
-    let Some(queue_id) = broker.names.queue(&broker.pool, queue).await? else { return Ok(None) };
+    let Some(queue_id) = broker.names.queue(&broker.pool, queue).await?.map(|q| q.id) else { return Ok(None) };
     let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
     let moved = groups::seek(&client, queue_id, partition_id, group, target).await?;
     if moved.is_empty() {
@@ -96,7 +96,7 @@ pub async fn delete(
         broker.registered.invalidate(&(queue.clone(), group.to_owned()));
     }
     let queue_id = match queue {
-        Some(queue) => broker.names.queue(&broker.pool, queue).await?.unwrap_or(0),
+        Some(queue) => broker.names.queue(&broker.pool, queue).await?.map_or(0, |q| q.id),
         None => 0,
     };
     forget(broker, &client, queue_id, queue, group).await?;

@@ -5,6 +5,8 @@ pub mod groups;
 mod names_cache;
 pub mod pop;
 pub mod push;
+pub mod queue_options;
+pub mod queues;
 pub mod transaction;
 
 use std::sync::Arc;
@@ -20,7 +22,7 @@ use crate::actors::group_leases::Groups;
 use crate::actors::partition_writer::{WriterDeps, WriterLimits, Writers};
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::services::listener::keep_listening;
+use crate::services::listener::{FleetListeners, keep_listening};
 use crate::services::maintenance::{Maintenance, MaintenanceSettings};
 
 pub use names_cache::NamesCache;
@@ -80,7 +82,13 @@ impl Broker {
         let view_max_age = Duration::from_secs(config.pop.scan_refresh_seconds.max(1));
         let settings = CoordinatorSettings { hot_list: config.pop.hot_list, view_max_age };
         let coordinator = actix::Actor::start(Coordinator::new(settings, Arc::clone(&metrics)));
-        actix::spawn(keep_listening(pg.clone(), coordinator.clone()));
+        let names = Arc::new(NamesCache::new());
+        let listeners = FleetListeners {
+            coordinator: coordinator.clone(),
+            names: Arc::clone(&names),
+            metrics: Arc::clone(&metrics),
+        };
+        actix::spawn(keep_listening(pg.clone(), listeners));
         let idle = Duration::from_secs(config.push.writer_idle_seconds.max(1));
         let writers = Writers::new(WriterDeps {
             pool: pool.clone(),
@@ -99,7 +107,6 @@ impl Broker {
             .time_to_live(Duration::from_secs(60))
             .support_invalidation_closures()
             .build();
-        let names = Arc::new(NamesCache::new());
         let maintenance = &config.maintenance;
         actix::Actor::start(Maintenance::new(
             pool.clone(),

@@ -1,18 +1,22 @@
-//! Queue and partition names resolved to ids, cached. Ids never change and are never reused, so
-//! an entry can only become stale by its queue or partition being deleted; operations that find
-//! it gone forget the entry and resolve again.
+//! Queues (by name, with their options) and partition ids (by queue id and name), cached.
+//! Partition ids never change and are never reused, so a partition entry can only become stale by
+//! its partition being deleted; operations that find it gone forget the entry and resolve again.
+//! A queue entry also goes stale when the queue is configured: every broker is told (the
+//! `QueueChanged` notice) and forgets it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use moka::sync::Cache;
-use queen_store::{Pool, StoreError, queues};
+use queen_store::queues::{self, Queue};
+use queen_store::{Pool, StoreError};
 
-/// A safety net for deletions this broker did not see.
+/// A safety net for changes this broker did not hear of.
 const TIME_TO_LIVE: Duration = Duration::from_secs(60);
 const CAPACITY: u64 = 100_000;
 
 pub struct NamesCache {
-    queues: Cache<String, i64>,
+    queues: Cache<String, Arc<Queue>>,
     partitions: Cache<(i64, String), i64>,
 }
 
@@ -30,14 +34,14 @@ impl NamesCache {
         }
     }
 
-    /// The queue's id, creating the queue on first use.
-    pub async fn ensure_queue(&self, pool: &Pool, name: &str) -> Result<i64, StoreError> {
-        if let Some(id) = self.queues.get(name) {
-            return Ok(id);
+    /// The queue, created with default options on first use.
+    pub async fn ensure_queue(&self, pool: &Pool, name: &str) -> Result<Arc<Queue>, StoreError> {
+        if let Some(queue) = self.queues.get(name) {
+            return Ok(queue);
         }
-        let id = queues::ensure_queue(&pool.get().await?, name).await?;
-        self.queues.insert(name.to_owned(), id);
-        Ok(id)
+        let queue = Arc::new(queues::ensure_queue(&pool.get().await?, name).await?);
+        self.queues.insert(name.to_owned(), Arc::clone(&queue));
+        Ok(queue)
     }
 
     /// The partition's id, creating it on first use.
@@ -51,14 +55,14 @@ impl NamesCache {
         Ok(id)
     }
 
-    /// The queue's id if it exists; does not create it.
-    pub async fn queue(&self, pool: &Pool, name: &str) -> Result<Option<i64>, StoreError> {
-        if let Some(id) = self.queues.get(name) {
-            return Ok(Some(id));
+    /// The queue if it exists; does not create it.
+    pub async fn queue(&self, pool: &Pool, name: &str) -> Result<Option<Arc<Queue>>, StoreError> {
+        if let Some(queue) = self.queues.get(name) {
+            return Ok(Some(queue));
         }
-        let found = queues::find_queue(&pool.get().await?, name).await?.map(|q| q.id);
-        if let Some(id) = found {
-            self.queues.insert(name.to_owned(), id);
+        let found = queues::find_queue(&pool.get().await?, name).await?.map(Arc::new);
+        if let Some(queue) = &found {
+            self.queues.insert(name.to_owned(), Arc::clone(queue));
         }
         Ok(found)
     }
@@ -76,10 +80,15 @@ impl NamesCache {
         Ok(found)
     }
 
-    /// Forgets a queue (deleted, or found gone). Its partitions' entries are keyed by the old
-    /// queue id, which is never looked up again.
+    /// Forgets a queue (configured, deleted, or found gone). Its partitions' entries are keyed by
+    /// the queue id, which a deleted queue never gets back.
     pub fn forget_queue(&self, name: &str) {
         self.queues.invalidate(name);
+    }
+
+    /// Forgets every queue (notices of changes may have been missed).
+    pub fn forget_queues(&self) {
+        self.queues.invalidate_all();
     }
 
     pub fn forget_partition(&self, queue_id: i64, name: &str) {

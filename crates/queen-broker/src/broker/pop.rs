@@ -109,7 +109,7 @@ fn coordinator_gone(e: actix::MailboxError) -> ApiError {
 
 async fn pop_once(broker: &Broker, request: &PopRequest) -> Result<Attempt, ApiError> {
     let names = &broker.names;
-    let Some(queue_id) = names.queue(&broker.pool, &request.queue).await? else {
+    let Some(queue_id) = names.queue(&broker.pool, &request.queue).await?.map(|q| q.id) else {
         return Ok(Attempt::Empty { retry_at: None });
     };
     let group: Arc<str> = Arc::from(request.group.as_str());

@@ -89,11 +89,11 @@ async fn write_partition(
     partition: &str,
     messages: Vec<NewMessage>,
 ) -> Result<(i64, Vec<Appended>), ApiError> {
-    let mut queue_id = broker.names.ensure_queue(&broker.pool, queue).await?;
+    let mut queue_id = broker.names.ensure_queue(&broker.pool, queue).await?.id;
     let partition_id = match broker.names.ensure_partition(&broker.pool, queue_id, partition).await {
         Err(queen_store::StoreError::Missing(_)) => {
             broker.names.forget_queue(queue);
-            queue_id = broker.names.ensure_queue(&broker.pool, queue).await?;
+            queue_id = broker.names.ensure_queue(&broker.pool, queue).await?.id;
             broker.names.ensure_partition(&broker.pool, queue_id, partition).await?
         }
         other => other?,

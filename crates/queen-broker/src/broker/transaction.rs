@@ -82,7 +82,7 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
     // For each item: its queue's id and its partition's id.
     let mut partition_of = Vec::with_capacity(items.len());
     for item in &items {
-        let queue_id = broker.names.ensure_queue(&broker.pool, &item.queue).await?;
+        let queue_id = broker.names.ensure_queue(&broker.pool, &item.queue).await?.id;
         partition_of.push((queue_id, broker.names.ensure_partition(&broker.pool, queue_id, &item.partition).await?));
     }
 

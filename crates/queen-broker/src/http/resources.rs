@@ -1,11 +1,10 @@
 //! `GET` and `DELETE /api/v1/resources/queues/{queue}`.
 
 use actix_web::{HttpRequest, HttpResponse, web};
-use queen_store::queues;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::broker::Broker;
+use crate::broker::{Broker, queue_options, queues};
 use crate::error::ApiError;
 use crate::names::{self, NameKind};
 
@@ -29,17 +28,15 @@ struct QueueInfo {
 
 pub async fn get_queue(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let name = queue_name(&req)?;
-    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
-    let queue = queues::find_queue(&client, &name)
+    let (queue, size) = queues::describe(&broker, &name)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("queue {name:?} not found")))?;
-    let size = queues::queue_size(&client, queue.id).await?;
     Ok(HttpResponse::Ok().json(QueueInfo {
         id: queue.id,
-        name: queue.name,
-        namespace: queue.namespace,
-        task: queue.task,
-        options: queue.options,
+        name: queue.name.clone(),
+        namespace: queue.namespace.clone(),
+        task: queue.task.clone(),
+        options: queue_options::echo(&queue),
         partitions: size.partitions,
         messages: size.messages,
     }))
@@ -54,11 +51,6 @@ struct Deleted {
 
 pub async fn delete_queue(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let name = queue_name(&req)?;
-    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
-    let existed = queues::delete_queue(&client, &name).await?;
-    broker.names.forget_queue(&name);
-    let queue = name.clone();
-    // The queue's registrations went with it; forget that they were written.
-    let _ = broker.registered.invalidate_entries_if(move |(registered_queue, _), _| *registered_queue == queue);
+    let existed = queues::delete(&broker, &name).await?;
     Ok(HttpResponse::Ok().json(Deleted { deleted: true, queue: name, existed }))
 }

@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 
 use super::body::{query_int, query_pairs};
 use super::{StoredMessageJson, timestamp};
-use crate::broker::Broker;
+use crate::broker::{Broker, queue_options};
 use crate::error::ApiError;
 use crate::names::{self, NameKind};
 
@@ -88,15 +88,15 @@ struct QueueJson {
 impl From<QueueStats> for QueueJson {
     fn from(q: QueueStats) -> Self {
         QueueJson {
-            id: q.id,
-            name: q.name,
-            namespace: q.namespace,
-            task: q.task,
+            options: queue_options::echo(&q.queue),
+            id: q.queue.id,
+            name: q.queue.name,
+            namespace: q.queue.namespace,
+            task: q.queue.task,
             partitions: q.partitions,
             messages: MessagesJson { pushed: q.messages_pushed, stored: q.messages_stored },
             last_push_at: q.last_push_at.map(timestamp),
             created_at: timestamp(q.created_at),
-            options: q.options,
         }
     }
 }
@@ -215,7 +215,7 @@ fn lag_by_queue(lags: &[CursorLag]) -> BTreeMap<&str, BTreeMap<&str, GroupLagJso
 
 fn with_groups(queue: QueueStats, lags: &mut BTreeMap<&str, BTreeMap<&str, GroupLagJson>>) -> QueueStatusJson {
     let groups = lags
-        .remove(queue.name.as_str())
+        .remove(queue.queue.name.as_str())
         .unwrap_or_default()
         .into_iter()
         .map(|(name, lag)| GroupLagJson { name: name.to_owned(), ..lag })

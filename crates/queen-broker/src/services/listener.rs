@@ -1,32 +1,64 @@
-//! The LISTEN connection's keeper: connects, feeds the coordinator every fleet event, and when
-//! the connection is lost tells the coordinator (which stops trusting what it knew) and
-//! reconnects with a backoff.
+//! The LISTEN connection's keeper: connects, hands every fleet event to whoever it concerns (the
+//! coordinator, the queue cache), and when the connection is lost tells the coordinator (which
+//! stops trusting what it knew) and reconnects with a backoff.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix::Addr;
+use queen_store::events::Event;
 use queen_store::listen::listen;
 
-use crate::actors::coordinator::{Coordinator, ListenLost, ListenRestored, Notice};
+use crate::actors::coordinator::{Coordinator, DataAvailable, Forget, ListenLost, ListenRestored};
+use crate::broker::NamesCache;
+use crate::metrics::Metrics;
 
 const FIRST_RETRY: Duration = Duration::from_millis(100);
 const LAST_RETRY: Duration = Duration::from_secs(5);
 
+/// Who acts on fleet events.
+pub struct FleetListeners {
+    pub coordinator: Addr<Coordinator>,
+    pub names: Arc<NamesCache>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl FleetListeners {
+    fn deliver(&self, event: Event) {
+        self.metrics.notices_received.inc();
+        match event {
+            Event::Available { queue_id, partition_id, queue } => {
+                self.coordinator.do_send(DataAvailable { queue: Arc::from(queue), queue_id, partition_id });
+            }
+            Event::Reset { queue_id, group } => {
+                self.coordinator.do_send(Forget { queue_id, queue: None, group: Arc::from(group) });
+            }
+            Event::QueueChanged { queue, .. } => self.names.forget_queue(&queue),
+        }
+    }
+
+    /// LISTEN is in effect again: whatever was announced while it was down may have been missed.
+    fn restored(&self) {
+        self.names.forget_queues();
+        self.coordinator.do_send(ListenRestored);
+    }
+}
+
 /// Runs until the broker stops.
-pub async fn keep_listening(pg: tokio_postgres::Config, coordinator: Addr<Coordinator>) {
+pub async fn keep_listening(pg: tokio_postgres::Config, listeners: FleetListeners) {
     let mut retry = FIRST_RETRY;
     loop {
         match listen(&pg).await {
             Ok(mut listening) => {
                 retry = FIRST_RETRY;
-                // Sent once LISTEN took effect: a push after it arrives as a notice, one before it
-                // is found by the scans that follow (the coordinator drops every view).
-                coordinator.do_send(ListenRestored);
+                // Once LISTEN took effect: a push after it arrives as a notice, one before it is
+                // found by the scans that follow (the coordinator drops every view).
+                listeners.restored();
                 while let Some(event) = listening.events.recv().await {
-                    coordinator.do_send(Notice(event));
+                    listeners.deliver(event);
                 }
                 tracing::warn!("lost the LISTEN connection; reconnecting");
-                coordinator.do_send(ListenLost);
+                listeners.coordinator.do_send(ListenLost);
             }
             Err(e) => tracing::warn!(error = %e, "cannot open the LISTEN connection; retrying"),
         }

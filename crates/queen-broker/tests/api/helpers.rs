@@ -108,6 +108,13 @@ impl TestApp {
         Self::answer(self.http.delete(self.url(path)).send().await.expect("DELETE")).await
     }
 
+    /// Configures a queue and insists it worked; the answer's body.
+    pub async fn configure(&self, queue: &str, options: Value) -> Value {
+        let answer = self.post("/api/v1/configure", &json!({"queue": queue, "options": options})).await;
+        assert_eq!(answer.body["configured"], true, "{answer:?}");
+        answer.body
+    }
+
     /// Pushes items and insists on a 201.
     pub async fn push(&self, items: Value) -> Vec<Value> {
         let answer = self.post("/api/v1/push", &json!({ "items": items })).await;

@@ -13,6 +13,7 @@ mod leases;
 mod long_poll;
 mod messages;
 mod operations;
+mod queue_options;
 mod retention;
 mod seek;
 mod storage;

@@ -13,11 +13,6 @@ async fn app() -> TestApp {
     TestApp::spawn_with(|config| config.maintenance.interval_ms = 100).await
 }
 
-async fn configure(app: &TestApp, queue: &str, options: Value) {
-    let answer = app.post("/api/v1/configure", &json!({"queue": queue, "options": options})).await;
-    assert_eq!(answer.body["configured"], true, "{answer:?}");
-}
-
 /// Pushes one segment of `n` messages named `<label>-<i>` to `queue`/`partition`.
 async fn segment(app: &TestApp, queue: &str, partition: &str, label: &str, n: usize) {
     let items: Vec<Value> = (0..n)
@@ -78,7 +73,7 @@ fn segments_of(queue: &str) -> String {
 #[actix_web::test]
 async fn by_age_whole_segments_older_than_the_window_go_read_or_not() {
     let app = app().await;
-    configure(&app, "aged", json!({"retentionEnabled": true, "retentionSeconds": 600})).await;
+    app.configure("aged", json!({"retentionEnabled": true, "retentionSeconds": 600})).await;
     segment(&app, "aged", "p", "old", 3).await;
     segment(&app, "aged", "p", "new", 2).await;
     // A group that read nothing, and a dead letter of the old segment.
@@ -116,7 +111,7 @@ async fn by_age_whole_segments_older_than_the_window_go_read_or_not() {
 #[actix_web::test]
 async fn consumed_only_retention_is_held_by_the_slowest_group() {
     let app = app().await;
-    configure(&app, "consumed", json!({"retentionEnabled": true, "completedRetentionSeconds": 600})).await;
+    app.configure("consumed", json!({"retentionEnabled": true, "completedRetentionSeconds": 600})).await;
     for label in ["a", "b", "c"] {
         segment(&app, "consumed", "p", label, 2).await;
     }
@@ -145,7 +140,7 @@ async fn consumed_only_retention_is_held_by_the_slowest_group() {
 #[actix_web::test]
 async fn with_retention_off_everything_is_kept() {
     let app = app().await;
-    configure(&app, "forever", json!({"retentionSeconds": 1, "completedRetentionSeconds": 1})).await;
+    app.configure("forever", json!({"retentionSeconds": 1, "completedRetentionSeconds": 1})).await;
     segment(&app, "forever", "p", "x", 2).await;
     let read = app.pop("queue/forever", "batch=10").await.messages();
     app.ack_all(&read, "completed", None).await;
@@ -157,7 +152,7 @@ async fn with_retention_off_everything_is_kept() {
 #[actix_web::test]
 async fn an_empty_partition_idle_past_the_cleanup_age_is_deleted_with_its_cursors() {
     let app = app().await;
-    configure(&app, "tidy", json!({"retentionEnabled": true, "retentionSeconds": 60})).await;
+    app.configure("tidy", json!({"retentionEnabled": true, "retentionSeconds": 60})).await;
     segment(&app, "tidy", "gone", "g", 2).await;
     segment(&app, "tidy", "recent", "r", 2).await;
     segment(&app, "tidy", "full", "f", 2).await;
@@ -242,7 +237,7 @@ async fn while_another_session_holds_the_maintenance_lock_the_broker_skips_its_p
         .expect("lock");
     let runs_before = app.count("SELECT count(*) FROM queen.maintenance_runs").await;
     let skipped = "queen_maintenance_passes_total{outcome=\"skipped\"}";
-    configure(&app, "locked", json!({"retentionEnabled": true, "retentionSeconds": 60})).await;
+    app.configure("locked", json!({"retentionEnabled": true, "retentionSeconds": 60})).await;
     segment(&app, "locked", "p", "l", 2).await;
     age(&app, "locked", i64::MAX).await;
     let skipped_before = app.metric(skipped).await;
@@ -265,7 +260,7 @@ async fn while_another_session_holds_the_maintenance_lock_the_broker_skips_its_p
 async fn two_brokers_on_one_database_never_run_a_pass_at_the_same_time() {
     let app = app().await;
     TestApp::spawn_on(&app.db, |config| config.maintenance.interval_ms = 100).await;
-    configure(&app, "shared", json!({"retentionEnabled": true, "retentionSeconds": 60})).await;
+    app.configure("shared", json!({"retentionEnabled": true, "retentionSeconds": 60})).await;
     for round in 0..20 {
         segment(&app, "shared", &format!("p{round}"), "s", 1).await;
     }

@@ -1,0 +1,61 @@
+//! Queue administration: configure (create or change options), read, delete.
+
+use std::sync::Arc;
+
+use queen_store::StoreError;
+use queen_store::queues::{self, Queue, QueueSize};
+use serde_json::{Map, Value};
+
+use super::{Broker, queue_options};
+use crate::error::ApiError;
+
+/// What a configure request names besides the queue.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Configure {
+    pub namespace: Option<String>,
+    pub task: Option<String>,
+    /// As the client sent them: known options are checked, unknown ones kept.
+    pub options: Map<String, Value>,
+}
+
+/// Creates the queue or merges options into it. Every broker forgets what it cached of the queue,
+/// so a changed option acts at once, on messages already stored too. Unknown options are stored
+/// and echoed; each is logged when a queue first gets it.
+pub async fn configure(broker: &Broker, name: &str, request: &Configure) -> Result<Queue, ApiError> {
+    let (patch, unknown) = queue_options::parse(&request.options)?;
+    if patch.encryption_enabled == Some(true) {
+        return Err(ApiError::bad_request(
+            "options.encryptionEnabled: encryption at rest is not supported by this broker",
+        ));
+    }
+    let before = broker.names.queue(&broker.pool, name).await?;
+    let mut client = broker.pool.get().await.map_err(StoreError::from)?;
+    let (namespace, task) = (request.namespace.as_deref(), request.task.as_deref());
+    let queue = queues::configure_queue(&mut client, name, namespace, task, &patch, &unknown).await?;
+    broker.names.forget_queue(name);
+    let new: Vec<&String> =
+        unknown.keys().filter(|key| !before.as_ref().is_some_and(|q| q.unknown_options.contains_key(*key))).collect();
+    if !new.is_empty() {
+        tracing::warn!(queue = name, options = ?new, "options this broker does not know: stored and echoed, not acted on");
+    }
+    Ok(queue)
+}
+
+/// The queue with its size; `None` when it does not exist.
+pub async fn describe(broker: &Broker, name: &str) -> Result<Option<(Arc<Queue>, QueueSize)>, ApiError> {
+    let Some(queue) = broker.names.queue(&broker.pool, name).await? else { return Ok(None) };
+    let client = broker.pool.get().await.map_err(StoreError::from)?;
+    let size = queues::queue_size(&client, queue.id).await?;
+    Ok(Some((queue, size)))
+}
+
+/// Deletes the queue and everything of it; whether it existed.
+pub async fn delete(broker: &Broker, name: &str) -> Result<bool, ApiError> {
+    let mut client = broker.pool.get().await.map_err(StoreError::from)?;
+    let existed = queues::delete_queue(&mut client, name).await?;
+    broker.names.forget_queue(name);
+    let queue = name.to_owned();
+    // The queue's registrations went with it; forget that they were written.
+    let _ = broker.registered.invalidate_entries_if(move |(registered_queue, _), _| *registered_queue == queue);
+    Ok(existed)
+}

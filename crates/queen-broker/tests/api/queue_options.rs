@@ -1,0 +1,84 @@
+//! `POST /api/v1/configure`: the echo of every option with its effective value, unknown options
+//! kept and listed as ignored, merging, checks, and a change reaching every broker at once.
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::helpers::TestApp;
+
+/// Every known option with its default, as a configure call that names none echoes them.
+fn defaults() -> Value {
+    json!({
+        "leaseTime": 300, "retryLimit": 3, "retryDelay": 0, "priority": 0, "delayedProcessing": 0,
+        "windowBuffer": 0, "maxSize": 0, "ttl": 0, "maxWaitTimeSeconds": 0, "deadLetterQueue": true,
+        "dlqAfterMaxRetries": true, "retentionEnabled": false, "retentionSeconds": 0,
+        "completedRetentionSeconds": 0, "encryptionEnabled": false, "dedupWindowSeconds": 0
+    })
+}
+
+#[actix_web::test]
+async fn configure_echoes_every_option_with_its_effective_value() {
+    let app = TestApp::spawn().await;
+    let created = app.configure("plain", json!({})).await;
+    assert_eq!(created["options"], defaults());
+    assert_eq!(created["ignoredOptions"], json!([]));
+
+    let changed = app.configure("plain", json!({"leaseTime": 5, "retryDelay": 250, "deadLetterQueue": false})).await;
+    let mut expected = defaults();
+    expected["leaseTime"] = json!(5);
+    expected["retryDelay"] = json!(250);
+    expected["deadLetterQueue"] = json!(false);
+    assert_eq!(changed["options"], expected);
+
+    // Merging: what a later call does not name (or names as null) keeps its stored value.
+    let merged = app.configure("plain", json!({"retryLimit": 7, "leaseTime": null})).await;
+    expected["retryLimit"] = json!(7);
+    assert_eq!(merged["options"], expected);
+    assert_eq!(app.get("/api/v1/resources/queues/plain").await.body["options"], expected, "reads echo the same");
+}
+
+#[actix_web::test]
+async fn unknown_options_are_kept_echoed_and_listed_as_ignored() {
+    let app = TestApp::spawn().await;
+    let first = app.configure("open", json!({"leaseTime": 30, "maxPartitions": 4, "colour": "blue"})).await;
+    assert_eq!(first["options"]["maxPartitions"], 4);
+    assert_eq!(first["options"]["colour"], "blue");
+    assert_eq!(first["options"]["leaseTime"], 30);
+    assert_eq!(first["ignoredOptions"], json!(["colour", "maxPartitions"]));
+
+    let second = app.configure("open", json!({"colour": "red", "shape": null})).await;
+    assert_eq!(second["options"]["colour"], "red");
+    assert_eq!(second["options"]["maxPartitions"], 4, "kept from the first call");
+    assert_eq!(second["ignoredOptions"], json!(["colour", "maxPartitions", "shape"]));
+    let stored = app.count("SELECT count(*) FROM queen.queues WHERE unknown_options ? 'leaseTime'").await;
+    assert_eq!(stored, 0, "known options live in their typed columns only");
+}
+
+#[actix_web::test]
+async fn every_known_option_is_checked_and_a_bad_value_writes_nothing() {
+    let app = TestApp::spawn().await;
+    for (option, value) in [
+        ("leaseTime", json!(0)),
+        ("retryLimit", json!(-1)),
+        ("retryDelay", json!("soon")),
+        ("priority", json!(1.5)),
+        ("delayedProcessing", json!(-2)),
+        ("windowBuffer", json!(true)),
+        ("maxSize", json!(-10)),
+        ("ttl", json!("1h")),
+        ("maxWaitTimeSeconds", json!(-1)),
+        ("deadLetterQueue", json!("no")),
+        ("dlqAfterMaxRetries", json!(0)),
+        ("retentionEnabled", json!("yes")),
+        ("retentionSeconds", json!(-1)),
+        ("completedRetentionSeconds", json!([])),
+        ("encryptionEnabled", json!("on")),
+        ("dedupWindowSeconds", json!(-5)),
+    ] {
+        let answer = app.post("/api/v1/configure", &json!({"queue": "checked", "options": {option: value}})).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{option}: {answer:?}");
+        let error = answer.body["error"].as_str().unwrap_or_default();
+        assert!(error.starts_with(&format!("options.{option} must be")), "{error}");
+    }
+    assert_eq!(app.count("SELECT count(*) FROM queen.queues").await, 0);
+}
