@@ -3,6 +3,8 @@
 Conformance scenarios 1, 2, 3, 4, 8 and 37 of the client wire-protocol reference (§6).
 """
 
+import time
+
 import httpx
 import pytest
 
@@ -218,5 +220,24 @@ def test_get_queue_of_an_unknown_queue_raises_404(queen_url):
             with pytest.raises(httpx.HTTPStatusError) as raised:
                 await q.admin.get_queue(unique("never-created"))
             assert raised.value.response.status_code == 404
+
+    run(body())
+
+
+def test_a_delayed_message_is_served_only_after_its_delay(queen_url):
+    """§6.36: config({"delayed_processing": 1}); an immediate pop gets nothing; a waiting pop gets
+    the message once it is a second old, without another push."""
+
+    async def body():
+        name = unique("delayed")
+        async with client(queen_url) as q:
+            await q.queue(name).config({"delayed_processing": 1}).create()
+            pushed_at = time.monotonic()
+            await q.queue(name).push([{"data": {"late": True}}])
+            assert await q.queue(name).batch(1).wait(False).pop() == []
+            messages = await q.queue(name).batch(1).wait(True).timeout_millis(8000).pop()
+            waited = time.monotonic() - pushed_at
+            assert [m["data"] for m in messages] == [{"late": True}], messages
+            assert 0.9 <= waited < 6, f"served {waited:.2f} s after the push"
 
     run(body())

@@ -118,6 +118,9 @@ pub struct CursorChange {
     pub consumed: i64,
     pub lease_released: bool,
     pub dead_letters: Vec<DeadLetter>,
+    /// A message acknowledged as `failed` will be delivered again (the queue's retry delay
+    /// applies before it is).
+    pub failure_redelivered: bool,
 }
 
 impl CursorChange {
@@ -235,8 +238,12 @@ pub fn apply(state: &CursorState, items: &[AckItem<'_>]) -> (CursorChange, Vec<A
             }
         })
         .collect();
+    let failure_redelivered = items
+        .iter()
+        .enumerate()
+        .any(|(i, item)| valid(i) && item.status == AckStatus::Failed && dead_lettered_head != Some(item.offset));
     let consumed = after.committed - state.committed;
-    (CursorChange { after, consumed, lease_released, dead_letters }, verdicts)
+    (CursorChange { after, consumed, lease_released, dead_letters, failure_redelivered }, verdicts)
 }
 
 #[cfg(test)]
@@ -300,7 +307,7 @@ mod tests {
         let (change, verdicts) = apply(&leased(0, 4), &items);
         assert_eq!(change.after.committed, 1);
         assert_eq!(change.after.retry_count, 1);
-        assert!(change.lease_released);
+        assert!(change.lease_released && change.failure_redelivered);
         assert_eq!(
             verdicts,
             vec![
@@ -318,6 +325,7 @@ mod tests {
         assert_eq!(change.after.committed, 1);
         assert_eq!(change.after.retry_count, 0);
         assert!(change.lease_released);
+        assert!(!change.failure_redelivered, "a retry is not a failure: no retry delay");
         assert_eq!(verdicts[1], AckVerdict::Requeued { retry_counted: false });
     }
 
@@ -332,6 +340,7 @@ mod tests {
         assert_eq!(change.after.retry_count, 0);
         assert_eq!(change.dead_letters, vec![DeadLetter { offset: 5, error: Some("boom".into()), retry_count: 1 }]);
         assert!(change.lease_released);
+        assert!(!change.failure_redelivered, "the failed message is gone, not delivered again");
         assert_eq!(verdicts, vec![AckVerdict::DeadLettered]);
     }
 

@@ -29,8 +29,10 @@ pub struct Candidate {
     pub partition_id: i64,
     pub partition: String,
     pub has_cursor: bool,
-    /// Set when another consumer of the group holds the partition.
-    pub leased_until: Option<DateTime<Utc>>,
+    /// Set when the group cannot be served the partition now, and from when it may: another
+    /// consumer of the group holds it until then, or its next message is not visible yet
+    /// (`delayedProcessing`, `windowBuffer`, a `retryDelay` after a failure).
+    pub not_before: Option<DateTime<Utc>>,
 }
 
 /// Which partitions of a queue a candidate query looks at.
@@ -43,9 +45,12 @@ pub enum Scope<'a> {
 }
 
 /// Partitions of the queue in `scope` with messages past the group's cursor, or with no cursor
-/// yet: free ones first, the longest-unserved first among them; then leased ones, soonest expiry
-/// first. Every such partition comes back, leased or not, so the caller learns which still have
-/// work.
+/// yet: those the group can be served now first, the longest-unserved first among them; then
+/// the others, the soonest available first. Every such partition comes back, available or not,
+/// so the caller learns which still have work and when to look again.
+///
+/// A partition whose newest segment is older than the queue's visibility delays costs nothing
+/// more; otherwise its next message's segment is found through the primary key.
 pub async fn candidates(
     client: &impl GenericClient,
     queue_id: i64,
@@ -58,14 +63,29 @@ pub async fn candidates(
         ($partitions:literal) => {
             concat!(
                 "SELECT p.id, p.name, c.partition_id IS NOT NULL,
-                        CASE WHEN c.lease_expires_at > now() THEN c.lease_expires_at END AS leased_until
+                        -- The latest of the times it is held until, or NULL when they are all past.
+                        NULLIF(GREATEST(
+                            c.lease_expires_at,
+                            c.retry_at,
+                            CASE WHEN q.window_buffer_seconds > 0
+                                      AND p.last_segment_at > now() - q.window_buffer_seconds * interval '1 second'
+                                 THEN p.last_segment_at + q.window_buffer_seconds * interval '1 second' END,
+                            CASE WHEN q.delayed_processing_seconds > 0
+                                      AND p.last_segment_at > now() - q.delayed_processing_seconds * interval '1 second'
+                                 THEN (SELECT s.created_at + q.delayed_processing_seconds * interval '1 second'
+                                         FROM queen.log_segments s
+                                        WHERE s.partition_id = p.id
+                                          AND s.base_offset <= GREATEST(c.committed, p.retained_from - 1) + 1
+                                        ORDER BY s.base_offset DESC LIMIT 1) END,
+                            now()), now()) AS not_before
                    FROM ",
                 $partitions,
-                " LEFT JOIN queen.log_consumers c ON c.partition_id = p.id AND c.consumer_group = $2
+                " JOIN queen.queues q ON q.id = $1
+                   LEFT JOIN queen.log_consumers c ON c.partition_id = p.id AND c.consumer_group = $2
                   WHERE p.queue_id = $1
                     AND p.last_offset >= p.retained_from
                     AND (c.partition_id IS NULL OR p.last_offset > c.committed)
-                  ORDER BY leased_until NULLS FIRST, c.last_claimed_at NULLS FIRST, p.id"
+                  ORDER BY not_before NULLS FIRST, c.last_claimed_at NULLS FIRST, p.id"
             )
         };
     }
@@ -89,7 +109,7 @@ pub async fn candidates(
             partition_id: row.get(0),
             partition: row.get(1),
             has_cursor: row.get(2),
-            leased_until: row.get(3),
+            not_before: row.get(3),
         })
         .collect())
 }
@@ -170,8 +190,10 @@ pub struct Claim {
 }
 
 /// Claims partitions with pending messages, atomically: each claimed cursor's lease was free or
-/// expired, is now this claim's, and covers the next messages of the partition, with `batch`
-/// capping the total. Rows another transaction is claiming right now are skipped, not waited on.
+/// expired, is now this claim's, and covers the next visible messages of the partition, with
+/// `batch` capping the total. Rows another transaction is claiming right now are skipped, not
+/// waited on; partitions with nothing visible yet (the queue's delay or window, a retry delay)
+/// are passed over.
 pub async fn claim(client: &impl GenericClient, request: &ClaimRequest<'_>) -> Result<Vec<Claim>, StoreError> {
     if request.partition_ids.is_empty() || request.batch < 1 || request.max_partitions < 1 {
         return Ok(Vec::new());
@@ -180,13 +202,27 @@ pub async fn claim(client: &impl GenericClient, request: &ClaimRequest<'_>) -> R
         .prepare_cached(
             "WITH candidate AS (
                  SELECT c.partition_id, x.ord, GREATEST(c.committed, p.retained_from - 1) AS start_after,
-                        p.last_offset, c.lease_expires_at IS NOT NULL AS expired, q.lease_time_seconds
+                        v.last_offset, c.lease_expires_at IS NOT NULL AS expired, q.lease_time_seconds
                    FROM unnest($2::bigint[]) WITH ORDINALITY AS x(partition_id, ord)
                    JOIN queen.log_consumers c ON c.partition_id = x.partition_id AND c.consumer_group = $1
                    JOIN queen.partitions p ON p.id = x.partition_id
                    JOIN queen.queues q ON q.id = p.queue_id
+                   -- The last offset the group may be served: everything, unless the newest
+                   -- messages are still inside the queue's delay (then up to the last segment
+                   -- outside it) or the partition's window is still open (then nothing).
+                  CROSS JOIN LATERAL (SELECT CASE
+                      WHEN q.window_buffer_seconds > 0
+                           AND p.last_segment_at > now() - q.window_buffer_seconds * interval '1 second' THEN 0
+                      WHEN q.delayed_processing_seconds > 0
+                           AND p.last_segment_at > now() - q.delayed_processing_seconds * interval '1 second' THEN
+                          COALESCE((SELECT s.end_offset FROM queen.log_segments s
+                                     WHERE s.partition_id = p.id
+                                       AND s.created_at <= now() - q.delayed_processing_seconds * interval '1 second'
+                                     ORDER BY s.created_at DESC, s.base_offset DESC LIMIT 1), 0)
+                      ELSE p.last_offset END AS last_offset) v
                   WHERE (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
-                    AND p.last_offset > GREATEST(c.committed, p.retained_from - 1)
+                    AND (c.retry_at IS NULL OR c.retry_at <= now())
+                    AND v.last_offset > GREATEST(c.committed, p.retained_from - 1)
                   ORDER BY x.ord
                     FOR UPDATE OF c SKIP LOCKED
              ), allotted AS (
@@ -355,6 +391,9 @@ struct CursorTrack {
     consumed: i64,
     lease_released: bool,
     dead_letters: Vec<DeadLetter>,
+    /// The queue's retry delay, and whether a failed message is to be delivered again after it.
+    retry_delay_ms: i32,
+    failure_redelivered: bool,
 }
 
 /// Applies acknowledgement calls (each one request's acks) inside the caller's transaction, one
@@ -387,7 +426,8 @@ pub async fn acknowledge(
     let lock = tx
         .prepare_cached(
             "SELECT c.partition_id, c.consumer_group, c.committed, c.lease_id, c.lease_expires_at > now(),
-                    c.leased_until, c.retry_count, c.head_attempts, q.retry_limit, q.name, p.last_offset, q.id
+                    c.leased_until, c.retry_count, c.head_attempts, q.retry_limit, q.name, p.last_offset, q.id,
+                    q.retry_delay_ms
                FROM queen.log_consumers c
                JOIN queen.partitions p ON p.id = c.partition_id
                JOIN queen.queues q ON q.id = p.queue_id
@@ -423,6 +463,8 @@ pub async fn acknowledge(
                 consumed: 0,
                 lease_released: false,
                 dead_letters: Vec::new(),
+                retry_delay_ms: row.get(12),
+                failure_redelivered: false,
             };
             (key, track)
         })
@@ -509,6 +551,7 @@ fn apply_call(
         track.now = change.after;
         track.consumed += change.consumed;
         track.lease_released |= change.lease_released;
+        track.failure_redelivered |= change.failure_redelivered;
         track.dead_letters.extend(change.dead_letters);
     }
     // Every request got an outcome: refused up front, or from its cursor's rules.
@@ -533,9 +576,13 @@ async fn write_cursor_changes(
                     retry_count = u.retry_count,
                     head_attempts = u.head_attempts,
                     total_consumed = c.total_consumed + u.consumed,
-                    last_consumed_at = CASE WHEN u.consumed > 0 THEN now() ELSE c.last_consumed_at END
-               FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::bool[], $5::int[], $6::int[], $7::bigint[])
-                    AS u(partition_id, consumer_group, committed, release, retry_count, head_attempts, consumed)
+                    last_consumed_at = CASE WHEN u.consumed > 0 THEN now() ELSE c.last_consumed_at END,
+                    retry_at = CASE WHEN u.retry_delay_ms > 0 THEN now() + u.retry_delay_ms * interval '1 millisecond'
+                                    ELSE c.retry_at END
+               FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::bool[], $5::int[], $6::int[], $7::bigint[],
+                           $8::int[])
+                    AS u(partition_id, consumer_group, committed, release, retry_count, head_attempts, consumed,
+                         retry_delay_ms)
               WHERE c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group",
         )
         .await?;
@@ -546,8 +593,14 @@ async fn write_cursor_changes(
     let retry_counts: Vec<i32> = changed.iter().map(|(_, t)| t.now.retry_count).collect();
     let head_attempts: Vec<i32> = changed.iter().map(|(_, t)| t.now.head_attempts).collect();
     let consumed: Vec<i64> = changed.iter().map(|(_, t)| t.consumed).collect();
-    tx.execute(&statement, &[&partition_ids, &groups, &committed, &release, &retry_counts, &head_attempts, &consumed])
-        .await?;
+    // The partition is not served to the group again before the queue's retry delay is over.
+    let retry_delays: Vec<i32> =
+        changed.iter().map(|(_, t)| if t.failure_redelivered { t.retry_delay_ms } else { 0 }).collect();
+    tx.execute(
+        &statement,
+        &[&partition_ids, &groups, &committed, &release, &retry_counts, &head_attempts, &consumed, &retry_delays],
+    )
+    .await?;
     Ok(())
 }
 

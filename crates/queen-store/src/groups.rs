@@ -89,7 +89,8 @@ pub async fn seek(
                         lease_broker = NULL,
                         retry_count = 0,
                         redelivery_count = 0,
-                        head_attempts = 0
+                        head_attempts = 0,
+                        retry_at = NULL
                  RETURNING c.partition_id, c.committed
              )
              SELECT m.partition_id, t.name, m.committed FROM moved m JOIN target t ON t.id = m.partition_id

@@ -1,6 +1,6 @@
 //! Pop: find partitions with messages for the group, claim them under one lease, read the
 //! claimed spans from their segments, and, for a long poll, park until a push or a released
-//! lease may have made messages available.
+//! lease may have made messages available, or until a pending one becomes visible.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -60,13 +60,14 @@ pub struct Delivery {
 
 enum Attempt {
     Delivered(Delivery),
-    /// Nothing now; `retry_at` is when a lease held by another consumer of the group expires.
+    /// Nothing now; `retry_at` is the soonest a pending partition can be served: when a lease
+    /// held by another consumer of the group expires, or a message becomes visible.
     Empty {
         retry_at: Option<DateTime<Utc>>,
     },
 }
 
-/// How long after a lease's expiry a parked pop looks again, so the lease is over when it does.
+/// How long after such a time a parked pop looks again, so that it has passed when it does.
 const AFTER_EXPIRY: Duration = Duration::from_millis(20);
 
 /// Pops once, or for a long poll until messages come or the timeout passes. A parked pop holds
@@ -131,10 +132,9 @@ async fn pop_once(broker: &Broker, request: &PopRequest) -> Result<Attempt, ApiE
             None => return Ok(Attempt::Empty { retry_at: None }),
         },
     };
-    let retry_at = candidates.iter().filter_map(|c| c.leased_until).min();
-    // Free partitions, longest-unserved first.
-    let free: Vec<&cursors::Candidate> =
-        candidates.iter().filter(|c| c.leased_until.is_none()).take(claimable).collect();
+    let retry_at = candidates.iter().filter_map(|c| c.not_before).min();
+    // Partitions the group can be served now, longest-unserved first.
+    let free: Vec<&cursors::Candidate> = candidates.iter().filter(|c| c.not_before.is_none()).take(claimable).collect();
     if free.is_empty() {
         return Ok(Attempt::Empty { retry_at });
     }
@@ -158,6 +158,15 @@ async fn pop_once(broker: &Broker, request: &PopRequest) -> Result<Attempt, ApiE
     )
     .await?;
     if claims.is_empty() {
+        // A cursor made just now may start later than the candidate query assumed (a `new` or
+        // timestamp subscription): ask when those partitions can be served, so a long poll
+        // waiting on a delay wakes in time.
+        let retry_at = if uncursored.is_empty() {
+            retry_at
+        } else {
+            let seeded = cursors::candidates(&client, queue_id, Scope::Only(&uncursored), &request.group).await?;
+            seeded.iter().filter_map(|c| c.not_before).chain(retry_at).min()
+        };
         return Ok(Attempt::Empty { retry_at });
     }
     let spans: Vec<Span> =
@@ -214,9 +223,10 @@ async fn pop_once(broker: &Broker, request: &PopRequest) -> Result<Attempt, ApiE
 
 /// The partitions with work for the group that a queue-wide pop considers, as the coordinator
 /// plans them, with the connection that looked; `None` when the plan says nothing can be pending
-/// (the database is not touched). A round of candidates that are all leased to other consumers
-/// is followed by the next round, until one has a free partition or the whole view was looked at,
-/// so a pop never waits on leases while another candidate is free.
+/// (the database is not touched). A round of candidates none of which can be served now (leased
+/// to other consumers, or with nothing visible yet) is followed by the next round, until one has
+/// a partition to serve or the whole view was looked at, so a pop never waits while another
+/// candidate is available.
 async fn planned_candidates(
     broker: &Broker,
     queue_id: i64,
@@ -243,7 +253,7 @@ async fn planned_candidates(
             PopPlan::Candidates { ticket, as_of, partitions, .. } => {
                 let checked = cursors::candidates(&client, queue_id, Scope::Only(&partitions), group).await?;
                 let pending = checked.iter().map(|c| c.partition_id).collect();
-                let any_free = checked.iter().any(|c| c.leased_until.is_none());
+                let any_free = checked.iter().any(|c| c.not_before.is_none());
                 looked += partitions.len();
                 let group = Arc::clone(group);
                 broker.coordinator.do_send(Checked { ticket, as_of, queue_id, group, checked: partitions, pending });

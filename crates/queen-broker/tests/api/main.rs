@@ -19,3 +19,4 @@ mod seek;
 mod storage;
 mod subscription;
 mod transactions;
+mod visibility;
