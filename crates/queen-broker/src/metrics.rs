@@ -27,6 +27,8 @@ pub struct Metrics {
     pub messages_acked: IntCounterVec,
     pub messages_failed: IntCounterVec,
     pub messages_dead_lettered: IntCounterVec,
+    pub messages_dropped: IntCounterVec,
+    pub messages_expired: IntCounterVec,
     pub acks: IntCounterVec,
     // Push fusion.
     pub segments_written: IntCounter,
@@ -130,6 +132,18 @@ impl Metrics {
                 &r,
                 "queen_messages_dead_lettered_total",
                 "Messages moved to the dead-letter queue.",
+                &["queue"],
+            ),
+            messages_dropped: counter_vec(
+                &r,
+                "queen_messages_dropped_total",
+                "Messages given up on after their last retry without a dead letter (the queue does not dead-letter).",
+                &["queue"],
+            ),
+            messages_expired: counter_vec(
+                &r,
+                "queen_messages_expired_total",
+                "Messages a group skipped as older than the queue's ttl or maxWaitTimeSeconds (dead-lettered or not).",
                 &["queue"],
             ),
             acks: counter_vec(

@@ -43,6 +43,9 @@ pub struct CursorState {
     pub head_attempts: i32,
     /// The queue's retry limit: a message is delivered at most `retry_limit + 1` times.
     pub retry_limit: i32,
+    /// Whether the queue dead-letters a message that exhausted its retries; otherwise it is
+    /// dropped.
+    pub dead_letter_exhausted: bool,
 }
 
 /// One acknowledgement of a message of this cursor's partition.
@@ -92,6 +95,8 @@ pub enum AckVerdict {
     },
     /// Dead-lettered: by `dlq`, or by `failed` past the retry limit.
     DeadLettered,
+    /// `failed` past the retry limit on a queue that does not dead-letter: given up on, not kept.
+    Dropped,
     Refused(Refusal),
 }
 
@@ -188,7 +193,8 @@ pub fn apply(state: &CursorState, items: &[AckItem<'_>]) -> (CursorChange, Vec<A
         }
     }
 
-    let mut dead_lettered_head = None;
+    // The message at the head of the cursor, when this call exhausted its retries.
+    let mut given_up_head = None;
     let mut retry_counted_by = None;
     let lease_released = if let Some((index, offset)) = pull_back {
         // A retry is counted against a message only when it is the next one the group needs.
@@ -196,16 +202,18 @@ pub fn apply(state: &CursorState, items: &[AckItem<'_>]) -> (CursorChange, Vec<A
             retry_counted_by = Some(index);
             after.retry_count += 1;
             if after.retry_count > state.retry_limit {
-                dead_letters.push(DeadLetter {
-                    offset,
-                    error: items[index].error.map(str::to_owned),
-                    // Retries that happened: every failure but the first delivery's.
-                    retry_count: after.retry_count - 1,
-                });
+                if state.dead_letter_exhausted {
+                    dead_letters.push(DeadLetter {
+                        offset,
+                        error: items[index].error.map(str::to_owned),
+                        // Retries that happened: every failure but the first delivery's.
+                        retry_count: after.retry_count - 1,
+                    });
+                }
                 after.committed = offset;
                 after.retry_count = 0;
                 after.head_attempts = 0;
-                dead_lettered_head = Some(offset);
+                given_up_head = Some(offset);
             }
         }
         true
@@ -229,8 +237,8 @@ pub fn apply(state: &CursorState, items: &[AckItem<'_>]) -> (CursorChange, Vec<A
                 }
                 AckStatus::Completed => AckVerdict::Committed { lease_released },
                 AckStatus::DeadLetter => AckVerdict::DeadLettered,
-                AckStatus::Failed | AckStatus::Retry if dead_lettered_head == Some(item.offset) => {
-                    AckVerdict::DeadLettered
+                AckStatus::Failed | AckStatus::Retry if given_up_head == Some(item.offset) => {
+                    if state.dead_letter_exhausted { AckVerdict::DeadLettered } else { AckVerdict::Dropped }
                 }
                 AckStatus::Failed | AckStatus::Retry => {
                     AckVerdict::Requeued { retry_counted: retry_counted_by == Some(i) }
@@ -241,7 +249,7 @@ pub fn apply(state: &CursorState, items: &[AckItem<'_>]) -> (CursorChange, Vec<A
     let failure_redelivered = items
         .iter()
         .enumerate()
-        .any(|(i, item)| valid(i) && item.status == AckStatus::Failed && dead_lettered_head != Some(item.offset));
+        .any(|(i, item)| valid(i) && item.status == AckStatus::Failed && given_up_head != Some(item.offset));
     let consumed = after.committed - state.committed;
     (CursorChange { after, consumed, lease_released, dead_letters, failure_redelivered }, verdicts)
 }
@@ -263,6 +271,7 @@ mod tests {
             retry_count: 0,
             head_attempts: 1,
             retry_limit: 3,
+            dead_letter_exhausted: true,
         }
     }
 
@@ -342,6 +351,18 @@ mod tests {
         assert!(change.lease_released);
         assert!(!change.failure_redelivered, "the failed message is gone, not delivered again");
         assert_eq!(verdicts, vec![AckVerdict::DeadLettered]);
+    }
+
+    #[test]
+    fn past_the_retry_limit_a_queue_without_dead_lettering_drops_the_head() {
+        let mut state = leased(4, 6);
+        state.retry_limit = 0;
+        state.dead_letter_exhausted = false;
+        let (change, verdicts) = apply(&state, &[ack(5, AckStatus::Failed)]);
+        assert_eq!(change.after.committed, 5, "given up on, and passed");
+        assert!(change.dead_letters.is_empty(), "not kept");
+        assert!(change.lease_released && !change.failure_redelivered);
+        assert_eq!(verdicts, vec![AckVerdict::Dropped]);
     }
 
     #[test]

@@ -284,6 +284,87 @@ pub async fn claim(client: &impl GenericClient, request: &ClaimRequest<'_>) -> R
     Ok(claims.into_iter().map(|(_, claim)| claim).collect())
 }
 
+/// Messages a group skipped on one partition, `first..=last`, because they were too old.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expired {
+    pub partition_id: i64,
+    pub first: i64,
+    pub last: i64,
+}
+
+/// How old a message may be when a group is served it, and what becomes of older ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expiry<'a> {
+    pub max_age_seconds: i32,
+    /// Older messages are copied into the dead-letter table with this error; without one they
+    /// are only skipped.
+    pub dead_letter_error: Option<&'a str>,
+}
+
+/// Most messages one transaction dead-letters on a partition; expiry goes on in the next.
+const EXPIRY_CHUNK: i64 = 1000;
+
+/// Moves the group's cursors past the messages older than the expiry on those of the partitions
+/// that nobody holds, dead-lettering them first when asked. The bound comes from the
+/// `(partition_id, created_at)` index (segment-granular, like every time rule of the log).
+pub async fn expire(
+    client: &mut deadpool_postgres::Client,
+    group: &str,
+    partition_ids: &[i64],
+    expiry: &Expiry<'_>,
+) -> Result<Vec<Expired>, StoreError> {
+    // Dead letters are copied a chunk at a time; skipping alone has no cost per message.
+    let chunk = expiry.dead_letter_error.map(|_| EXPIRY_CHUNK);
+    let mut expired = Vec::new();
+    let mut remaining = partition_ids.to_vec();
+    while !remaining.is_empty() {
+        let tx = client.transaction().await?;
+        let statement = tx
+            .prepare_cached(
+                "WITH target AS (
+                     SELECT c.partition_id, GREATEST(c.committed, p.retained_from - 1) AS start_after,
+                            (SELECT s.end_offset FROM queen.log_segments s
+                              WHERE s.partition_id = p.id AND s.created_at < now() - $3::int * interval '1 second'
+                              ORDER BY s.created_at DESC, s.base_offset DESC LIMIT 1) AS expired_end
+                       FROM unnest($2::bigint[]) AS x(partition_id)
+                       JOIN queen.log_consumers c ON c.partition_id = x.partition_id AND c.consumer_group = $1
+                       JOIN queen.partitions p ON p.id = x.partition_id
+                      WHERE c.lease_expires_at IS NULL OR c.lease_expires_at <= now()
+                        FOR UPDATE OF c SKIP LOCKED
+                 )
+                 UPDATE queen.log_consumers c
+                    SET committed = LEAST(t.expired_end, t.start_after + $4), retry_count = 0, head_attempts = 0
+                   FROM target t
+                  WHERE c.partition_id = t.partition_id AND c.consumer_group = $1 AND t.expired_end > t.start_after
+              RETURNING c.partition_id, t.start_after + 1, c.committed",
+            )
+            .await?;
+        let rows = tx.query(&statement, &[&group, &remaining, &expiry.max_age_seconds, &chunk]).await?;
+        let moved: Vec<Expired> =
+            rows.iter().map(|row| Expired { partition_id: row.get(0), first: row.get(1), last: row.get(2) }).collect();
+        if let Some(error) = expiry.dead_letter_error {
+            let keys: Vec<(CursorKey, DeadLetter)> = moved
+                .iter()
+                .flat_map(|e| {
+                    (e.first..=e.last).map(move |offset| {
+                        let letter = DeadLetter { offset, error: Some(error.to_owned()), retry_count: 0 };
+                        ((e.partition_id, group.to_owned()), letter)
+                    })
+                })
+                .collect();
+            let dead: Vec<(&CursorKey, &DeadLetter)> = keys.iter().map(|(key, letter)| (key, letter)).collect();
+            insert_dead_letters(&tx, &dead).await?;
+        }
+        tx.commit().await?;
+        remaining = match chunk {
+            Some(chunk) => moved.iter().filter(|e| e.last - e.first + 1 == chunk).map(|e| e.partition_id).collect(),
+            None => Vec::new(),
+        };
+        expired.extend(moved);
+    }
+    Ok(expired)
+}
+
 /// Result of extending a lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LeaseExtension {
@@ -427,7 +508,7 @@ pub async fn acknowledge(
         .prepare_cached(
             "SELECT c.partition_id, c.consumer_group, c.committed, c.lease_id, c.lease_expires_at > now(),
                     c.leased_until, c.retry_count, c.head_attempts, q.retry_limit, q.name, p.last_offset, q.id,
-                    q.retry_delay_ms
+                    q.retry_delay_ms, q.dead_letter_queue AND q.dlq_after_max_retries
                FROM queen.log_consumers c
                JOIN queen.partitions p ON p.id = c.partition_id
                JOIN queen.queues q ON q.id = p.queue_id
@@ -456,6 +537,7 @@ pub async fn acknowledge(
                 retry_count: row.get(6),
                 head_attempts: row.get(7),
                 retry_limit: row.get(8),
+                dead_letter_exhausted: row.get(13),
             };
             let track = CursorTrack {
                 before: state.clone(),
@@ -604,6 +686,9 @@ async fn write_cursor_changes(
     Ok(())
 }
 
+/// Copies messages into `queen.log_dlq`, each with its group, error and retry count, in one
+/// statement. Runs of consecutive offsets are read from their segments once. A message that
+/// retention already removed has nothing left to copy.
 async fn insert_dead_letters(
     tx: &deadpool_postgres::Transaction<'_>,
     dead: &[(&CursorKey, &DeadLetter)],
@@ -611,50 +696,92 @@ async fn insert_dead_letters(
     if dead.is_empty() {
         return Ok(());
     }
-    let spans: Vec<Span> = dead
-        .iter()
-        .map(|((partition_id, _), d)| Span { partition_id: *partition_id, first: d.offset, last: d.offset })
-        .collect();
+    let mut wanted: HashMap<(i64, i64), Vec<usize>> = HashMap::new();
+    for (i, ((partition_id, _), letter)) in dead.iter().enumerate() {
+        wanted.entry((*partition_id, letter.offset)).or_default().push(i);
+    }
+    let mut offsets: Vec<(i64, i64)> = wanted.keys().copied().collect();
+    offsets.sort_unstable();
+    let mut spans: Vec<Span> = Vec::new();
+    for (partition_id, offset) in offsets {
+        match spans.last_mut() {
+            Some(span) if span.partition_id == partition_id && span.last + 1 == offset => span.last = offset,
+            _ => spans.push(Span { partition_id, first: offset, last: offset }),
+        }
+    }
     let segments = read_spans(tx, &spans).await?;
+    let mut rows = DeadLetterRows::default();
+    for segment in &segments {
+        for (index, frame) in segment.frames.frames().enumerate() {
+            let key = (segment.partition_id, segment.base_offset + index as i64);
+            let Some(letters) = wanted.get(&key) else { continue };
+            let frame = frame.map_err(|source| StoreError::CorruptSegment {
+                partition_id: segment.partition_id,
+                base_offset: segment.base_offset,
+                source,
+            })?;
+            for &i in letters {
+                let ((partition_id, group), letter) = dead[i];
+                rows.partition_ids.push(*partition_id);
+                rows.groups.push(group);
+                rows.offsets.push(letter.offset);
+                rows.message_ids.push(frame.message_id);
+                rows.transaction_ids.push(frame.transaction_id);
+                rows.trace_ids.push(frame.trace_id);
+                rows.payloads.push(frame.payload);
+                rows.errors.push(letter.error.as_deref());
+                rows.retry_counts.push(letter.retry_count);
+                rows.created_at.push(segment.created_at);
+            }
+        }
+    }
     let statement = tx
         .prepare_cached(
             "INSERT INTO queen.log_dlq (queue_name, partition_id, partition_name, consumer_group, message_offset,
                                         message_id, transaction_id, trace_id, payload, error_message, retry_count,
                                         message_created_at)
-             SELECT q.name, p.id, p.name, $2, $3, $4, $5, $6, $7, $8, $9, $10
-               FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
-              WHERE p.id = $1",
+             SELECT q.name, p.id, p.name, d.consumer_group, d.message_offset, d.message_id, d.transaction_id,
+                    d.trace_id, d.payload, d.error_message, d.retry_count, d.message_created_at
+               FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::uuid[], $5::text[], $6::uuid[], $7::bytea[],
+                           $8::text[], $9::int[], $10::timestamptz[])
+                    AS d(partition_id, consumer_group, message_offset, message_id, transaction_id, trace_id, payload,
+                         error_message, retry_count, message_created_at)
+               JOIN queen.partitions p ON p.id = d.partition_id
+               JOIN queen.queues q ON q.id = p.queue_id",
         )
         .await?;
-    for ((partition_id, group), letter) in dead {
-        let found = segments.iter().find_map(|segment| {
-            let index = letter.offset - segment.base_offset;
-            if segment.partition_id != *partition_id || index < 0 {
-                return None;
-            }
-            let frame = segment.frames.frames().nth(index as usize)?.ok()?;
-            Some((segment.created_at, frame))
-        });
-        // A message retention already removed has nothing left to copy.
-        let Some((created_at, frame)) = found else { continue };
-        tx.execute(
-            &statement,
-            &[
-                partition_id,
-                group,
-                &letter.offset,
-                &frame.message_id,
-                &frame.transaction_id,
-                &frame.trace_id,
-                &frame.payload,
-                &letter.error,
-                &letter.retry_count,
-                &created_at,
-            ],
-        )
-        .await?;
-    }
+    tx.execute(
+        &statement,
+        &[
+            &rows.partition_ids,
+            &rows.groups,
+            &rows.offsets,
+            &rows.message_ids,
+            &rows.transaction_ids,
+            &rows.trace_ids,
+            &rows.payloads,
+            &rows.errors,
+            &rows.retry_counts,
+            &rows.created_at,
+        ],
+    )
+    .await?;
     Ok(())
+}
+
+/// The columns of dead letters to insert, one vector each.
+#[derive(Default)]
+struct DeadLetterRows<'a> {
+    partition_ids: Vec<i64>,
+    groups: Vec<&'a str>,
+    offsets: Vec<i64>,
+    message_ids: Vec<Uuid>,
+    transaction_ids: Vec<&'a str>,
+    trace_ids: Vec<Option<Uuid>>,
+    payloads: Vec<&'a [u8]>,
+    errors: Vec<Option<&'a str>>,
+    retry_counts: Vec<i32>,
+    created_at: Vec<DateTime<Utc>>,
 }
 
 /// Releases the live leases `broker` granted (it is shutting down) and announces the partitions

@@ -15,8 +15,8 @@ pub async fn acknowledge(broker: &Broker, group: &str, requests: Vec<AckRequest>
     Ok(outcomes)
 }
 
-/// Counts acknowledgements by status and verdict, and messages acked, failed and dead-lettered
-/// by queue.
+/// Counts acknowledgements by status and verdict, and messages acked, failed, dead-lettered and
+/// dropped by queue.
 pub fn record(metrics: &Metrics, statuses: &[AckStatus], outcomes: &[AckOutcome]) {
     for (status, outcome) in statuses.iter().zip(outcomes) {
         metrics.acks.with_label_values(&[status_label(*status), verdict_label(&outcome.verdict)]).inc();
@@ -24,6 +24,7 @@ pub fn record(metrics: &Metrics, statuses: &[AckStatus], outcomes: &[AckOutcome]
             AckVerdict::Committed { .. } => &metrics.messages_acked,
             AckVerdict::Requeued { .. } => &metrics.messages_failed,
             AckVerdict::DeadLettered => &metrics.messages_dead_lettered,
+            AckVerdict::Dropped => &metrics.messages_dropped,
             AckVerdict::Noop | AckVerdict::Refused(_) => continue,
         };
         if let Some(queue) = &outcome.queue {
@@ -47,6 +48,7 @@ fn verdict_label(verdict: &AckVerdict) -> &'static str {
         AckVerdict::Noop => "noop",
         AckVerdict::Requeued { .. } => "requeued",
         AckVerdict::DeadLettered => "dead_lettered",
+        AckVerdict::Dropped => "dropped",
         AckVerdict::Refused(_) => "refused",
     }
 }

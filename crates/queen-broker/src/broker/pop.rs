@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use queen_store::cursors::{self, ClaimRequest, CursorSeed, Scope};
+use queen_store::cursors::{self, ClaimRequest, CursorSeed, Expiry, Scope};
 use queen_store::log::{self, Span};
+use queen_store::queues::Queue;
 use serde_json::value::RawValue;
 use tokio::sync::oneshot;
 use uuid::Uuid;
@@ -110,15 +111,16 @@ fn coordinator_gone(e: actix::MailboxError) -> ApiError {
 
 async fn pop_once(broker: &Broker, request: &PopRequest) -> Result<Attempt, ApiError> {
     let names = &broker.names;
-    let Some(queue_id) = names.queue(&broker.pool, &request.queue).await?.map(|q| q.id) else {
+    let Some(queue) = names.queue(&broker.pool, &request.queue).await? else {
         return Ok(Attempt::Empty { retry_at: None });
     };
+    let queue_id = queue.id;
     let group: Arc<str> = Arc::from(request.group.as_str());
     // Free partitions to consider claiming: a few more than the pop may take, in case some are
     // claimed by a competing pop in the meantime.
     let claimable = usize::try_from(request.max_partitions.max(4) * 4).unwrap_or(usize::MAX);
     // Which partitions to look at: the one named, or the coordinator's plan for the queue.
-    let (client, candidates) = match &request.partition {
+    let (mut client, candidates) = match &request.partition {
         Some(name) => {
             let Some(partition_id) = names.partition(&broker.pool, queue_id, name).await? else {
                 return Ok(Attempt::Empty { retry_at: None });
@@ -141,8 +143,11 @@ async fn pop_once(broker: &Broker, request: &PopRequest) -> Result<Attempt, ApiE
     let uncursored: Vec<i64> = free.iter().filter(|c| !c.has_cursor).map(|c| c.partition_id).collect();
     cursors::ensure_cursors(&client, &request.group, &uncursored, request.seed).await?;
 
-    let lease_id = Uuid::now_v7();
     let partition_ids: Vec<i64> = free.iter().map(|c| c.partition_id).collect();
+    if queue.options.expiry_seconds().is_some() {
+        expire_old_messages(broker, &mut client, &queue, &request.group, &partition_ids).await?;
+    }
+    let lease_id = Uuid::now_v7();
     let claims = cursors::claim(
         &client,
         &ClaimRequest {
@@ -219,6 +224,30 @@ async fn pop_once(broker: &Broker, request: &PopRequest) -> Result<Attempt, ApiE
         partitions_claimed: claims.len(),
         messages,
     }))
+}
+
+/// Moves the group past the messages of these partitions that are older than the queue's `ttl`
+/// or `maxWaitTimeSeconds`, so that it is never served them: dead-lettered with the reason when
+/// the queue dead-letters, only skipped otherwise; counted either way.
+async fn expire_old_messages(
+    broker: &Broker,
+    client: &mut deadpool_postgres::Object,
+    queue: &Queue,
+    group: &str,
+    partition_ids: &[i64],
+) -> Result<(), ApiError> {
+    let options = &queue.options;
+    let Some(max_age_seconds) = options.expiry_seconds() else { return Ok(()) };
+    let option = if options.ttl_seconds == max_age_seconds { "ttl" } else { "maxWaitTimeSeconds" };
+    let error = format!("expired: older than the queue's {option} of {max_age_seconds} s");
+    let expiry = Expiry { max_age_seconds, dead_letter_error: options.dead_letter_queue.then_some(error.as_str()) };
+    let expired = cursors::expire(client, group, partition_ids, &expiry).await?;
+    let count: u64 = expired.iter().map(|e| (e.last - e.first + 1) as u64).sum();
+    broker.metrics.messages_expired.with_label_values(&[&queue.name]).inc_by(count);
+    if expiry.dead_letter_error.is_some() {
+        broker.metrics.messages_dead_lettered.with_label_values(&[&queue.name]).inc_by(count);
+    }
+    Ok(())
 }
 
 /// The partitions with work for the group that a queue-wide pop considers, as the coordinator

@@ -116,6 +116,8 @@ pub struct AckResult<'a> {
     noop: bool,
     lease_released: bool,
     dlq: bool,
+    /// Given up on without a dead letter (the queue does not dead-letter exhausted messages).
+    dropped: bool,
     error: Option<String>,
 }
 
@@ -125,7 +127,7 @@ impl<'a> AckResult<'a> {
             AckVerdict::Committed { lease_released } => (lease_released, false),
             AckVerdict::Requeued { .. } => (true, false),
             AckVerdict::DeadLettered => (false, true),
-            AckVerdict::Noop | AckVerdict::Refused(_) => (false, false),
+            AckVerdict::Dropped | AckVerdict::Noop | AckVerdict::Refused(_) => (false, false),
         };
         let error = match outcome.verdict {
             AckVerdict::Refused(refusal) => Some(refusal_text(refusal, request, outcome.committed)),
@@ -141,6 +143,7 @@ impl<'a> AckResult<'a> {
             noop: outcome.verdict == AckVerdict::Noop,
             lease_released,
             dlq,
+            dropped: outcome.verdict == AckVerdict::Dropped,
             error,
         }
     }

@@ -2,6 +2,7 @@
 
 mod bad_input;
 mod concurrency;
+mod expiry;
 mod failures;
 mod fanout;
 mod fleet;
