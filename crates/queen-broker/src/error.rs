@@ -14,6 +14,11 @@ pub enum ApiError {
     NotFound(String),
     #[error("{0}")]
     PayloadTooLarge(String),
+    /// A push would take the queue's unconsumed depth past its `maxSize`; nothing was written.
+    #[error(
+        "queue {queue:?} is full: {depth} messages are unconsumed, its maxSize is {max_size}, and the push adds {adding}"
+    )]
+    QueueFull { queue: String, depth: i64, max_size: i64, adding: i64 },
     /// PostgreSQL is unreachable or the broker is saturated: retry later.
     #[error("{0}")]
     Unavailable(String),
@@ -32,6 +37,7 @@ impl ApiError {
             ApiError::BadRequest(_) => "bad_request",
             ApiError::NotFound(_) => "not_found",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
+            ApiError::QueueFull { .. } => "queue_full",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Internal(_) => "internal",
         }
@@ -45,6 +51,17 @@ struct ErrorBody<'a> {
     success: bool,
     error: String,
     code: &'a str,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    details: Option<Details<'a>>,
+}
+
+/// What a refusal says beyond its message, for a client to act on.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Details<'a> {
+    queue: &'a str,
+    depth: i64,
+    max_size: i64,
 }
 
 impl ResponseError for ApiError {
@@ -53,6 +70,7 @@ impl ResponseError for ApiError {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -60,10 +78,16 @@ impl ResponseError for ApiError {
 
     fn error_response(&self) -> HttpResponse {
         let mut response = HttpResponse::build(self.status_code());
-        if matches!(self, ApiError::Unavailable(_)) {
+        if matches!(self, ApiError::Unavailable(_) | ApiError::QueueFull { .. }) {
             response.insert_header(("Retry-After", "1"));
         }
-        response.json(ErrorBody { success: false, error: self.to_string(), code: self.code() })
+        let details = match self {
+            ApiError::QueueFull { queue, depth, max_size, .. } => {
+                Some(Details { queue, depth: *depth, max_size: *max_size })
+            }
+            _ => None,
+        };
+        response.json(ErrorBody { success: false, error: self.to_string(), code: self.code(), details })
     }
 }
 

@@ -312,6 +312,51 @@ mod tests {
     }
 }
 
+/// Takes the queue's capacity lock until the end of the caller's transaction: pushes to a queue
+/// with a `maxSize` check its depth and append under it, one at a time, so two of them cannot
+/// both fit into the last free place.
+pub async fn lock_capacity(tx: &deadpool_postgres::Transaction<'_>, queue_id: i64) -> Result<(), StoreError> {
+    tx.execute("SELECT pg_advisory_xact_lock($1, $2)", &[&CAPACITY_LOCK_CLASS, &(queue_id as i32)]).await?;
+    Ok(())
+}
+
+/// The class of [`lock_capacity`]'s advisory locks ("qcap"); the queue id (wrapped to 32 bits)
+/// is the object, so two queues share a lock only when their ids are 2^32 apart.
+const CAPACITY_LOCK_CLASS: i32 = 0x7163_6170;
+
+/// Messages of the queue that a group that counts has not consumed: past the slowest position,
+/// on each partition, of the groups with a cursor there and the groups registered on the queue
+/// (where they start, when they have no cursor there yet); a partition nobody reads counts whole.
+pub async fn unconsumed_depth(client: &impl GenericClient, queue: &Queue) -> Result<i64, StoreError> {
+    let statement = client
+        .prepare_cached(
+            "SELECT COALESCE(sum(p.last_offset - GREATEST(p.retained_from - 1, f.floor)), 0)::bigint
+               FROM queen.partitions p
+              CROSS JOIN LATERAL (
+                  SELECT COALESCE(min(positions.at), p.retained_from - 1) AS floor FROM (
+                      SELECT c.committed AS at FROM queen.log_consumers c WHERE c.partition_id = p.id
+                      UNION ALL
+                      SELECT CASE m.subscription_mode
+                                 WHEN 'all' THEN p.retained_from - 1
+                                 ELSE COALESCE(
+                                     (SELECT s.base_offset - 1 FROM queen.log_segments s
+                                       WHERE s.partition_id = p.id AND s.created_at >= m.subscription_from
+                                         AND s.base_offset >= p.retained_from
+                                       ORDER BY s.created_at, s.base_offset LIMIT 1),
+                                     p.last_offset)
+                             END
+                        FROM queen.consumer_groups_metadata m
+                       WHERE m.queue_name = $2
+                         AND NOT EXISTS (SELECT 1 FROM queen.log_consumers c
+                                          WHERE c.partition_id = p.id AND c.consumer_group = m.consumer_group)
+                  ) positions
+              ) f
+              WHERE p.queue_id = $1",
+        )
+        .await?;
+    Ok(client.query_one(&statement, &[&queue.id, &queue.name]).await?.get(0))
+}
+
 /// Size of a queue, from the partition rows alone (no scan of message history).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueueSize {

@@ -4,11 +4,14 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use queen_store::log::{Appended, NewMessage};
+use queen_store::StoreError;
+use queen_store::log::{Appended, Destination, NewMessage, append_in_transaction};
+use queen_store::queues::{self, Queue};
 use uuid::Uuid;
 
 use super::Broker;
 use crate::actors::WorkError;
+use crate::actors::coordinator::DataAvailable;
 use crate::actors::partition_writer::WriteTarget;
 use crate::error::ApiError;
 
@@ -43,41 +46,127 @@ pub struct Pushed {
     pub outcome: Appended,
 }
 
+/// Items of one queue, by partition, each with the indices of its items in the request.
+type QueueShare = (String, Vec<(String, Vec<usize>)>);
+
 /// Writes the items. Items of one partition keep their order and land in one segment (or, when
 /// other pushes to the partition are fused with them, in one segment with those). Any storage
 /// failure fails the whole request: a client retry is safe, since the items already written
-/// come back as duplicates of themselves.
+/// come back as duplicates of themselves. A queue with a `maxSize` takes its share of the
+/// request whole or not at all ([`ApiError::QueueFull`]).
 pub async fn push(broker: &Broker, items: Vec<PushItem>) -> Result<Vec<Pushed>, ApiError> {
-    // Items grouped by partition, keeping each item's index in the request.
-    let mut groups: Vec<((String, String), Vec<usize>)> = Vec::new();
-    let mut group_of: HashMap<(&str, &str), usize> = HashMap::new();
+    let mut shares: Vec<QueueShare> = Vec::new();
+    let mut place: HashMap<(&str, &str), (usize, usize)> = HashMap::new();
     for (index, item) in items.iter().enumerate() {
         let key = (item.queue.as_str(), item.partition.as_str());
-        let group = *group_of.entry(key).or_insert_with(|| {
-            groups.push(((item.queue.clone(), item.partition.clone()), Vec::new()));
-            groups.len() - 1
+        let (queue, partition) = *place.entry(key).or_insert_with(|| {
+            let queue = match shares.iter().position(|(name, _)| *name == item.queue) {
+                Some(queue) => queue,
+                None => {
+                    shares.push((item.queue.clone(), Vec::new()));
+                    shares.len() - 1
+                }
+            };
+            shares[queue].1.push((item.partition.clone(), Vec::new()));
+            (queue, shares[queue].1.len() - 1)
         });
-        groups[group].1.push(index);
+        shares[queue].1[partition].1.push(index);
     }
 
-    let writes = groups.iter().map(|((queue, partition), indices)| {
-        let messages: Vec<NewMessage> = indices.iter().map(|&i| items[i].to_message()).collect();
-        write_partition(broker, queue, partition, messages)
-    });
+    let writes = shares.iter().map(|(queue, partitions)| write_queue(broker, queue, partitions, &items));
     let written = futures::future::try_join_all(writes).await?;
 
     let mut results: Vec<Option<Pushed>> = vec![None; items.len()];
-    for ((_, indices), (partition_id, outcomes)) in groups.iter().zip(written) {
+    let partitions = shares.iter().flat_map(|(_, partitions)| partitions);
+    for ((_, indices), (partition_id, outcomes)) in partitions.zip(written.into_iter().flatten()) {
         for (&index, outcome) in indices.iter().zip(outcomes) {
             let transaction_id = items[index].transaction_id.clone();
             results[index] = Some(Pushed { transaction_id, partition_id, outcome });
         }
     }
-    // Every item belongs to exactly one group, and every group's write answered all its items.
+    // Every item belongs to exactly one partition, and every partition's write answered all its
+    // items.
     results
         .into_iter()
         .map(|r| r.ok_or_else(|| ApiError::Internal("a push item was left without an outcome".into())))
         .collect()
+}
+
+/// Writes one queue's share: through the partition writers (fusing with other pushes), or, for a
+/// queue with a `maxSize`, in one transaction under its capacity lock. Outcomes per partition, in
+/// the share's order.
+async fn write_queue(
+    broker: &Broker,
+    queue: &str,
+    partitions: &[(String, Vec<usize>)],
+    items: &[PushItem],
+) -> Result<Vec<(i64, Vec<Appended>)>, ApiError> {
+    let messages = |indices: &[usize]| -> Vec<NewMessage> { indices.iter().map(|&i| items[i].to_message()).collect() };
+    let settings = broker.names.ensure_queue(&broker.pool, queue).await?;
+    if settings.options.max_size > 0 {
+        let shares: Vec<(&str, Vec<NewMessage>)> =
+            partitions.iter().map(|(partition, indices)| (partition.as_str(), messages(indices))).collect();
+        return write_capped(broker, &settings, shares).await;
+    }
+    let writes =
+        partitions.iter().map(|(partition, indices)| write_partition(broker, queue, partition, messages(indices)));
+    futures::future::try_join_all(writes).await
+}
+
+/// Appends to a queue with a `maxSize`, in one transaction under the queue's capacity lock:
+/// every partition's messages, or none when the new ones would take the queue's unconsumed depth
+/// past its size. Duplicates add nothing, so a retried push of stored messages always fits.
+async fn write_capped(
+    broker: &Broker,
+    queue: &Queue,
+    shares: Vec<(&str, Vec<NewMessage>)>,
+) -> Result<Vec<(i64, Vec<Appended>)>, ApiError> {
+    let mut partition_ids = Vec::with_capacity(shares.len());
+    for (partition, _) in &shares {
+        partition_ids.push(broker.names.ensure_partition(&broker.pool, queue.id, partition).await?);
+    }
+    let mut client = broker.pool.get().await.map_err(StoreError::from)?;
+    let tx = client.transaction().await.map_err(StoreError::from)?;
+    queues::lock_capacity(&tx, queue.id).await?;
+    let depth = queues::unconsumed_depth(&tx, queue).await?;
+    // Partition locks in id order, as every transaction that takes several does.
+    let mut order: Vec<usize> = (0..shares.len()).collect();
+    order.sort_by_key(|&i| partition_ids[i]);
+    let mut outcomes = vec![Vec::new(); shares.len()];
+    for i in order {
+        let destination = Destination { queue_id: queue.id, queue: &queue.name, partition_id: partition_ids[i] };
+        match append_in_transaction(&tx, destination, &shares[i].1).await {
+            Ok(appended) => outcomes[i] = appended.outcomes,
+            Err(StoreError::Missing(_)) => {
+                broker.names.forget_partition(queue.id, shares[i].0);
+                return Err(ApiError::Unavailable(format!("partition {:?} was deleted; retry the push", shares[i].0)));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let queued = |outcomes: &[Appended]| outcomes.iter().filter(|o| matches!(o, Appended::Queued { .. })).count();
+    let adding: usize = outcomes.iter().map(|o| queued(o)).sum();
+    if depth + adding as i64 > queue.options.max_size {
+        // Dropping the transaction rolls it back: nothing of the push is written.
+        return Err(ApiError::QueueFull {
+            queue: queue.name.clone(),
+            depth,
+            max_size: queue.options.max_size,
+            adding: adding as i64,
+        });
+    }
+    tx.commit().await.map_err(StoreError::from)?;
+    let metrics = &broker.metrics;
+    metrics.messages_pushed.with_label_values(&[&queue.name]).inc_by(adding as u64);
+    let total: usize = outcomes.iter().map(Vec::len).sum();
+    metrics.duplicates.with_label_values(&[&queue.name]).inc_by((total - adding) as u64);
+    for (&partition_id, appended) in partition_ids.iter().zip(&outcomes) {
+        if queued(appended) > 0 {
+            let name = Arc::from(queue.name.as_str());
+            broker.coordinator.do_send(DataAvailable { queue: name, queue_id: queue.id, partition_id });
+        }
+    }
+    Ok(partition_ids.into_iter().zip(outcomes).collect())
 }
 
 /// Appends to one partition. A queue deleted since its id was cached is resolved (and so

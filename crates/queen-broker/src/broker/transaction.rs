@@ -7,7 +7,8 @@ use std::sync::Arc;
 use queen_store::StoreError;
 use queen_store::ack_rules::AckVerdict;
 use queen_store::cursors::{AckOutcome, AckRequest};
-use queen_store::log::{Destination, NewMessage, append_in_transaction};
+use queen_store::log::{Appended, Destination, NewMessage, append_in_transaction};
+use queen_store::queues::{self, Queue};
 
 use super::Broker;
 use super::ack::refusal_text;
@@ -55,8 +56,9 @@ impl From<StoreError> for TransactionError {
 
 /// Runs the bundle. Its required leases are checked first; acknowledgements are applied next and
 /// pushes after, partition by partition in id order: the results do not depend on that order,
-/// and every transaction taking cursor locks before partition locks (in a fixed order each) keeps
-/// concurrent bundles from deadlocking.
+/// and every transaction taking cursor locks before capacity locks before partition locks (in a
+/// fixed order each) keeps concurrent bundles from deadlocking. A bundle that would take a queue
+/// past its `maxSize` rolls back with [`ApiError::QueueFull`].
 pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, TransactionError> {
     let Bundle { operations, required_leases } = bundle;
     let mut acks = Vec::new();
@@ -79,11 +81,15 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
     }
     // Queues and partitions are created outside the transaction: creating them is harmless even
     // if the bundle rolls back.
-    // For each item: its queue's id and its partition's id.
+    // For each item: its queue's id and its partition's id. And the queues with a `maxSize`.
     let mut partition_of = Vec::with_capacity(items.len());
+    let mut capped: BTreeMap<i64, Arc<Queue>> = BTreeMap::new();
     for item in &items {
-        let queue_id = broker.names.ensure_queue(&broker.pool, &item.queue).await?.id;
-        partition_of.push((queue_id, broker.names.ensure_partition(&broker.pool, queue_id, &item.partition).await?));
+        let queue = broker.names.ensure_queue(&broker.pool, &item.queue).await?;
+        partition_of.push((queue.id, broker.names.ensure_partition(&broker.pool, queue.id, &item.partition).await?));
+        if queue.options.max_size > 0 {
+            capped.insert(queue.id, queue);
+        }
     }
 
     let mut client = broker.pool.get().await.map_err(StoreError::from)?;
@@ -111,6 +117,12 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
         )));
     }
 
+    // Capacity locks in queue id order, before any partition lock, as capped pushes take them.
+    let mut depths = BTreeMap::new();
+    for (&queue_id, queue) in &capped {
+        queues::lock_capacity(&tx, queue_id).await?;
+        depths.insert(queue_id, queues::unconsumed_depth(&tx, queue).await?);
+    }
     let mut by_partition: BTreeMap<(i64, i64), Vec<usize>> = BTreeMap::new();
     for (index, &(queue_id, partition_id)) in partition_of.iter().enumerate() {
         by_partition.entry((partition_id, queue_id)).or_default().push(index);
@@ -124,9 +136,23 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
             pushed[i] = Some(Pushed { transaction_id: items[i].transaction_id.clone(), partition_id, outcome });
         }
     }
+    for (queue_id, depth) in depths {
+        let adding = partition_of
+            .iter()
+            .zip(&pushed)
+            .filter(|((queue, _), pushed)| {
+                *queue == queue_id && matches!(pushed, Some(Pushed { outcome: Appended::Queued { .. }, .. }))
+            })
+            .count() as i64;
+        let queue = &capped[&queue_id];
+        if depth + adding > queue.options.max_size {
+            let (queue, max_size) = (queue.name.clone(), queue.options.max_size);
+            return Err(ApiError::QueueFull { queue, depth, max_size, adding }.into());
+        }
+    }
     tx.commit().await.map_err(StoreError::from)?;
     for (item, pushed) in items.iter().zip(&pushed) {
-        if let Some(Pushed { outcome: queen_store::log::Appended::Queued { .. }, .. }) = pushed {
+        if let Some(Pushed { outcome: Appended::Queued { .. }, .. }) = pushed {
             broker.metrics.messages_pushed.with_label_values(&[&item.queue]).inc();
         }
     }

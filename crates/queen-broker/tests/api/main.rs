@@ -1,6 +1,7 @@
 //! API tests: each starts a broker in-process on its own database and speaks HTTP to it.
 
 mod bad_input;
+mod capacity;
 mod concurrency;
 mod expiry;
 mod failures;
