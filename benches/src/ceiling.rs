@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use queen_store::log::{Destination, NewMessage};
+use queen_store::log::{AppendPolicy, Destination, NewMessage};
 use queen_store::pool::{PoolSettings, build_pool};
 use queen_store::{Pool, StoreError};
 use serde::Serialize;
@@ -207,7 +207,7 @@ async fn write_until(pool: &Pool, writer: &Writer, state: &CellState) -> Result<
         let tx = client.transaction().await?;
         for (&partition_id, messages) in writer.partitions.iter().zip(&batches) {
             let destination = Destination { queue_id: writer.queue_id, queue: &writer.queue, partition_id };
-            queen_store::log::append_in_transaction(&tx, destination, messages).await?;
+            queen_store::log::append_in_transaction(&tx, destination, messages, &AppendPolicy::default()).await?;
         }
         tx.commit().await?;
         state.transaction_times.record_all([began.elapsed().as_micros() as u64]);

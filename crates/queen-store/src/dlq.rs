@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
 use uuid::Uuid;
 
-use crate::log::{Appended, Destination, NewMessage, append_in_transaction};
+use crate::log::{AppendPolicy, Appended, Destination, NewMessage, append_in_transaction};
 use crate::{StoreError, queues};
 
 /// One dead letter.
@@ -152,7 +152,9 @@ pub async fn requeue(
         payload: first.get(4),
     };
     let destination = Destination { queue_id, queue: &queue, partition_id: target };
-    let appended = append_in_transaction(&tx, destination, std::slice::from_ref(&message)).await?;
+    // Its transaction id is new by construction, so no dedup window matters.
+    let appended =
+        append_in_transaction(&tx, destination, std::slice::from_ref(&message), &AppendPolicy::default()).await?;
     tx.commit().await?;
     let outcome = appended.outcomes.into_iter().next().ok_or(StoreError::Missing("append outcome"))?;
     Ok(Some(Requeued {

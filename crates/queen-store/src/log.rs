@@ -64,24 +64,60 @@ pub struct AppendResult {
     pub segment: Option<SegmentWritten>,
 }
 
-/// The stored (offset, message id) of those transaction ids the partition already holds.
-pub async fn existing_transaction_ids(
+/// How a queue's appends treat what they write.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AppendPolicy {
+    /// A stored transaction id older than this many seconds is no longer a duplicate: its index
+    /// entry passes to the new message. 0 = an id is a duplicate as long as its message is stored.
+    pub dedup_window_seconds: i32,
+}
+
+/// The stored (offset, message id) of those transaction ids the partition already holds and
+/// that still count as duplicates. Ids stored longer ago than the policy's dedup window are
+/// released first: their index entries are deleted (guarded by offset, so an entry that a
+/// concurrent append just gave to a new message stays), and the ids count as new.
+async fn duplicates_of(
     client: &impl GenericClient,
     partition_id: i64,
     transaction_ids: &[&str],
+    policy: &AppendPolicy,
 ) -> Result<HashMap<String, (i64, Uuid)>, StoreError> {
     let statement = client
         .prepare_cached(
             // One primary-key probe per id, whatever the table's statistics say: a plan cached
-            // while the table was small would otherwise scan it whole for every push.
-            "SELECT t.transaction_id, m.message_offset, m.message_id
+            // while the table was small would otherwise scan it whole for every push. The age of
+            // an id (its segment's) is looked up only under a dedup window.
+            "SELECT t.transaction_id, m.message_offset, m.message_id,
+                    $3 > 0 AND (SELECT s.created_at FROM queen.log_segments s
+                                 WHERE s.partition_id = $1 AND s.base_offset <= m.message_offset
+                                 ORDER BY s.base_offset DESC LIMIT 1) < now() - $3::int * interval '1 second'
                FROM unnest($2::text[]) AS t(transaction_id)
               CROSS JOIN LATERAL (SELECT message_offset, message_id FROM queen.log_message_ids
                                    WHERE partition_id = $1 AND transaction_id = t.transaction_id LIMIT 1) m",
         )
         .await?;
-    let rows = client.query(&statement, &[&partition_id, &transaction_ids]).await?;
-    Ok(rows.iter().map(|row| (row.get(0), (row.get(1), row.get(2)))).collect())
+    let rows = client.query(&statement, &[&partition_id, &transaction_ids, &policy.dedup_window_seconds]).await?;
+    let mut duplicates = HashMap::with_capacity(rows.len());
+    let (mut stale_ids, mut stale_offsets): (Vec<String>, Vec<i64>) = (Vec::new(), Vec::new());
+    for row in &rows {
+        if row.get::<_, Option<bool>>(3) == Some(true) {
+            stale_ids.push(row.get(0));
+            stale_offsets.push(row.get(1));
+        } else {
+            duplicates.insert(row.get(0), (row.get(1), row.get(2)));
+        }
+    }
+    if !stale_ids.is_empty() {
+        let statement = client
+            .prepare_cached(
+                "DELETE FROM queen.log_message_ids
+                  WHERE partition_id = $1
+                    AND (transaction_id, message_offset) IN (SELECT * FROM unnest($2::text[], $3::bigint[]))",
+            )
+            .await?;
+        client.execute(&statement, &[&partition_id, &stale_ids, &stale_offsets]).await?;
+    }
+    Ok(duplicates)
 }
 
 /// A batch split into what must be written and what is a duplicate, with the new messages
@@ -146,12 +182,13 @@ pub async fn append(
     client: &impl GenericClient,
     destination: Destination<'_>,
     messages: &[NewMessage],
+    policy: &AppendPolicy,
 ) -> Result<AppendResult, StoreError> {
     let transaction_ids: Vec<&str> = messages.iter().map(|m| m.transaction_id.as_str()).collect();
     let mut attempts = 0;
     loop {
         attempts += 1;
-        let existing = existing_transaction_ids(client, destination.partition_id, &transaction_ids).await?;
+        let existing = duplicates_of(client, destination.partition_id, &transaction_ids, policy).await?;
         let plan = plan_append(messages, &existing)?;
         match write_plan(client, destination, &plan).await {
             Err(StoreError::Db(e))
@@ -170,6 +207,7 @@ pub async fn append_in_transaction(
     tx: &deadpool_postgres::Transaction<'_>,
     destination: Destination<'_>,
     messages: &[NewMessage],
+    policy: &AppendPolicy,
 ) -> Result<AppendResult, StoreError> {
     let partition_id = destination.partition_id;
     let locked = tx.query_opt("SELECT 1 FROM queen.partitions WHERE id = $1 FOR UPDATE", &[&partition_id]).await?;
@@ -177,7 +215,7 @@ pub async fn append_in_transaction(
         return Err(StoreError::Missing("partition"));
     }
     let transaction_ids: Vec<&str> = messages.iter().map(|m| m.transaction_id.as_str()).collect();
-    let existing = existing_transaction_ids(tx, partition_id, &transaction_ids).await?;
+    let existing = duplicates_of(tx, partition_id, &transaction_ids, policy).await?;
     let plan = plan_append(messages, &existing)?;
     let segment = write_plan(tx, destination, &plan).await?;
     Ok(finish(plan, segment))

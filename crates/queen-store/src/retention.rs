@@ -141,10 +141,12 @@ pub async fn apply_trim(client: &mut deadpool_postgres::Client, trim: Trim, batc
                 }
             }
         }
+        // Guarded by offset: under a dedup window a later message may hold the same id now.
         let mut messages = tx
             .execute(
-                "DELETE FROM queen.log_message_ids WHERE partition_id = $1 AND transaction_id = ANY($2)",
-                &[&trim.partition_id, &transaction_ids],
+                "DELETE FROM queen.log_message_ids
+                  WHERE partition_id = $1 AND transaction_id = ANY($2) AND message_offset <= $3",
+                &[&trim.partition_id, &transaction_ids, &last_end],
             )
             .await?;
         for (base, end) in unreadable {

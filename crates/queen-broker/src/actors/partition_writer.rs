@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use queen_store::Pool;
-use queen_store::log::{Appended, Destination, NewMessage};
+use queen_store::log::{AppendPolicy, Appended, Destination, NewMessage};
 use tokio::sync::oneshot;
 
 use super::WorkError;
@@ -37,11 +37,13 @@ pub struct WriterLimits {
     pub idle: Duration,
 }
 
-/// Appends these messages (one push request's share of this partition).
+/// Appends these messages (one push request's share of this partition), under the queue's
+/// policy as the request found it.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Append {
     pub messages: Vec<NewMessage>,
+    pub policy: AppendPolicy,
     pub reply: oneshot::Sender<Result<Vec<Appended>, WorkError>>,
 }
 
@@ -50,6 +52,8 @@ pub struct PartitionWriter {
     pool: Pool,
     limits: WriterLimits,
     queue: FusionQueue<NewMessage, Appended, WorkError>,
+    /// The queue's policy as the latest request found it; a fused batch is written under it.
+    policy: AppendPolicy,
     last_activity: Instant,
     registry: Registry<i64, PartitionWriter>,
     coordinator: Addr<Coordinator>,
@@ -80,6 +84,7 @@ impl PartitionWriter {
         };
         let pool = self.pool.clone();
         let target = self.target.clone();
+        let policy = self.policy.clone();
         let messages = batch.items;
         let replies = batch.replies;
         self.metrics.actor_queued.with_label_values(&[ACTOR]).sub(replies.len() as i64);
@@ -87,7 +92,7 @@ impl PartitionWriter {
             let client = pool.get().await.map_err(queen_store::StoreError::from)?;
             let destination =
                 Destination { queue_id: target.queue_id, queue: &target.queue, partition_id: target.partition_id };
-            let result = queen_store::log::append(&client, destination, &messages).await?;
+            let result = queen_store::log::append(&client, destination, &messages, &policy).await?;
             Ok::<_, queen_store::StoreError>((result, payload_bytes(&messages)))
         };
         ctx.spawn(write.into_actor(self).map(move |result, writer, ctx| {
@@ -150,6 +155,7 @@ impl Handler<Append> for PartitionWriter {
     fn handle(&mut self, msg: Append, ctx: &mut Self::Context) {
         self.last_activity = Instant::now();
         self.metrics.actor_queued.with_label_values(&[ACTOR]).inc();
+        self.policy = msg.policy;
         self.queue.push(Pending { items: msg.messages, reply: msg.reply });
         self.write_next(ctx);
     }
@@ -174,6 +180,7 @@ impl Writers {
             pool: deps.pool,
             limits: deps.limits,
             queue: FusionQueue::default(),
+            policy: AppendPolicy::default(),
             last_activity: Instant::now(),
             registry: self.registry.clone(),
             coordinator: deps.coordinator,
@@ -183,9 +190,15 @@ impl Writers {
     }
 
     /// Appends one request's messages to the partition and waits for their outcomes.
-    pub async fn append(&self, target: &WriteTarget, messages: Vec<NewMessage>) -> Result<Vec<Appended>, WorkError> {
+    pub async fn append(
+        &self,
+        target: &WriteTarget,
+        messages: Vec<NewMessage>,
+        policy: AppendPolicy,
+    ) -> Result<Vec<Appended>, WorkError> {
         let (reply, answer) = oneshot::channel();
-        match self.registry.try_send(&target.partition_id, || self.start(target), Append { messages, reply }) {
+        let append = Append { messages, policy, reply };
+        match self.registry.try_send(&target.partition_id, || self.start(target), append) {
             Ok(()) => answer.await.unwrap_or_else(|_| Err(WorkError::Failed("the partition writer stopped".into()))),
             Err(SendError::Full(_)) => Err(WorkError::Overloaded(format!(
                 "too many pushes queued for partition {}; retry later",

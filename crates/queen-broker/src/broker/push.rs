@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use queen_store::StoreError;
-use queen_store::log::{Appended, Destination, NewMessage, append_in_transaction};
+use queen_store::log::{AppendPolicy, Appended, Destination, NewMessage, append_in_transaction};
 use queen_store::queues::{self, Queue};
 use uuid::Uuid;
 
@@ -135,7 +135,7 @@ async fn write_capped(
     let mut outcomes = vec![Vec::new(); shares.len()];
     for i in order {
         let destination = Destination { queue_id: queue.id, queue: &queue.name, partition_id: partition_ids[i] };
-        match append_in_transaction(&tx, destination, &shares[i].1).await {
+        match append_in_transaction(&tx, destination, &shares[i].1, &append_policy(queue)).await {
             Ok(appended) => outcomes[i] = appended.outcomes,
             Err(StoreError::Missing(_)) => {
                 broker.names.forget_partition(queue.id, shares[i].0);
@@ -169,6 +169,11 @@ async fn write_capped(
     Ok(partition_ids.into_iter().zip(outcomes).collect())
 }
 
+/// How appends to the queue treat what they write.
+pub fn append_policy(queue: &Queue) -> AppendPolicy {
+    AppendPolicy { dedup_window_seconds: queue.options.dedup_window_seconds }
+}
+
 /// Appends to one partition. A queue deleted since its id was cached is resolved (and so
 /// created) again once; one deleted while the append was queued fails the request with a 503,
 /// which the client retries.
@@ -178,17 +183,18 @@ async fn write_partition(
     partition: &str,
     messages: Vec<NewMessage>,
 ) -> Result<(i64, Vec<Appended>), ApiError> {
-    let mut queue_id = broker.names.ensure_queue(&broker.pool, queue).await?.id;
-    let partition_id = match broker.names.ensure_partition(&broker.pool, queue_id, partition).await {
-        Err(queen_store::StoreError::Missing(_)) => {
+    let mut settings = broker.names.ensure_queue(&broker.pool, queue).await?;
+    let partition_id = match broker.names.ensure_partition(&broker.pool, settings.id, partition).await {
+        Err(StoreError::Missing(_)) => {
             broker.names.forget_queue(queue);
-            queue_id = broker.names.ensure_queue(&broker.pool, queue).await?.id;
-            broker.names.ensure_partition(&broker.pool, queue_id, partition).await?
+            settings = broker.names.ensure_queue(&broker.pool, queue).await?;
+            broker.names.ensure_partition(&broker.pool, settings.id, partition).await?
         }
         other => other?,
     };
+    let queue_id = settings.id;
     let target = WriteTarget { queue_id, queue: Arc::from(queue), partition_id };
-    match broker.writers.append(&target, messages).await {
+    match broker.writers.append(&target, messages, append_policy(&settings)).await {
         Ok(outcomes) => Ok((partition_id, outcomes)),
         Err(e) => {
             if matches!(e, WorkError::Gone(_)) {

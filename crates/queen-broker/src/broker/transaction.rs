@@ -12,7 +12,7 @@ use queen_store::queues::{self, Queue};
 
 use super::Broker;
 use super::ack::refusal_text;
-use super::push::{PushItem, Pushed};
+use super::push::{PushItem, Pushed, append_policy};
 use crate::actors::coordinator::DataAvailable;
 use crate::error::ApiError;
 
@@ -83,14 +83,13 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
     // if the bundle rolls back.
     // For each item: its queue's id and its partition's id. And the queues with a `maxSize`.
     let mut partition_of = Vec::with_capacity(items.len());
-    let mut capped: BTreeMap<i64, Arc<Queue>> = BTreeMap::new();
+    let mut queues_of_items: BTreeMap<i64, Arc<Queue>> = BTreeMap::new();
     for item in &items {
         let queue = broker.names.ensure_queue(&broker.pool, &item.queue).await?;
         partition_of.push((queue.id, broker.names.ensure_partition(&broker.pool, queue.id, &item.partition).await?));
-        if queue.options.max_size > 0 {
-            capped.insert(queue.id, queue);
-        }
+        queues_of_items.insert(queue.id, queue);
     }
+    let capped = queues_of_items.values().filter(|queue| queue.options.max_size > 0);
 
     let mut client = broker.pool.get().await.map_err(StoreError::from)?;
     let tx = client.transaction().await.map_err(StoreError::from)?;
@@ -119,9 +118,9 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
 
     // Capacity locks in queue id order, before any partition lock, as capped pushes take them.
     let mut depths = BTreeMap::new();
-    for (&queue_id, queue) in &capped {
-        queues::lock_capacity(&tx, queue_id).await?;
-        depths.insert(queue_id, queues::unconsumed_depth(&tx, queue).await?);
+    for queue in capped {
+        queues::lock_capacity(&tx, queue.id).await?;
+        depths.insert(queue.id, queues::unconsumed_depth(&tx, queue).await?);
     }
     let mut by_partition: BTreeMap<(i64, i64), Vec<usize>> = BTreeMap::new();
     for (index, &(queue_id, partition_id)) in partition_of.iter().enumerate() {
@@ -131,7 +130,8 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
     for (&(partition_id, queue_id), indices) in &by_partition {
         let messages: Vec<NewMessage> = indices.iter().map(|&i| items[i].to_message()).collect();
         let destination = Destination { queue_id, queue: &items[indices[0]].queue, partition_id };
-        let appended = append_in_transaction(&tx, destination, &messages).await?;
+        let policy = append_policy(&queues_of_items[&queue_id]);
+        let appended = append_in_transaction(&tx, destination, &messages, &policy).await?;
         for (&i, outcome) in indices.iter().zip(appended.outcomes) {
             pushed[i] = Some(Pushed { transaction_id: items[i].transaction_id.clone(), partition_id, outcome });
         }
@@ -144,7 +144,7 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
                 *queue == queue_id && matches!(pushed, Some(Pushed { outcome: Appended::Queued { .. }, .. }))
             })
             .count() as i64;
-        let queue = &capped[&queue_id];
+        let queue = &queues_of_items[&queue_id];
         if depth + adding > queue.options.max_size {
             let (queue, max_size) = (queue.name.clone(), queue.options.max_size);
             return Err(ApiError::QueueFull { queue, depth, max_size, adding }.into());

@@ -82,3 +82,43 @@ async fn every_known_option_is_checked_and_a_bad_value_writes_nothing() {
     }
     assert_eq!(app.count("SELECT count(*) FROM queen.queues").await, 0);
 }
+
+/// Moves every segment of the queue `age` into the past.
+async fn age_queue(app: &TestApp, queue: &str, age: &str) {
+    let sql = "UPDATE queen.log_segments s SET created_at = s.created_at - $2::text::interval
+                 FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+                WHERE s.partition_id = p.id AND q.name = $1";
+    app.db.connect().await.execute(sql, &[&queue, &age]).await.expect("age the segments");
+}
+
+#[actix_web::test]
+async fn a_transaction_id_is_a_duplicate_only_within_the_dedup_window() {
+    let app = TestApp::spawn_with(|config| config.maintenance.interval_ms = 100).await;
+    app.configure("windowed", json!({"dedupWindowSeconds": 60, "retentionEnabled": true, "retentionSeconds": 3600}))
+        .await;
+    let first = app.push_one("windowed", "p", "order-7", json!(1)).await;
+    assert_eq!(app.push_one("windowed", "p", "order-7", json!(1)).await["status"], "duplicate", "inside the window");
+
+    age_queue(&app, "windowed", "2 hours").await;
+    let second = app.push_one("windowed", "p", "order-7", json!(2)).await;
+    assert_eq!(second["status"], "queued", "past the window the id is new again");
+    assert_ne!(second["message_id"], first["message_id"]);
+    let message = app.get(&format!("/api/v1/messages/{}/order-7", second["partition_id"].as_str().unwrap())).await;
+    assert_eq!(message.body["data"], 2, "the id names the newer message");
+
+    // Retention removes the old message (2 h old, retention 1 h) but not the new one's id.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while app.count("SELECT count(*) FROM queen.log_segments").await > 1 {
+        assert!(std::time::Instant::now() < deadline, "retention never ran");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(app.push_one("windowed", "p", "order-7", json!(3)).await["status"], "duplicate");
+    let served: Vec<Value> =
+        app.pop("queue/windowed", "batch=10").await.messages().iter().map(|m| m["data"].clone()).collect();
+    assert_eq!(served, vec![json!(2)]);
+
+    // Without a window, an id stays a duplicate for as long as its message is stored.
+    app.push_one("forever", "p", "once", json!(1)).await;
+    age_queue(&app, "forever", "400 days").await;
+    assert_eq!(app.push_one("forever", "p", "once", json!(1)).await["status"], "duplicate");
+}
