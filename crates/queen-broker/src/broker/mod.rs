@@ -10,7 +10,7 @@ pub mod queues;
 pub mod transaction;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use actix::Addr;
@@ -44,6 +44,8 @@ pub struct Broker {
     pg_config: tokio_postgres::Config,
     /// When `/metrics` last read consumer lag from the database.
     pub lag_refreshed_at: std::sync::Mutex<Option<std::time::Instant>>,
+    /// Namespace pops so far: queues of equal priority take turns at being served first.
+    pub namespace_pops: AtomicU64,
     shutting_down: AtomicBool,
 }
 
@@ -131,6 +133,7 @@ impl Broker {
             broker_id,
             pg_config: pg,
             lag_refreshed_at: std::sync::Mutex::new(None),
+            namespace_pops: AtomicU64::new(0),
             shutting_down: AtomicBool::new(false),
         }
     }

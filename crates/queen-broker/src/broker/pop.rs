@@ -4,12 +4,13 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use queen_store::cursors::{self, ClaimRequest, CursorSeed, Expiry, Scope};
 use queen_store::log::{self, Span};
-use queen_store::queues::Queue;
+use queen_store::queues::{self, Queue};
 use serde_json::value::RawValue;
 use tokio::sync::oneshot;
 use uuid::Uuid;
@@ -18,12 +19,20 @@ use super::Broker;
 use crate::actors::coordinator::{Checked, Observe, Park, PlanPop, PopPlan, ScanDone};
 use crate::error::ApiError;
 
+/// Where a pop takes messages from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PopSource {
+    /// One queue; with `partition` (the partition route), only that partition.
+    Queue { queue: String, partition: Option<String> },
+    /// Every queue of a namespace and/or task (at least one of them set), the higher `priority`
+    /// first, queues of equal priority taking turns.
+    Namespace { namespace: Option<String>, task: Option<String> },
+}
+
 /// A validated pop.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PopRequest {
-    pub queue: String,
-    /// The partition route: only this partition.
-    pub partition: Option<String>,
+    pub source: PopSource,
     pub group: String,
     /// Most messages, across every claimed partition.
     pub batch: u32,
@@ -43,6 +52,7 @@ pub struct DeliveredMessage {
     pub message_id: Uuid,
     pub transaction_id: String,
     pub trace_id: Option<Uuid>,
+    pub queue: Arc<str>,
     pub partition_id: i64,
     pub partition: Arc<str>,
     pub data: Box<RawValue>,
@@ -51,7 +61,8 @@ pub struct DeliveredMessage {
     pub delivery_attempt: i32,
 }
 
-/// What a pop hands out: nothing, or messages of one or more partitions under one lease.
+/// What a pop hands out: nothing, or messages of one or more partitions (of one or more queues)
+/// under one lease.
 #[derive(Debug, Default)]
 pub struct Delivery {
     pub lease_id: Option<Uuid>,
@@ -68,36 +79,113 @@ enum Attempt {
     },
 }
 
+/// What is left of a pop's `batch` and `partitions` as it goes from queue to queue.
+#[derive(Debug, Clone, Copy)]
+struct Budget {
+    messages: u32,
+    partitions: u32,
+}
+
 /// How long after such a time a parked pop looks again, so that it has passed when it does.
 const AFTER_EXPIRY: Duration = Duration::from_millis(20);
+
+/// How often a parked namespace pop looks for queues created in its namespace since it parked
+/// (their pushes wake only pops parked on them).
+const NAMESPACE_RESCAN: Duration = Duration::from_secs(1);
 
 /// Pops once, or for a long poll until messages come or the timeout passes. A parked pop holds
 /// no database connection.
 pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, ApiError> {
     let deadline = Instant::now() + request.timeout;
-    super::groups::register_on_first_pop(broker, &request.queue, &request.group, request.seed).await?;
-    let queue: Arc<str> = Arc::from(request.queue.as_str());
+    // One lease for whatever the pop claims, on every queue.
+    let lease_id = Uuid::now_v7();
+    if let PopSource::Queue { queue, .. } = &request.source {
+        super::groups::register_on_first_pop(broker, queue, &request.group, request.seed).await?;
+    }
     loop {
         if broker.is_shutting_down() {
             return Ok(Delivery::default());
         }
-        let seen = if request.wait { Some(observe(broker, &queue).await?) } else { None };
-        let retry_at = match pop_once(broker, request).await? {
-            Attempt::Delivered(delivery) => return Ok(delivery),
-            Attempt::Empty { retry_at } => retry_at,
-        };
-        let Some(seen) = seen else { return Ok(Delivery::default()) };
+        let (names, queues) = sources(broker, request).await?;
+        let mut seen = Vec::new();
+        if request.wait {
+            for name in &names {
+                seen.push((Arc::clone(name), observe(broker, name).await?));
+            }
+        }
+        let mut delivery = Delivery::default();
+        let mut retry_at = None;
+        for queue in &queues {
+            let budget = Budget {
+                messages: request.batch - delivery.messages.len() as u32,
+                partitions: request.max_partitions - delivery.partitions_claimed as u32,
+            };
+            if budget.messages == 0 || budget.partitions == 0 {
+                break;
+            }
+            match pop_queue(broker, request, queue, budget, lease_id).await? {
+                Attempt::Delivered(more) => {
+                    delivery.partitions_claimed += more.partitions_claimed;
+                    delivery.messages.extend(more.messages);
+                    delivery.lease_id = more.lease_id;
+                }
+                Attempt::Empty { retry_at: at } => retry_at = retry_at.into_iter().chain(at).min(),
+            }
+        }
+        if !delivery.messages.is_empty() || !request.wait {
+            return Ok(delivery);
+        }
         let now = Instant::now();
         if now >= deadline {
             return Ok(Delivery::default());
         }
-        let wake_at = retry_at
+        let mut wake_at = retry_at
             .map(|at| now + (at - Utc::now()).to_std().unwrap_or_default() + AFTER_EXPIRY)
             .map_or(deadline, |at| at.min(deadline));
-        let (wake, woken) = oneshot::channel();
-        broker.coordinator.send(Park { queue: Arc::clone(&queue), seen, wake }).await.map_err(coordinator_gone)?;
-        // Woken, or the time came: either way, look again (or give up past the deadline).
-        let _ = tokio::time::timeout_at(wake_at.into(), woken).await;
+        if matches!(request.source, PopSource::Namespace { .. }) {
+            wake_at = wake_at.min(now + NAMESPACE_RESCAN);
+        }
+        let mut woken = Vec::with_capacity(seen.len());
+        for (queue, seen) in seen {
+            let (wake, on_wake) = oneshot::channel();
+            broker.coordinator.send(Park { queue, seen, wake }).await.map_err(coordinator_gone)?;
+            woken.push(on_wake);
+        }
+        // Woken (by any of the queues), or the time came: either way, look again (or give up past
+        // the deadline).
+        if woken.is_empty() {
+            tokio::time::sleep_until(wake_at.into()).await;
+        } else {
+            let _ = tokio::time::timeout_at(wake_at.into(), futures::future::select_all(woken)).await;
+        }
+    }
+}
+
+/// The queues a pop looks at, in serving order, with the names it parks on: the queue of a queue
+/// pop (by name even before it exists: its first push wakes the pop), or the queues of a
+/// namespace pop, registering the group on each the first time.
+async fn sources(broker: &Broker, request: &PopRequest) -> Result<(Vec<Arc<str>>, Vec<Arc<Queue>>), ApiError> {
+    match &request.source {
+        PopSource::Queue { queue, .. } => {
+            let found = broker.names.queue(&broker.pool, queue).await?;
+            Ok((vec![Arc::from(queue.as_str())], found.into_iter().collect()))
+        }
+        PopSource::Namespace { namespace, task } => {
+            let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
+            let mut queues = queues::queues_of(&client, namespace.as_deref(), task.as_deref()).await?;
+            drop(client);
+            for queue in &queues {
+                super::groups::register_on_first_pop(broker, &queue.name, &request.group, request.seed).await?;
+            }
+            // Queues of one priority take turns at being first.
+            let turn = broker.namespace_pops.fetch_add(1, Ordering::Relaxed) as usize;
+            for tier in queues.chunk_by_mut(|a, b| a.options.priority == b.options.priority) {
+                let len = tier.len();
+                tier.rotate_left(turn % len);
+            }
+            let names = queues.iter().map(|q| Arc::from(q.name.as_str())).collect();
+            Ok((names, queues.into_iter().map(Arc::new).collect()))
+        }
     }
 }
 
@@ -109,18 +197,26 @@ fn coordinator_gone(e: actix::MailboxError) -> ApiError {
     ApiError::Internal(format!("the coordinator did not answer: {e}"))
 }
 
-async fn pop_once(broker: &Broker, request: &PopRequest) -> Result<Attempt, ApiError> {
+/// Pops once from one queue, within the budget, claiming under `lease_id`.
+async fn pop_queue(
+    broker: &Broker,
+    request: &PopRequest,
+    queue: &Queue,
+    budget: Budget,
+    lease_id: Uuid,
+) -> Result<Attempt, ApiError> {
     let names = &broker.names;
-    let Some(queue) = names.queue(&broker.pool, &request.queue).await? else {
-        return Ok(Attempt::Empty { retry_at: None });
-    };
     let queue_id = queue.id;
     let group: Arc<str> = Arc::from(request.group.as_str());
     // Free partitions to consider claiming: a few more than the pop may take, in case some are
     // claimed by a competing pop in the meantime.
-    let claimable = usize::try_from(request.max_partitions.max(4) * 4).unwrap_or(usize::MAX);
+    let claimable = usize::try_from(budget.partitions.max(4) * 4).unwrap_or(usize::MAX);
+    let only_partition = match &request.source {
+        PopSource::Queue { partition, .. } => partition.as_deref(),
+        PopSource::Namespace { .. } => None,
+    };
     // Which partitions to look at: the one named, or the coordinator's plan for the queue.
-    let (mut client, candidates) = match &request.partition {
+    let (mut client, candidates) = match only_partition {
         Some(name) => {
             let Some(partition_id) = names.partition(&broker.pool, queue_id, name).await? else {
                 return Ok(Attempt::Empty { retry_at: None });
@@ -145,16 +241,15 @@ async fn pop_once(broker: &Broker, request: &PopRequest) -> Result<Attempt, ApiE
 
     let partition_ids: Vec<i64> = free.iter().map(|c| c.partition_id).collect();
     if queue.options.expiry_seconds().is_some() {
-        expire_old_messages(broker, &mut client, &queue, &request.group, &partition_ids).await?;
+        expire_old_messages(broker, &mut client, queue, &request.group, &partition_ids).await?;
     }
-    let lease_id = Uuid::now_v7();
     let claims = cursors::claim(
         &client,
         &ClaimRequest {
             group: &request.group,
             partition_ids: &partition_ids,
-            batch: i64::from(request.batch),
-            max_partitions: i64::from(if request.partition.is_some() { 1 } else { request.max_partitions }),
+            batch: i64::from(budget.messages),
+            max_partitions: i64::from(if only_partition.is_some() { 1 } else { budget.partitions }),
             lease_id,
             lease_seconds: request.lease_seconds,
             auto_ack: request.auto_ack,
@@ -179,6 +274,7 @@ async fn pop_once(broker: &Broker, request: &PopRequest) -> Result<Attempt, ApiE
     let segments = log::read_spans(&client, &spans).await?;
     drop(client);
 
+    let queue_name: Arc<str> = Arc::from(queue.name.as_str());
     let names_by_id: HashMap<i64, Arc<str>> =
         free.iter().map(|c| (c.partition_id, Arc::from(c.partition.as_str()))).collect();
     let attempts: HashMap<i64, (i64, i64, i32)> =
@@ -201,6 +297,7 @@ async fn pop_once(broker: &Broker, request: &PopRequest) -> Result<Attempt, ApiE
                 message_id: frame.message_id,
                 transaction_id: frame.transaction_id.to_owned(),
                 trace_id: frame.trace_id,
+                queue: Arc::clone(&queue_name),
                 partition_id: segment.partition_id,
                 partition: Arc::clone(&partition),
                 data,
@@ -212,9 +309,9 @@ async fn pop_once(broker: &Broker, request: &PopRequest) -> Result<Attempt, ApiE
     }
 
     let metrics = &broker.metrics;
-    metrics.messages_delivered.with_label_values(&[&request.queue]).inc_by(messages.len() as u64);
+    metrics.messages_delivered.with_label_values(&[&queue.name]).inc_by(messages.len() as u64);
     let bytes: usize = messages.iter().map(|m| m.data.get().len()).sum();
-    metrics.bytes_delivered.with_label_values(&[&request.queue]).inc_by(bytes as u64);
+    metrics.bytes_delivered.with_label_values(&[&queue.name]).inc_by(bytes as u64);
     if !request.auto_ack {
         metrics.leases_granted.inc_by(claims.len() as u64);
     }

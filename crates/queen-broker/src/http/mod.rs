@@ -66,6 +66,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             web::scope("/api/v1")
                 .service(resource("/configure").route(web::post().to(configure::handle)))
                 .service(resource("/push").route(web::post().to(push::handle)))
+                .service(resource("/pop").route(web::get().to(pop::pop_namespace)))
                 .service(resource("/pop/queue/{queue}").route(web::get().to(pop::pop_queue)))
                 .service(resource("/pop/queue/{queue}/partition/{partition}").route(web::get().to(pop::pop_partition)))
                 .service(resource("/ack").route(web::post().to(ack::single)))

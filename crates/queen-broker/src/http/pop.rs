@@ -1,4 +1,5 @@
-//! `GET /api/v1/pop/queue/{queue}` and `GET /api/v1/pop/queue/{queue}/partition/{partition}`.
+//! `GET /api/v1/pop/queue/{queue}`, `GET /api/v1/pop/queue/{queue}/partition/{partition}` and
+//! `GET /api/v1/pop?namespace=&task=`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -12,29 +13,48 @@ use uuid::Uuid;
 use super::body::{query_bool, query_int, query_pairs};
 use super::{StoredMessageJson, timestamp};
 use crate::broker::Broker;
-use crate::broker::pop::{Delivery, PopRequest, pop};
+use crate::broker::pop::{Delivery, PopRequest, PopSource, pop};
 use crate::error::ApiError;
 use crate::names::{self, NameKind, QUEUE_MODE_GROUP};
 
 pub async fn pop_queue(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
-    handle(broker, req, None).await
+    let source = PopSource::Queue { queue: queue_of(&req)?, partition: None };
+    handle(broker, req, source).await
 }
 
 pub async fn pop_partition(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let partition = req.match_info().get("partition").unwrap_or_default().to_owned();
     names::check(NameKind::Partition, "partition", &partition).map_err(ApiError::BadRequest)?;
-    handle(broker, req, Some(partition)).await
+    let source = PopSource::Queue { queue: queue_of(&req)?, partition: Some(partition) };
+    handle(broker, req, source).await
 }
 
-async fn handle(
-    broker: web::Data<Broker>,
-    req: HttpRequest,
-    partition: Option<String>,
-) -> Result<HttpResponse, ApiError> {
+/// A pop from every queue of a namespace and/or task, the higher priority first.
+pub async fn pop_namespace(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    let query = query_pairs(req.query_string())?;
+    let label = |key: &str| -> Result<Option<String>, ApiError> {
+        let value = query.get(key).filter(|v| !v.is_empty()).cloned();
+        if let Some(value) = &value {
+            names::check(NameKind::Queue, key, value).map_err(ApiError::BadRequest)?;
+        }
+        Ok(value)
+    };
+    let (namespace, task) = (label("namespace")?, label("task")?);
+    if namespace.is_none() && task.is_none() {
+        return Err(ApiError::bad_request("a pop without a queue needs a namespace, a task, or both"));
+    }
+    handle(broker, req, PopSource::Namespace { namespace, task }).await
+}
+
+fn queue_of(req: &HttpRequest) -> Result<String, ApiError> {
     let queue = req.match_info().get("queue").unwrap_or_default().to_owned();
     names::check(NameKind::Queue, "queue", &queue).map_err(ApiError::BadRequest)?;
+    Ok(queue)
+}
+
+async fn handle(broker: web::Data<Broker>, req: HttpRequest, source: PopSource) -> Result<HttpResponse, ApiError> {
     let query = query_pairs(req.query_string())?;
-    let (request, autopilot) = parse_query(&broker, queue, partition, &query)?;
+    let (request, autopilot) = parse_query(&broker, source, &query)?;
     let started = std::time::Instant::now();
     let delivery = pop(&broker, &request).await?;
     let wait = if request.wait { "true" } else { "false" };
@@ -50,8 +70,7 @@ async fn handle(
 /// The pop as the query asks for it, and whether the broker chose knobs for it (autopilot).
 fn parse_query(
     broker: &Broker,
-    queue: String,
-    partition: Option<String>,
+    source: PopSource,
     query: &BTreeMap<String, String>,
 ) -> Result<(PopRequest, bool), ApiError> {
     let limits = &broker.config.pop;
@@ -74,8 +93,7 @@ fn parse_query(
     // Queue mode always sees the backlog.
     let seed = if group == QUEUE_MODE_GROUP { CursorSeed::Oldest } else { subscription };
     let request = PopRequest {
-        queue,
-        partition,
+        source,
         group,
         batch: batch.map_or(default_batch, |b| b as u32),
         max_partitions: partitions.map_or(1, |p| p as u32),
@@ -148,7 +166,7 @@ impl<'a> PopAnswer<'a> {
         let first = delivery.messages.first();
         PopAnswer {
             success: true,
-            queue: &request.queue,
+            queue: first.map_or("", |m| &m.queue),
             partition: first.map_or("", |m| &m.partition),
             partition_id: first.map_or_else(String::new, |m| m.partition_id.to_string()),
             lease_id: delivery.lease_id,
@@ -161,7 +179,7 @@ impl<'a> PopAnswer<'a> {
                         id: m.message_id,
                         transaction_id: &m.transaction_id,
                         trace_id: m.trace_id,
-                        queue: &request.queue,
+                        queue: &m.queue,
                         partition: &m.partition,
                         partition_id: m.partition_id.to_string(),
                         offset: m.offset,

@@ -21,17 +21,19 @@ pub async fn until_parked(app: &TestApp, n: usize) {
     }
 }
 
+/// Once one pop is parked, pushes one message (its payload is its transaction id); when.
+pub async fn push_once_parked(app: &TestApp, queue: &str, partition: &str, transaction_id: &str) -> Instant {
+    until_parked(app, 1).await;
+    let pushed_at = Instant::now();
+    app.push_one(queue, partition, transaction_id, json!(transaction_id)).await;
+    pushed_at
+}
+
 #[actix_web::test]
 async fn a_waiting_pop_answers_as_soon_as_a_push_arrives() {
     let app = TestApp::spawn().await;
     let waiting = app.pop("queue/wake", "batch=1&wait=true&timeout=20000");
-    let push = async {
-        until_parked(&app, 1).await;
-        let pushed_at = Instant::now();
-        app.push_one("wake", "p", "hello", json!("hi")).await;
-        pushed_at
-    };
-    let (answer, pushed_at) = futures::join!(waiting, push);
+    let (answer, pushed_at) = futures::join!(waiting, push_once_parked(&app, "wake", "p", "hello"));
     let latency = pushed_at.elapsed();
     assert_eq!(answer.transaction_ids(), vec!["hello"]);
     assert!(latency < Duration::from_secs(2), "answered {latency:?} after the push, with a 20 s timeout");

@@ -14,6 +14,7 @@ mod helpers;
 mod leases;
 mod long_poll;
 mod messages;
+mod namespaces;
 mod operations;
 mod queue_options;
 mod retention;

@@ -10,7 +10,7 @@ use reqwest::StatusCode;
 use serde_json::json;
 
 use crate::helpers::TestApp;
-use crate::long_poll::until_parked;
+use crate::long_poll::push_once_parked;
 
 /// Moves the partition's segments and its last push `age` into the past.
 async fn age_partition(app: &TestApp, queue: &str, partition: &str, age: &str) {
@@ -128,13 +128,7 @@ async fn a_long_poll_waiting_out_a_held_partition_takes_a_push_to_another_at_onc
     let popped = app.pop("queue/lanes", "batch=1").await.messages();
     app.ack_all(&popped, "failed", None).await;
     let waiting = app.pop("queue/lanes", "batch=1&wait=true&timeout=20000");
-    let push = async {
-        until_parked(&app, 1).await;
-        let pushed_at = Instant::now();
-        app.push_one("lanes", "open", "o", json!("o")).await;
-        pushed_at
-    };
-    let (answer, pushed_at) = futures::join!(waiting, push);
+    let (answer, pushed_at) = futures::join!(waiting, push_once_parked(&app, "lanes", "open", "o"));
     assert_eq!(answer.transaction_ids(), vec!["o"]);
     assert!(pushed_at.elapsed() < Duration::from_secs(2), "the held partition kept the other waiting");
 }
