@@ -56,6 +56,8 @@ pub struct Delivery {
     pub lease_id: Option<Uuid>,
     pub partitions_claimed: usize,
     pub messages: Vec<DeliveredMessage>,
+    /// Nothing, because pop maintenance is on.
+    pub paused: bool,
 }
 
 enum Attempt {
@@ -73,11 +75,18 @@ const AFTER_EXPIRY: Duration = Duration::from_millis(20);
 /// no database connection.
 pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, ApiError> {
     let deadline = Instant::now() + request.timeout;
+    let paused = || Ok(Delivery { paused: true, ..Delivery::default() });
+    if held_by_pop_maintenance(broker, request, deadline).await {
+        return paused();
+    }
     super::groups::register_on_first_pop(broker, &request.queue, &request.group, request.seed).await?;
     let queue: Arc<str> = Arc::from(request.queue.as_str());
     loop {
         if broker.is_shutting_down() {
             return Ok(Delivery::default());
+        }
+        if held_by_pop_maintenance(broker, request, deadline).await {
+            return paused();
         }
         let seen = if request.wait { Some(observe(broker, &queue).await?) } else { None };
         let retry_at = match pop_once(broker, request).await? {
@@ -97,6 +106,13 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, ApiE
         // Woken, or the time came: either way, look again (or give up past the deadline).
         let _ = tokio::time::timeout_at(wake_at.into(), woken).await;
     }
+}
+
+/// Whether pop maintenance keeps the pop from popping: a long poll waits for it to end, at most
+/// until its deadline; without a database call either way.
+async fn held_by_pop_maintenance(broker: &Broker, request: &PopRequest, deadline: Instant) -> bool {
+    let maintenance = &broker.maintenance;
+    maintenance.pops_paused() && !(request.wait && maintenance.pops_resume_by(deadline).await)
 }
 
 async fn observe(broker: &Broker, queue: &Arc<str>) -> Result<u64, ApiError> {
@@ -209,6 +225,7 @@ async fn pop_once(broker: &Broker, request: &PopRequest) -> Result<Attempt, ApiE
         lease_id: (!request.auto_ack).then_some(lease_id),
         partitions_claimed: claims.len(),
         messages,
+        paused: false,
     }))
 }
 

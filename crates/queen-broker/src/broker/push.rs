@@ -1,5 +1,6 @@
 //! Push: resolve each item's queue and partition (creating them on first use), hand each
-//! partition's share to its writer, and answer per item in request order.
+//! partition's share to its writer, and answer per item in request order. While push maintenance
+//! is on, a push is journaled instead (`super::push_buffer`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,15 +20,17 @@ pub struct PushItem {
     pub partition: String,
     pub transaction_id: String,
     pub trace_id: Option<Uuid>,
+    /// Minted when the push is accepted; a duplicate is answered with the original's instead.
+    pub message_id: Uuid,
     /// The message's data as JSON text.
     pub payload: Vec<u8>,
 }
 
 impl PushItem {
-    /// The message to append, with a fresh message id.
+    /// The message to append.
     pub fn to_message(&self) -> NewMessage {
         NewMessage {
-            message_id: queen_log::new_message_id(),
+            message_id: self.message_id,
             transaction_id: self.transaction_id.clone(),
             trace_id: self.trace_id,
             payload: self.payload.clone(),
@@ -43,11 +46,29 @@ pub struct Pushed {
     pub outcome: Appended,
 }
 
-/// Writes the items. Items of one partition keep their order and land in one segment (or, when
-/// other pushes to the partition are fused with them, in one segment with those). Any storage
-/// failure fails the whole request: a client retry is safe, since the items already written
-/// come back as duplicates of themselves.
-pub async fn push(broker: &Broker, items: Vec<PushItem>) -> Result<Vec<Pushed>, ApiError> {
+/// What became of a push request: written to the log, or (push maintenance) journaled whole.
+#[derive(Debug)]
+pub enum PushResults {
+    Stored(Vec<Pushed>),
+    Buffered(Vec<PushItem>),
+}
+
+/// Pushes the items: to the journal while pushes go there, to the log otherwise.
+pub async fn push(broker: &Broker, items: Vec<PushItem>) -> Result<PushResults, ApiError> {
+    if broker.maintenance.pushes_to_journal()
+        && !items.is_empty()
+        && super::push_buffer::journal(broker, &items).await?
+    {
+        return Ok(PushResults::Buffered(items));
+    }
+    write(broker, &items).await.map(PushResults::Stored)
+}
+
+/// Writes the items to the log. Items of one partition keep their order and land in one segment
+/// (or, when other pushes to the partition are fused with them, in one segment with those). Any
+/// storage failure fails the whole request: a client retry is safe, since the items already
+/// written come back as duplicates of themselves.
+pub async fn write(broker: &Broker, items: &[PushItem]) -> Result<Vec<Pushed>, ApiError> {
     // Items grouped by partition, keeping each item's index in the request.
     let mut groups: Vec<((String, String), Vec<usize>)> = Vec::new();
     let mut group_of: HashMap<(&str, &str), usize> = HashMap::new();

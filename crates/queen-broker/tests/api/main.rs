@@ -11,6 +11,7 @@ mod groups;
 mod helpers;
 mod leases;
 mod long_poll;
+mod maintenance_mode;
 mod messages;
 mod operations;
 mod queue_options;
