@@ -587,3 +587,117 @@ impl Journal {
         self.addr.send(Status).await.map_err(gone)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use queen_log::{Frame, encode_record};
+    use uuid::Uuid;
+
+    use super::*;
+
+    fn scratch_dir() -> PathBuf {
+        std::env::temp_dir().join(format!("queen-journal-{}", Uuid::new_v4().simple()))
+    }
+
+    fn config(dir: &Path) -> BufferConfig {
+        BufferConfig { dir: dir.to_owned(), ..BufferConfig::default() }
+    }
+
+    fn record(transaction_ids: &[&str]) -> Vec<u8> {
+        let entries: Vec<JournalEntry<'_>> = transaction_ids
+            .iter()
+            .map(|transaction_id| JournalEntry {
+                queue: "q",
+                partition: "p",
+                frame: Frame {
+                    message_id: Uuid::now_v7(),
+                    trace_id: None,
+                    transaction_id,
+                    producer: None,
+                    payload: b"1",
+                },
+            })
+            .collect();
+        let mut bytes = Vec::new();
+        encode_record(&entries, &mut bytes).expect("encodes");
+        bytes
+    }
+
+    fn transaction_ids(path: &Path) -> Vec<String> {
+        let contents = JournalContents::read(path).expect("readable");
+        contents.records().flatten().map(|entry| entry.frame.transaction_id.to_owned()).collect()
+    }
+
+    #[test]
+    fn recovery_counts_what_is_readable_and_skips_torn_and_corrupt_records() {
+        let dir = scratch_dir();
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut first = JOURNAL_MAGIC.to_vec();
+        first.extend(record(&["a", "b"]));
+        let mut corrupt = record(&["c"]);
+        let last = corrupt.len() - 1;
+        corrupt[last] ^= 1;
+        first.extend(corrupt);
+        first.extend(record(&["d"]));
+        let torn = record(&["e"]);
+        first.extend(&torn[..torn.len() - 3]);
+        std::fs::write(dir.join("00000000000000000001.journal"), &first).unwrap();
+        std::fs::write(dir.join("00000000000000000007.journal"), JOURNAL_MAGIC).unwrap();
+        std::fs::write(dir.join("notes.txt"), "not a journal").unwrap();
+
+        let found = FoundJournal::recover(&config(&dir)).expect("recovers");
+        let counts: Vec<u64> = found.sealed.iter().map(|file| file.remaining).collect();
+        assert_eq!(counts, [3], "a, b and d; c is corrupt, e torn; the empty file is dropped");
+        assert_eq!(transaction_ids(&found.sealed[0].path), ["a", "b", "d"]);
+        assert_eq!(found.next_sequence, 8, "new files never reuse a sequence");
+        assert!(!dir.join("00000000000000000007.journal").exists());
+
+        let error = FoundJournal::recover(&config(&dir)).err().expect("the directory is locked");
+        assert!(error.to_string().contains("in use by another broker"), "{error}");
+        drop(found);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_missing_directory_is_left_alone() {
+        let dir = scratch_dir();
+        let found = FoundJournal::recover(&config(&dir)).expect("recovers");
+        assert!(found.sealed.is_empty() && found.lock.is_none());
+        assert!(!dir.exists(), "a broker that never buffers writes nothing");
+    }
+
+    #[actix_rt::test]
+    async fn appends_are_held_until_drained_and_declined_afterwards() {
+        let dir = scratch_dir();
+        let route = Arc::new(PushRoute::default());
+        let found = FoundJournal::recover(&config(&dir)).expect("recovers");
+        let journal = Journal::start(PushJournal::new(found, Arc::clone(&route), Arc::new(Metrics::new())));
+        let append =
+            |ids: &'static [&'static str]| journal.append(Record { bytes: record(ids), messages: ids.len() as u64 });
+
+        assert!(matches!(append(&["early"]).await, Err(JournalError::Declined)), "off and empty: to the log");
+        route.set_maintenance(true);
+        assert!(route.to_journal());
+        let (one, two) = futures::join!(append(&["a", "b"]), append(&["c"]));
+        assert!(one.is_ok() && two.is_ok());
+        assert_eq!(journal.status().await.unwrap(), JournalStatus { buffered_messages: 3, healthy: true });
+        assert_eq!(journal.next_to_drain().await.unwrap(), DrainStep::Paused);
+
+        route.set_maintenance(false);
+        assert!(route.to_journal(), "still holding pushes");
+        let DrainStep::File(path) = journal.next_to_drain().await.unwrap() else { panic!("a file to drain") };
+        append(&["d"]).await.expect("appended behind the file being drained");
+        assert_eq!(transaction_ids(&path), ["a", "b", "c"]);
+        journal.replayed(3);
+        journal.file_drained(path.clone());
+        let DrainStep::File(next) = journal.next_to_drain().await.unwrap() else { panic!("the file appended to") };
+        assert!(!path.exists(), "a drained file is deleted");
+        assert_eq!(transaction_ids(&next), ["d"]);
+        journal.file_drained(next);
+        assert_eq!(journal.next_to_drain().await.unwrap(), DrainStep::Done);
+        assert!(!route.to_journal(), "pushes go to the log again");
+        assert!(matches!(append(&["late"]).await, Err(JournalError::Declined)));
+        assert_eq!(journal.status().await.unwrap().buffered_messages, 0);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
