@@ -41,6 +41,8 @@ use crate::metrics::Metrics;
 /// This actor's label in the metrics.
 const ACTOR: &str = "push_journal";
 const MAILBOX: usize = 16 * 1024;
+/// Most bytes of queued appends taken into one write (a larger single record still goes alone).
+const MAX_WRITE_BYTES: usize = 8 * 1024 * 1024;
 const FILE_SUFFIX: &str = ".journal";
 const LOCK_FILE: &str = "journal.lock";
 
@@ -353,10 +355,22 @@ impl PushJournal {
     }
 
     fn write_next(&mut self, ctx: &mut Context<Self>) {
-        let Some(batch) = self.queue.next_batch(|_, _| true) else { return };
+        let size = |records: &[Record]| records.iter().map(|r| r.bytes.len()).sum::<usize>();
+        // The bytes taken so far, counted as they grow: a batch may hold thousands of records.
+        let counted = std::cell::Cell::new((0, 0));
+        let fits = |so_far: &[Record], next: &[Record]| {
+            let (records, bytes) = counted.get();
+            let bytes = bytes + size(&so_far[records..]);
+            counted.set((so_far.len(), bytes));
+            bytes + size(next) <= MAX_WRITE_BYTES
+        };
+        let Some(batch) = self.queue.next_batch(fits) else { return };
         let records = batch.items.len();
         let messages: u64 = batch.items.iter().map(|r| r.messages).sum();
-        let bytes: Vec<u8> = batch.items.iter().flat_map(|r| r.bytes.iter().copied()).collect();
+        let mut bytes = Vec::with_capacity(size(&batch.items));
+        for record in &batch.items {
+            bytes.extend_from_slice(&record.bytes);
+        }
         let replies = batch.replies;
         self.metrics.actor_queued.with_label_values(&[ACTOR]).sub(replies.len() as i64);
         if self.lock.is_none() {
