@@ -77,6 +77,12 @@ fn the_chart_has_what_a_production_deployment_needs() {
     }
     assert!(deployment.contains("secretKeyRef"), "database credentials come from a Secret");
     assert!(deployment.contains("resources:"));
+    assert!(
+        deployment.contains("mountPath: {{ .Values.buffer.mountPath }}")
+            && read(&chart().join("templates/configmap.yaml"))
+                .contains("dir = {{ .Values.buffer.mountPath | toJson }}"),
+        "the push journal lives on a volume (the root filesystem is read-only), and the broker is told where"
+    );
     assert!(read(&chart().join("templates/pdb.yaml")).contains("kind: PodDisruptionBudget"));
     assert!(
         read(&chart().join("templates/hpa.yaml")).contains("{{- if .Values.autoscaling.enabled }}"),

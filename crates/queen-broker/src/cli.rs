@@ -27,6 +27,9 @@ pub struct Cli {
     /// Where the embedded PostgreSQL keeps its data [embedded.data_dir]
     #[arg(long, global = true, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Where this broker journals pushes accepted during push maintenance [buffer.dir]
+    #[arg(long, global = true, value_name = "DIR")]
+    pub buffer_dir: Option<PathBuf>,
     /// Log filter, e.g. info or debug [log.level]
     #[arg(long, global = true, value_name = "FILTER")]
     pub log_level: Option<String>,
@@ -57,6 +60,9 @@ impl Cli {
         }
         if let Some(dir) = &self.data_dir {
             figment = figment.merge(Serialized::default("embedded.data_dir", dir));
+        }
+        if let Some(dir) = &self.buffer_dir {
+            figment = figment.merge(Serialized::default("buffer.dir", dir));
         }
         if let Some(level) = &self.log_level {
             figment = figment.merge(Serialized::default("log.level", level));

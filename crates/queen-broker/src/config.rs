@@ -19,6 +19,7 @@ pub struct Config {
     pub push: PushConfig,
     pub pop: PopConfig,
     pub maintenance: MaintenanceConfig,
+    pub buffer: BufferConfig,
     pub log: LogConfig,
 }
 
@@ -189,6 +190,24 @@ impl Default for MaintenanceConfig {
     }
 }
 
+/// The push journal: where pushes accepted during push maintenance wait for the log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BufferConfig {
+    /// This broker's journal directory, created when first needed; never shared by two brokers.
+    pub dir: PathBuf,
+    /// Most messages replayed into the log per step of a drain.
+    pub drain_batch_messages: usize,
+    /// A journal file is closed, and drained on its own, once it holds this many bytes.
+    pub file_max_bytes: u64,
+}
+
+impl Default for BufferConfig {
+    fn default() -> Self {
+        Self { dir: PathBuf::from("queen-data/buffer"), drain_batch_messages: 1000, file_max_bytes: 64 * 1024 * 1024 }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LogConfig {
@@ -224,6 +243,8 @@ pub const ENV_ALIASES: &[(&str, &str)] = &[
     ("RETENTION_INTERVAL", "maintenance.interval_ms"),
     ("RETENTION_BATCH_SIZE", "maintenance.batch_segments"),
     ("PARTITION_CLEANUP_DAYS", "maintenance.partition_cleanup_days"),
+    ("FILE_BUFFER_DIR", "buffer.dir"),
+    ("FILE_BUFFER_MAX_BATCH", "buffer.drain_batch_messages"),
 ];
 
 /// A setting that cannot be used, named.
@@ -303,6 +324,12 @@ impl Config {
         }
         if self.maintenance.batch_segments == 0 {
             return Err(invalid("maintenance.batch_segments", "must be at least 1"));
+        }
+        if self.buffer.drain_batch_messages == 0 {
+            return Err(invalid("buffer.drain_batch_messages", "must be at least 1"));
+        }
+        if self.buffer.file_max_bytes < 4096 {
+            return Err(invalid("buffer.file_max_bytes", "must be at least 4096"));
         }
         if !matches!(self.log.format.as_str(), "text" | "json") {
             return Err(invalid("log.format", "must be `text` or `json`"));

@@ -59,6 +59,11 @@ pub struct Metrics {
     pub maintenance_passes: IntCounterVec,
     pub segments_retained_away: IntCounter,
     pub partitions_cleaned_up: IntCounter,
+    // Maintenance mode.
+    pub maintenance_mode: IntGaugeVec,
+    pub buffered_messages: IntGauge,
+    pub messages_buffered: IntCounter,
+    pub paused_long_polls: IntGauge,
 }
 
 fn register<T: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: T) -> T {
@@ -247,6 +252,27 @@ impl Metrics {
                 "Segments deleted by retention.",
             ),
             partitions_cleaned_up: counter(&r, "queen_partitions_cleaned_up_total", "Empty idle partitions deleted."),
+            maintenance_mode: gauge_vec(
+                &r,
+                "queen_maintenance_mode",
+                "Whether push or pop maintenance is on (1) or off (0), as this broker applies it.",
+                &["kind"],
+            ),
+            buffered_messages: gauge(
+                &r,
+                "queen_buffered_messages",
+                "Messages in this broker's push journal, waiting to be replayed into the log.",
+            ),
+            messages_buffered: counter(
+                &r,
+                "queen_messages_buffered_total",
+                "Pushed messages accepted into this broker's push journal during push maintenance.",
+            ),
+            paused_long_polls: gauge(
+                &r,
+                "queen_paused_long_polls",
+                "Long-polling pops held by pop maintenance, waiting for it to end.",
+            ),
             registry: r,
         }
     }

@@ -11,6 +11,7 @@ use actix_web::middleware::{NormalizePath, TrailingSlash};
 use actix_web::{App, HttpServer, web};
 use queen_store::StoreError;
 
+use crate::actors::push_journal::FoundJournal;
 use crate::broker::Broker;
 use crate::config::Config;
 use crate::database::{Database, DatabaseError};
@@ -27,6 +28,10 @@ pub enum StartError {
     Migrate(StoreError),
     #[error("cannot listen on {address}: {source}")]
     Bind { address: String, source: std::io::Error },
+    #[error("cannot read the maintenance switches: {0}")]
+    Modes(StoreError),
+    #[error("cannot open the push journal in {dir}: {source}")]
+    Journal { dir: String, source: std::io::Error },
 }
 
 pub struct Application {
@@ -44,6 +49,9 @@ impl Application {
         let pool = queen_store::pool::build_pool(database.pg_config.clone(), &config.database.pool_settings())
             .map_err(StartError::Migrate)?;
         migrate_with_retries(&pool).await?;
+        let modes = crate::broker::maintenance_mode::read(&pool).await.map_err(StartError::Modes)?;
+        let journal = FoundJournal::recover(&config.buffer)
+            .map_err(|source| StartError::Journal { dir: config.buffer.dir.display().to_string(), source })?;
 
         let address = format!("{}:{}", config.http.host, config.http.port);
         let listener =
@@ -55,7 +63,11 @@ impl Application {
             n => n,
         };
         let shutdown_timeout = config.http.shutdown_timeout_seconds;
-        let broker = web::Data::new(Broker::new(pool, database.pg_config.clone(), Arc::new(config), broker_id));
+        let broker =
+            web::Data::new(Broker::new(pool, database.pg_config.clone(), Arc::new(config), broker_id, modes, journal));
+        // Replays what the journal holds whenever push maintenance is off (now, if a previous run
+        // left pushes in it).
+        actix_web::rt::spawn(crate::broker::push_buffer::keep_draining(broker.clone()));
         let app_broker = broker.clone();
         let server = HttpServer::new(move || {
             App::new()

@@ -13,6 +13,8 @@ pub enum DecodeError {
     TransactionIdNotUtf8 { at: usize },
     #[error("frame at byte {at} has a producer that is not UTF-8")]
     ProducerNotUtf8 { at: usize },
+    #[error("queue or partition name at byte {at} is not UTF-8")]
+    NameNotUtf8 { at: usize },
     #[error("segment decompresses to {actual} bytes, expected {expected}")]
     LengthMismatch { expected: usize, actual: usize },
     #[error("segment holds {actual} frames, expected {expected}")]

@@ -8,17 +8,22 @@
 //! The frame layout is the stored-frame layout of the official client's binary formats (QPB1
 //! push groups and QPF1 framed pop records), so a segment can be shipped to a client as it is.
 //!
+//! The same frames, tagged with their queue and partition, make the records of a broker's push
+//! journal (`journal`), where pushes accepted during push maintenance wait for the log.
+//!
 //! This crate does no IO; every decoder returns an error, never panics, on truncated or corrupt
 //! input.
 
 mod error;
 mod frame;
 mod ids;
+mod journal;
 mod segment;
 
 pub use error::{DecodeError, EncodeError};
 pub use frame::{Frame, FrameIter, FrameOwned, encode_frame, encoded_len};
 pub use ids::new_message_id;
+pub use journal::{JOURNAL_MAGIC, JournalDefect, JournalEntry, JournalReader, encode_record};
 pub use segment::{DecodedSegment, EncodedSegment, SegmentBuilder, decode_segment};
 
 /// Frame flag: a 16-byte trace id follows the message id.

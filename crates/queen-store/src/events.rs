@@ -3,15 +3,18 @@
 //! A push commit announces its partition from inside the push transaction, so the notice is
 //! delivered exactly when the data is visible; an ack that releases a lease over pending messages
 //! announces the partition the same way. Seek, group deletion and subscription changes tell every
-//! broker to forget what it knew about a group (its empty-scan watermark and candidates).
+//! broker to forget what it knew about a group (its empty-scan watermark and candidates). A change
+//! of the maintenance switches carries the whole new state.
 //!
 //! Payloads are short text: `p <queue id> <partition id> <queue>`,
-//! `r <queue id, or 0 for every queue> <group>` and `q <queue id> <queue>`. Names come last, so
-//! they may contain spaces.
+//! `r <queue id, or 0 for every queue> <group>`, `q <queue id> <queue>` and
+//! `m <revision> <push maintenance 0|1> <pop maintenance 0|1>`. Names come last, so they may
+//! contain spaces.
 
 use deadpool_postgres::GenericClient;
 
 use crate::StoreError;
+use crate::system_state::Modes;
 
 /// The one channel every broker listens on.
 pub const CHANNEL: &str = "queen_events";
@@ -24,6 +27,8 @@ pub enum Event {
     Reset { queue_id: i64, group: String },
     /// The queue was configured or deleted: forget what is cached of it.
     QueueChanged { queue_id: i64, queue: String },
+    /// The maintenance switches changed; this is their state as of that change.
+    ModesChanged(Modes),
 }
 
 impl Event {
@@ -32,6 +37,9 @@ impl Event {
             Event::Available { queue_id, partition_id, queue } => format!("p {queue_id} {partition_id} {queue}"),
             Event::Reset { queue_id, group } => format!("r {queue_id} {group}"),
             Event::QueueChanged { queue_id, queue } => format!("q {queue_id} {queue}"),
+            Event::ModesChanged(Modes { revision, push_maintenance, pop_maintenance }) => {
+                format!("m {revision} {} {}", u8::from(*push_maintenance), u8::from(*pop_maintenance))
+            }
         }
     }
 
@@ -39,6 +47,7 @@ impl Event {
     pub fn decode(payload: &str) -> Option<Event> {
         let (kind, rest) = payload.split_once(' ')?;
         let (first, rest) = rest.split_once(' ')?;
+        // For `m`, the revision.
         let queue_id = first.parse().ok()?;
         match kind {
             "p" => {
@@ -47,6 +56,16 @@ impl Event {
             }
             "r" => Some(Event::Reset { queue_id, group: rest.to_owned() }),
             "q" => Some(Event::QueueChanged { queue_id, queue: rest.to_owned() }),
+            "m" => {
+                let flag = |text: &str| match text {
+                    "0" => Some(false),
+                    "1" => Some(true),
+                    _ => None,
+                };
+                let (push, pop) = rest.split_once(' ')?;
+                let modes = Modes { revision: queue_id, push_maintenance: flag(push)?, pop_maintenance: flag(pop)? };
+                Some(Event::ModesChanged(modes))
+            }
             _ => None,
         }
     }
@@ -70,6 +89,8 @@ mod tests {
             Event::Reset { queue_id: 3, group: "billing team".into() },
             Event::Reset { queue_id: 0, group: "g".into() },
             Event::QueueChanged { queue_id: 9, queue: "billing eu".into() },
+            Event::ModesChanged(Modes { revision: 12, push_maintenance: true, pop_maintenance: false }),
+            Event::ModesChanged(Modes { revision: 13, push_maintenance: false, pop_maintenance: true }),
         ];
         for event in events {
             assert_eq!(Event::decode(&event.encode()), Some(event));
@@ -77,5 +98,7 @@ mod tests {
         assert_eq!(Event::decode("z 1 2"), None);
         assert_eq!(Event::decode("p x 2 q"), None);
         assert_eq!(Event::decode(""), None);
+        assert_eq!(Event::decode("m 3 1 2"), None, "flags are 0 or 1");
+        assert_eq!(Event::decode("m 3 1"), None);
     }
 }

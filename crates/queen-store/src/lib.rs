@@ -16,6 +16,7 @@ pub mod pool;
 pub mod queues;
 pub mod retention;
 pub mod stats;
+pub mod system_state;
 
 pub use deadpool_postgres::{Pool, Transaction};
 pub use error::{FailureCounts, StoreError, failure_counts};

@@ -33,6 +33,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(4, "0004_maintenance"),
     migration!(5, "0005_message_ids_without_fk"),
     migration!(6, "0006_queue_options"),
+    migration!(7, "0007_system_state"),
 ];
 
 /// The newest schema version this build knows.

@@ -93,7 +93,16 @@ impl BrokerProcess {
 
 /// Whether an environment variable is one the broker reads its settings from.
 fn configures_queen(key: &str) -> bool {
-    const NAMES: [&str; 6] = ["DATABASE_URL", "HOST", "PORT", "LOG_LEVEL", "DEFAULT_BATCH_SIZE", "DEFAULT_TIMEOUT"];
+    const NAMES: [&str; 8] = [
+        "DATABASE_URL",
+        "HOST",
+        "PORT",
+        "LOG_LEVEL",
+        "DEFAULT_BATCH_SIZE",
+        "DEFAULT_TIMEOUT",
+        "FILE_BUFFER_DIR",
+        "FILE_BUFFER_MAX_BATCH",
+    ];
     ["QUEEN_", "PG_", "DB_"].iter().any(|prefix| key.starts_with(prefix)) || NAMES.contains(&key)
 }
 

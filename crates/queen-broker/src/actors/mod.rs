@@ -1,12 +1,15 @@
 //! The broker's actors. Each owns its state and is reached through a bounded mailbox:
 //! - [`partition_writer::PartitionWriter`], one per active partition: push fusion;
 //! - [`group_leases::GroupLeases`], one per consumer group: coalesces acknowledgements;
-//! - [`coordinator::Coordinator`], one per broker: parks long polls and wakes them.
+//! - [`coordinator::Coordinator`], one per broker: parks long polls and wakes them;
+//! - [`push_journal::PushJournal`], one per broker: the journal of pushes accepted during push
+//!   maintenance.
 
 pub mod coordinator;
 mod fusion;
 pub mod group_leases;
 pub mod partition_writer;
+pub mod push_journal;
 mod registry;
 
 use queen_store::StoreError;

@@ -2,9 +2,11 @@
 
 pub mod ack;
 pub mod groups;
+pub mod maintenance_mode;
 mod names_cache;
 pub mod pop;
 pub mod push;
+pub mod push_buffer;
 pub mod queue_options;
 pub mod queues;
 pub mod transaction;
@@ -20,10 +22,13 @@ use queen_store::Pool;
 use crate::actors::coordinator::{Coordinator, CoordinatorSettings, WakeAll};
 use crate::actors::group_leases::Groups;
 use crate::actors::partition_writer::{WriterDeps, WriterLimits, Writers};
+use crate::actors::push_journal::{FoundJournal, Journal, PushJournal, PushRoute};
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::services::listener::{FleetListeners, keep_listening};
 use crate::services::maintenance::{Maintenance, MaintenanceSettings};
+use maintenance_mode::MaintenanceMode;
+use queen_store::system_state::Modes;
 
 pub use names_cache::NamesCache;
 
@@ -38,6 +43,9 @@ pub struct Broker {
     pub groups: Groups,
     pub coordinator: Addr<Coordinator>,
     pub metrics: Arc<Metrics>,
+    pub maintenance: Arc<MaintenanceMode>,
+    /// Where pushes wait during push maintenance.
+    pub journal: Journal,
     /// Identifies this broker in the leases it grants.
     pub broker_id: String,
     /// Where the database is, for connections that must not come from the pool.
@@ -59,6 +67,7 @@ impl Broker {
     pub fn begin_shutdown(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
         self.coordinator.do_send(WakeAll);
+        self.maintenance.release_held_pops();
     }
 
     /// Releases the live leases this broker granted, announcing the partitions, so that other
@@ -77,10 +86,20 @@ impl Broker {
         Ok(released)
     }
 
-    /// Wires the actors and starts the LISTEN connection (on `pg`). Must run inside an actix
-    /// system.
-    pub fn new(pool: Pool, pg: tokio_postgres::Config, config: Arc<Config>, broker_id: String) -> Self {
+    /// Wires the actors and starts the LISTEN connection (on `pg`), with the maintenance switches
+    /// as read at start-up and the push journal as found. Must run inside an actix system.
+    pub fn new(
+        pool: Pool,
+        pg: tokio_postgres::Config,
+        config: Arc<Config>,
+        broker_id: String,
+        modes: Modes,
+        journal: FoundJournal,
+    ) -> Self {
         let metrics = Arc::new(Metrics::new());
+        let route = Arc::new(PushRoute::default());
+        let journal = Journal::start(PushJournal::new(journal, Arc::clone(&route), Arc::clone(&metrics)));
+        let maintenance_mode = Arc::new(MaintenanceMode::new(modes, route, Arc::clone(&metrics)));
         let view_max_age = Duration::from_secs(config.pop.scan_refresh_seconds.max(1));
         let settings = CoordinatorSettings { hot_list: config.pop.hot_list, view_max_age };
         let coordinator = actix::Actor::start(Coordinator::new(settings, Arc::clone(&metrics)));
@@ -89,6 +108,8 @@ impl Broker {
             coordinator: coordinator.clone(),
             names: Arc::clone(&names),
             metrics: Arc::clone(&metrics),
+            maintenance: Arc::clone(&maintenance_mode),
+            pool: pool.clone(),
         };
         actix::spawn(keep_listening(pg.clone(), listeners));
         let idle = Duration::from_secs(config.push.writer_idle_seconds.max(1));
@@ -130,6 +151,8 @@ impl Broker {
             groups,
             coordinator,
             metrics,
+            maintenance: maintenance_mode,
+            journal,
             broker_id,
             pg_config: pg,
             lag_refreshed_at: std::sync::Mutex::new(None),

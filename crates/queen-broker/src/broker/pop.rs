@@ -68,6 +68,8 @@ pub struct Delivery {
     pub lease_id: Option<Uuid>,
     pub partitions_claimed: usize,
     pub messages: Vec<DeliveredMessage>,
+    /// Nothing, because pop maintenance is on.
+    pub paused: bool,
 }
 
 enum Attempt {
@@ -97,6 +99,10 @@ const NAMESPACE_RESCAN: Duration = Duration::from_secs(1);
 /// no database connection.
 pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, ApiError> {
     let deadline = Instant::now() + request.timeout;
+    let paused = || Ok(Delivery { paused: true, ..Delivery::default() });
+    if held_by_pop_maintenance(broker, request, deadline).await {
+        return paused();
+    }
     // One lease for whatever the pop claims, on every queue.
     let lease_id = Uuid::now_v7();
     if let PopSource::Queue { queue, .. } = &request.source {
@@ -105,6 +111,9 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, ApiE
     loop {
         if broker.is_shutting_down() {
             return Ok(Delivery::default());
+        }
+        if held_by_pop_maintenance(broker, request, deadline).await {
+            return paused();
         }
         let (names, queues) = sources(broker, request).await?;
         let mut seen = Vec::new();
@@ -187,6 +196,13 @@ async fn sources(broker: &Broker, request: &PopRequest) -> Result<(Vec<Arc<str>>
             Ok((names, queues.into_iter().map(Arc::new).collect()))
         }
     }
+}
+
+/// Whether pop maintenance keeps the pop from popping: a long poll waits for it to end, at most
+/// until its deadline; without a database call either way.
+async fn held_by_pop_maintenance(broker: &Broker, request: &PopRequest, deadline: Instant) -> bool {
+    let maintenance = &broker.maintenance;
+    maintenance.pops_paused() && !(request.wait && maintenance.pops_resume_by(deadline).await)
 }
 
 async fn observe(broker: &Broker, queue: &Arc<str>) -> Result<u64, ApiError> {
@@ -320,6 +336,7 @@ async fn pop_queue(
         lease_id: (!request.auto_ack).then_some(lease_id),
         partitions_claimed: claims.len(),
         messages,
+        paused: false,
     }))
 }
 

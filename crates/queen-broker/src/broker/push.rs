@@ -1,5 +1,6 @@
 //! Push: resolve each item's queue and partition (creating them on first use), hand each
-//! partition's share to its writer, and answer per item in request order.
+//! partition's share to its writer, and answer per item in request order. While push maintenance
+//! is on, a push is journaled instead (`super::push_buffer`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,15 +23,17 @@ pub struct PushItem {
     pub partition: String,
     pub transaction_id: String,
     pub trace_id: Option<Uuid>,
+    /// Minted when the push is accepted; a duplicate is answered with the original's instead.
+    pub message_id: Uuid,
     /// The message's data as JSON text.
     pub payload: Vec<u8>,
 }
 
 impl PushItem {
-    /// The message to append, with a fresh message id.
+    /// The message to append.
     pub fn to_message(&self) -> NewMessage {
         NewMessage {
-            message_id: queen_log::new_message_id(),
+            message_id: self.message_id,
             transaction_id: self.transaction_id.clone(),
             trace_id: self.trace_id,
             payload: self.payload.clone(),
@@ -46,15 +49,43 @@ pub struct Pushed {
     pub outcome: Appended,
 }
 
+/// What became of a push request: written to the log, or (push maintenance) journaled whole.
+#[derive(Debug)]
+pub enum PushResults {
+    Stored(Vec<Pushed>),
+    Buffered(Vec<PushItem>),
+}
+
+/// Pushes the items: to the journal while pushes go there, to the log otherwise.
+pub async fn push(broker: &Broker, items: Vec<PushItem>) -> Result<PushResults, ApiError> {
+    if broker.maintenance.pushes_to_journal()
+        && !items.is_empty()
+        && super::push_buffer::journal(broker, &items).await?
+    {
+        return Ok(PushResults::Buffered(items));
+    }
+    write(broker, &items, Admission::Checked).await.map(PushResults::Stored)
+}
+
+/// Whether a write may be refused for a queue's `maxSize`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// A producer's push: a queue with a size takes it only if it fits.
+    Checked,
+    /// Pushes the broker already accepted (replayed from the journal): written whatever the
+    /// depth, since they were answered.
+    Accepted,
+}
+
 /// Items of one queue, by partition, each with the indices of its items in the request.
 type QueueShare = (String, Vec<(String, Vec<usize>)>);
 
-/// Writes the items. Items of one partition keep their order and land in one segment (or, when
-/// other pushes to the partition are fused with them, in one segment with those). Any storage
-/// failure fails the whole request: a client retry is safe, since the items already written
-/// come back as duplicates of themselves. A queue with a `maxSize` takes its share of the
-/// request whole or not at all ([`ApiError::QueueFull`]).
-pub async fn push(broker: &Broker, items: Vec<PushItem>) -> Result<Vec<Pushed>, ApiError> {
+/// Writes the items to the log. Items of one partition keep their order and land in one segment
+/// (or, when other pushes to the partition are fused with them, in one segment with those). Any
+/// storage failure fails the whole request: a client retry is safe, since the items already
+/// written come back as duplicates of themselves. Under [`Admission::Checked`], a queue with a
+/// `maxSize` takes its share of the request whole or not at all ([`ApiError::QueueFull`]).
+pub async fn write(broker: &Broker, items: &[PushItem], admission: Admission) -> Result<Vec<Pushed>, ApiError> {
     let mut shares: Vec<QueueShare> = Vec::new();
     let mut place: HashMap<(&str, &str), (usize, usize)> = HashMap::new();
     for (index, item) in items.iter().enumerate() {
@@ -73,7 +104,7 @@ pub async fn push(broker: &Broker, items: Vec<PushItem>) -> Result<Vec<Pushed>, 
         shares[queue].1[partition].1.push(index);
     }
 
-    let writes = shares.iter().map(|(queue, partitions)| write_queue(broker, queue, partitions, &items));
+    let writes = shares.iter().map(|(queue, partitions)| write_queue(broker, queue, partitions, items, admission));
     let written = futures::future::try_join_all(writes).await?;
 
     let mut results: Vec<Option<Pushed>> = vec![None; items.len()];
@@ -100,10 +131,11 @@ async fn write_queue(
     queue: &str,
     partitions: &[(String, Vec<usize>)],
     items: &[PushItem],
+    admission: Admission,
 ) -> Result<Vec<(i64, Vec<Appended>)>, ApiError> {
     let messages = |indices: &[usize]| -> Vec<NewMessage> { indices.iter().map(|&i| items[i].to_message()).collect() };
     let settings = broker.names.ensure_queue(&broker.pool, queue).await?;
-    if settings.options.max_size > 0 {
+    if settings.options.max_size > 0 && admission == Admission::Checked {
         let shares: Vec<(&str, Vec<NewMessage>)> =
             partitions.iter().map(|(partition, indices)| (partition.as_str(), messages(indices))).collect();
         return write_capped(broker, &settings, shares).await;

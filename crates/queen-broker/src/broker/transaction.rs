@@ -79,6 +79,16 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
             }
         }
     }
+    // Its acks need the database, so the bundle cannot wait in the journal; and its pushes must
+    // not overtake buffered ones.
+    if !items.is_empty() && broker.maintenance.pushes_to_journal() {
+        return Err(ApiError::Unavailable(
+            "push maintenance is on: a transaction that pushes is refused until it ends and buffered pushes are \
+             replayed; retry later"
+                .into(),
+        )
+        .into());
+    }
     // Queues and partitions are created outside the transaction: creating them is harmless even
     // if the bundle rolls back.
     // For each item: its queue's id and its partition's id. And the queues with a `maxSize`.

@@ -88,6 +88,10 @@ impl<'a> JsonObject<'a> {
         self.string(key)?.ok_or_else(|| ApiError::bad_request(format!("{} is required", self.name_of(key))))
     }
 
+    pub fn boolean(&self, key: &str) -> Result<Option<bool>, ApiError> {
+        self.typed(key, "true or false")
+    }
+
     pub fn integer(&self, key: &str) -> Result<Option<i64>, ApiError> {
         self.typed(key, "an integer")
     }

@@ -13,6 +13,7 @@ mod pop;
 mod push;
 mod resources;
 mod status;
+mod system;
 mod transaction;
 
 pub use push::parse_items as parse_push_body;
@@ -120,7 +121,17 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                     resource("/consumer-groups/{group}/queues/{queue}/partitions/{partition_id}/seek")
                         .route(web::post().to(consumer_groups::seek_partition)),
                 )
-                .service(resource("/stats/refresh").route(web::post().to(consumer_groups::refresh_stats))),
+                .service(resource("/stats/refresh").route(web::post().to(consumer_groups::refresh_stats)))
+                .service(
+                    resource("/system/maintenance")
+                        .route(web::get().to(system::status))
+                        .route(web::post().to(system::set_push)),
+                )
+                .service(
+                    resource("/system/maintenance/pop")
+                        .route(web::get().to(system::status))
+                        .route(web::post().to(system::set_pop)),
+                ),
         )
         .default_service(web::to(no_such_route));
 }

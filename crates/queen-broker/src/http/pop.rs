@@ -59,6 +59,9 @@ async fn handle(broker: web::Data<Broker>, req: HttpRequest, source: PopSource) 
     let delivery = pop(&broker, &request).await?;
     let wait = if request.wait { "true" } else { "false" };
     broker.metrics.pop_duration.with_label_values(&[wait]).observe(started.elapsed().as_secs_f64());
+    if delivery.paused {
+        return Ok(HttpResponse::Ok().json(serde_json::json!({"success": true, "messages": [], "paused": true})));
+    }
     if delivery.messages.is_empty() {
         return Ok(HttpResponse::NoContent().finish());
     }

@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use super::body::{JsonObject, read_body};
 use crate::broker::Broker;
-use crate::broker::push::{PushItem, Pushed, push};
+use crate::broker::push::{PushItem, PushResults, Pushed, push};
 use crate::error::ApiError;
 use crate::names::{self, DEFAULT_PARTITION, NameKind};
 
@@ -22,10 +22,16 @@ pub async fn handle(
     let started = std::time::Instant::now();
     let body = read_body(payload, broker.config.http.max_body_bytes).await?;
     let items = parse_items(&body, broker.config.push.max_items)?;
-    let pushed = push(&broker, items).await?;
+    let results = push(&broker, items).await?;
     broker.metrics.push_duration.observe(started.elapsed().as_secs_f64());
-    Ok(HttpResponse::Created()
-        .json(pushed.iter().enumerate().map(|(index, p)| ItemResult::new(index, p)).collect::<Vec<_>>()))
+    let mut answer = HttpResponse::Created();
+    Ok(match &results {
+        PushResults::Stored(pushed) => {
+            answer.json(pushed.iter().enumerate().map(|(index, p)| ItemResult::new(index, p)).collect::<Vec<_>>())
+        }
+        PushResults::Buffered(items) => answer
+            .json(items.iter().enumerate().map(|(index, item)| BufferedResult::new(index, item)).collect::<Vec<_>>()),
+    })
 }
 
 /// Every item of a push body, checked; one bad item refuses the whole request, so nothing is
@@ -67,7 +73,8 @@ pub fn parse_item(item: &JsonObject<'_>) -> Result<PushItem, ApiError> {
         .transpose()?;
     // The payload is kept as the JSON text it was sent as; absent means null.
     let payload = item.raw_or_null("payload").map_or("null", |raw| raw.get()).as_bytes().to_vec();
-    Ok(PushItem { queue, partition, transaction_id, trace_id, payload })
+    let message_id = queen_log::new_message_id();
+    Ok(PushItem { queue, partition, transaction_id, trace_id, message_id, payload })
 }
 
 /// One item's answer. Field names are the ones the official client reads.
@@ -94,6 +101,31 @@ impl<'a> ItemResult<'a> {
             message_id,
             partition_id: pushed.partition_id.to_string(),
             offset,
+        }
+    }
+}
+
+/// One item's answer while push maintenance is on: journaled, not in the log yet, so it has no
+/// partition id or offset.
+#[derive(Serialize)]
+pub struct BufferedResult<'a> {
+    index: usize,
+    status: &'static str,
+    transaction_id: &'a str,
+    message_id: Uuid,
+    queue: &'a str,
+    partition: &'a str,
+}
+
+impl<'a> BufferedResult<'a> {
+    fn new(index: usize, item: &'a PushItem) -> Self {
+        BufferedResult {
+            index,
+            status: "buffered",
+            transaction_id: &item.transaction_id,
+            message_id: item.message_id,
+            queue: &item.queue,
+            partition: &item.partition,
         }
     }
 }

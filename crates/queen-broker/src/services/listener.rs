@@ -11,6 +11,7 @@ use queen_store::listen::listen;
 
 use crate::actors::coordinator::{Coordinator, DataAvailable, Forget, ListenLost, ListenRestored};
 use crate::broker::NamesCache;
+use crate::broker::maintenance_mode::MaintenanceMode;
 use crate::metrics::Metrics;
 
 const FIRST_RETRY: Duration = Duration::from_millis(100);
@@ -21,6 +22,9 @@ pub struct FleetListeners {
     pub coordinator: Addr<Coordinator>,
     pub names: Arc<NamesCache>,
     pub metrics: Arc<Metrics>,
+    pub maintenance: Arc<MaintenanceMode>,
+    /// For re-reading what notices may have been missed.
+    pub pool: queen_store::Pool,
 }
 
 impl FleetListeners {
@@ -34,6 +38,7 @@ impl FleetListeners {
                 self.coordinator.do_send(Forget { queue_id, queue: None, group: Arc::from(group) });
             }
             Event::QueueChanged { queue, .. } => self.names.forget_queue(&queue),
+            Event::ModesChanged(modes) => self.maintenance.apply(modes),
         }
     }
 
@@ -41,6 +46,8 @@ impl FleetListeners {
     fn restored(&self) {
         self.names.forget_queues();
         self.coordinator.do_send(ListenRestored);
+        let (maintenance, pool) = (Arc::clone(&self.maintenance), self.pool.clone());
+        actix::spawn(async move { maintenance.refresh(&pool).await });
     }
 }
 

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use queen_broker::config::Config;
 use queen_broker::startup::Application;
-use queen_testkit::{TestDatabase, metric_at};
+use queen_testkit::{TestDatabase, metric_at, target_dir};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -69,6 +69,8 @@ impl TestApp {
         config.http.workers = 2;
         config.database.url = Some(db.url().to_owned());
         config.database.pool_size = 8;
+        // A push journal of its own (created only if the test buffers pushes).
+        config.buffer.dir = target_dir().join("api-buffers").join(uuid::Uuid::new_v4().simple().to_string());
         tweak(&mut config);
         let app = Application::build(config).await.expect("the broker starts");
         let base = format!("http://127.0.0.1:{}", app.port());

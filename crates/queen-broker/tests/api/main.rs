@@ -13,6 +13,7 @@ mod groups;
 mod helpers;
 mod leases;
 mod long_poll;
+mod maintenance_mode;
 mod messages;
 mod namespaces;
 mod operations;

@@ -1,0 +1,181 @@
+//! Maintenance mode: two switches an operator turns on while PostgreSQL is being worked on.
+//!
+//! - **Push maintenance**: pushes are accepted into this broker's journal instead of the log
+//!   (`super::buffer`), and replayed into the log when it ends.
+//! - **Pop maintenance**: pops answer at once, empty and marked paused; a long poll waits for it to
+//!   end (then pops as usual) or for its timeout. Nothing else (acks, leases, ...) is affected.
+//!
+//! The switches are kept in PostgreSQL (`queen.system_state`), so they hold for the whole fleet
+//! and survive restarts. A change is published to every broker in the transaction that makes it,
+//! and the notice carries the whole new state, which brokers apply as it arrives, without asking
+//! the database (it may be about to go away for its maintenance). Brokers read the state at
+//! start-up and whenever their LISTEN connection is restored, since notices may have been missed.
+//! Every state has a revision, and an older one never replaces a newer one, in whatever order a
+//! notice and a read arrive. The push and pop paths read the switches from atomics.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use queen_store::system_state::{self, Mode, Modes};
+use queen_store::{Pool, StoreError};
+use tokio::sync::watch;
+
+use super::Broker;
+use crate::actors::push_journal::PushRoute;
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+
+const FIRST_RETRY: Duration = Duration::from_millis(100);
+const LAST_RETRY: Duration = Duration::from_secs(5);
+
+/// The switches as this broker applies them.
+pub struct MaintenanceMode {
+    modes: Mutex<Modes>,
+    route: Arc<PushRoute>,
+    pops_paused: AtomicBool,
+    /// Long polls held by pop maintenance wait for this to turn false.
+    pops_held: watch::Sender<bool>,
+    /// Whether push maintenance is on; the drain waits for it to end.
+    push_maintenance: watch::Sender<bool>,
+    metrics: Arc<Metrics>,
+}
+
+impl MaintenanceMode {
+    /// The switches as read at start-up. `route` is shared with the journal.
+    pub fn new(modes: Modes, route: Arc<PushRoute>, metrics: Arc<Metrics>) -> Self {
+        let mode = MaintenanceMode {
+            modes: Mutex::new(modes),
+            route,
+            pops_paused: AtomicBool::new(false),
+            pops_held: watch::Sender::new(false),
+            push_maintenance: watch::Sender::new(false),
+            metrics,
+        };
+        mode.apply(modes);
+        mode
+    }
+
+    /// Puts a state into effect, unless a newer one already is.
+    pub fn apply(&self, modes: Modes) {
+        let mut current = self.modes.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if modes.revision < current.revision {
+            return;
+        }
+        if *current != modes {
+            tracing::info!(
+                push = modes.push_maintenance,
+                pop = modes.pop_maintenance,
+                revision = modes.revision,
+                "maintenance mode"
+            );
+        }
+        *current = modes;
+        self.route.set_maintenance(modes.push_maintenance);
+        self.pops_paused.store(modes.pop_maintenance, Ordering::SeqCst);
+        self.pops_held.send_replace(modes.pop_maintenance);
+        self.push_maintenance.send_replace(modes.push_maintenance);
+        let gauge = &self.metrics.maintenance_mode;
+        gauge.with_label_values(&["push"]).set(i64::from(modes.push_maintenance));
+        gauge.with_label_values(&["pop"]).set(i64::from(modes.pop_maintenance));
+    }
+
+    /// Reads the switches from PostgreSQL and applies them, retrying until it can (after the
+    /// LISTEN connection came back, notices may have been missed).
+    pub async fn refresh(&self, pool: &Pool) {
+        let mut retry = FIRST_RETRY;
+        loop {
+            match read(pool).await {
+                Ok(modes) => return self.apply(modes),
+                Err(e) => tracing::warn!(error = %e, "cannot read the maintenance switches; retrying"),
+            }
+            tokio::time::sleep(retry).await;
+            retry = (retry * 2).min(LAST_RETRY);
+        }
+    }
+
+    pub fn modes(&self) -> Modes {
+        *self.modes.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Whether pushes go to the journal: push maintenance is on, or the journal still holds pushes.
+    pub fn pushes_to_journal(&self) -> bool {
+        self.route.to_journal()
+    }
+
+    pub fn pops_paused(&self) -> bool {
+        self.pops_paused.load(Ordering::SeqCst)
+    }
+
+    /// Waits for pop maintenance to end: `true` when it did (or the broker is shutting down),
+    /// `false` at `deadline`.
+    pub async fn pops_resume_by(&self, deadline: Instant) -> bool {
+        let mut held = self.pops_held.subscribe();
+        let _counted = HeldPop::count(&self.metrics.paused_long_polls);
+        let resumed = tokio::time::timeout_at(deadline.into(), held.wait_for(|held| !held)).await;
+        matches!(resumed, Ok(Ok(_)))
+    }
+
+    /// Lets every long poll held by pop maintenance go (the broker is shutting down).
+    pub fn release_held_pops(&self) {
+        self.pops_held.send_replace(false);
+    }
+
+    /// Push maintenance, as it changes.
+    pub fn push_maintenance(&self) -> watch::Receiver<bool> {
+        self.push_maintenance.subscribe()
+    }
+}
+
+/// Counts a long poll held by pop maintenance for as long as it waits (its request may be dropped
+/// at any point, when the client goes away).
+struct HeldPop<'a>(&'a prometheus::IntGauge);
+
+impl<'a> HeldPop<'a> {
+    fn count(gauge: &'a prometheus::IntGauge) -> Self {
+        gauge.inc();
+        HeldPop(gauge)
+    }
+}
+
+impl Drop for HeldPop<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// The switches as committed in PostgreSQL.
+pub async fn read(pool: &Pool) -> Result<Modes, StoreError> {
+    let client = pool.get().await?;
+    system_state::read(&client).await
+}
+
+/// What `/api/v1/system/maintenance` reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MaintenanceStatus {
+    pub modes: Modes,
+    /// Messages in this broker's journal, not yet in the log.
+    pub buffered_messages: u64,
+    /// The journal's last write succeeded and its last drain attempt reached the log.
+    pub buffer_healthy: bool,
+    pub buffer_directory: String,
+}
+
+pub async fn status(broker: &Broker) -> Result<MaintenanceStatus, ApiError> {
+    let journal = broker.journal.status().await.map_err(|e| ApiError::Internal(e.to_string()))?;
+    Ok(MaintenanceStatus {
+        modes: broker.maintenance.modes(),
+        buffered_messages: journal.buffered_messages,
+        buffer_healthy: journal.healthy,
+        buffer_directory: broker.journal.dir.display().to_string(),
+    })
+}
+
+/// Turns a switch on or off for the whole fleet; this broker applies it before answering.
+pub async fn set(broker: &Broker, mode: Mode, enabled: bool) -> Result<MaintenanceStatus, ApiError> {
+    let mut client = broker.pool.get().await.map_err(StoreError::from)?;
+    let modes = system_state::set(&mut client, mode, enabled).await?;
+    drop(client);
+    broker.maintenance.apply(modes);
+    status(broker).await
+}

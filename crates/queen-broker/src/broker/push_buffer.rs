@@ -1,0 +1,182 @@
+//! Buffered pushes: what push maintenance does to a push, and how buffered pushes reach the log.
+//!
+//! While pushes go to the journal ([`super::maintenance_mode::MaintenanceMode::pushes_to_journal`]),
+//! a push request becomes one journal record holding everything needed to replay its items
+//! exactly (queue, partition, transaction id, trace id, the payload as sent, and the message id the
+//! push was answered with), and is answered once that record is durable; PostgreSQL is not
+//! touched. The drain replays the journal, oldest record first, a batch at a time, through the
+//! append every push uses ([`super::push::write`]), which drops a transaction id the partition
+//! already holds, so replaying a record again (after a crash mid-drain) changes nothing.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use actix_web::web;
+use queen_log::{Frame, JournalEntry};
+
+use super::Broker;
+use super::push::{Admission, PushItem, write};
+use crate::actors::push_journal::{DrainStep, JournalContents, JournalError, Record};
+use crate::error::ApiError;
+
+const FIRST_RETRY: Duration = Duration::from_millis(100);
+const LAST_RETRY: Duration = Duration::from_secs(5);
+
+/// Journals one push request: `true` once it is durable, `false` when the journal declined it
+/// (push maintenance ended and the journal is empty), so the push belongs in the log.
+pub async fn journal(broker: &Broker, items: &[PushItem]) -> Result<bool, ApiError> {
+    match broker.journal.append(record_of(items)?).await {
+        Ok(()) => Ok(true),
+        Err(JournalError::Declined) => Ok(false),
+        Err(e @ JournalError::Unavailable(_)) => Err(ApiError::Unavailable(e.to_string())),
+    }
+}
+
+fn record_of(items: &[PushItem]) -> Result<Record, ApiError> {
+    let entries: Vec<JournalEntry<'_>> = items
+        .iter()
+        .map(|item| JournalEntry {
+            queue: &item.queue,
+            partition: &item.partition,
+            frame: Frame {
+                message_id: item.message_id,
+                trace_id: item.trace_id,
+                transaction_id: &item.transaction_id,
+                producer: None,
+                payload: &item.payload,
+            },
+        })
+        .collect();
+    let mut bytes = Vec::new();
+    queen_log::encode_record(&entries, &mut bytes)
+        .map_err(|e| ApiError::bad_request(format!("the push cannot be buffered: {e}")))?;
+    Ok(Record { bytes, messages: items.len() as u64 })
+}
+
+fn item_of(entry: &JournalEntry<'_>) -> PushItem {
+    PushItem {
+        queue: entry.queue.to_owned(),
+        partition: entry.partition.to_owned(),
+        transaction_id: entry.frame.transaction_id.to_owned(),
+        trace_id: entry.frame.trace_id,
+        message_id: entry.frame.message_id,
+        payload: entry.frame.payload.to_vec(),
+    }
+}
+
+/// Runs for the broker's life: whenever push maintenance is off, replays what the journal holds
+/// (at start-up, what a previous run left) until it is empty and pushes go to the log again.
+pub async fn keep_draining(broker: web::Data<Broker>) {
+    let mut push_maintenance = broker.maintenance.push_maintenance();
+    loop {
+        if push_maintenance.wait_for(|on| !on).await.is_err() {
+            return;
+        }
+        drain(&broker).await;
+        if push_maintenance.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Why a drain stopped before the journal was empty.
+struct Stopped;
+
+/// Replays file after file until the journal is empty, push maintenance is on again, or the
+/// broker is stopping (a drain never holds up a shutdown; what is left is replayed at the next
+/// start).
+async fn drain(broker: &Broker) {
+    loop {
+        if must_stop(broker) {
+            return;
+        }
+        match broker.journal.next_to_drain().await {
+            Ok(DrainStep::File(path)) => {
+                if replay_file(broker, path).await.is_err() {
+                    return;
+                }
+            }
+            Ok(DrainStep::Paused | DrainStep::Done) => return,
+            Err(e) => {
+                tracing::error!(error = %e, "the push journal stopped answering; the drain stops");
+                return;
+            }
+        }
+    }
+}
+
+async fn replay_file(broker: &Broker, path: PathBuf) -> Result<(), Stopped> {
+    let contents = retrying(broker, || {
+        let path = path.clone();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                JournalContents::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+            })
+            .await
+            .map_err(|e| e.to_string())?
+        }
+    })
+    .await?;
+    let limit = broker.config.buffer.drain_batch_messages;
+    let mut batch: Vec<PushItem> = Vec::new();
+    for entries in contents.records() {
+        batch.extend(entries.iter().map(item_of));
+        if batch.len() >= limit {
+            replay(broker, &mut batch).await?;
+        }
+    }
+    replay(broker, &mut batch).await?;
+    tracing::info!(file = %path.display(), "replayed a push journal file into the log");
+    broker.journal.file_drained(path);
+    Ok(())
+}
+
+/// Appends the batch to the log (whole, in order) and empties it.
+async fn replay(broker: &Broker, batch: &mut Vec<PushItem>) -> Result<(), Stopped> {
+    if batch.is_empty() {
+        return Ok(());
+    }
+    if must_stop(broker) {
+        return Err(Stopped);
+    }
+    retrying(broker, || async { write(broker, batch, Admission::Accepted).await.map_err(|e| e.to_string()) }).await?;
+    broker.journal.replayed(batch.len() as u64);
+    batch.clear();
+    Ok(())
+}
+
+/// Runs `attempt` until it succeeds, with a backoff, reporting the journal unhealthy meanwhile;
+/// gives up when push maintenance is on again or the broker is stopping.
+async fn retrying<T, F, Fut>(broker: &Broker, attempt: F) -> Result<T, Stopped>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let mut retry = FIRST_RETRY;
+    let mut failed = false;
+    loop {
+        match attempt().await {
+            Ok(value) => {
+                if failed {
+                    broker.journal.drain_health(true);
+                }
+                return Ok(value);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot replay the push journal; retrying");
+                broker.journal.drain_health(false);
+                failed = true;
+            }
+        }
+        tokio::time::sleep(retry).await;
+        retry = (retry * 2).min(LAST_RETRY);
+        if must_stop(broker) {
+            return Err(Stopped);
+        }
+    }
+}
+
+/// Push maintenance is on again (the database may be going away), or the broker is stopping.
+fn must_stop(broker: &Broker) -> bool {
+    broker.is_shutting_down() || broker.maintenance.modes().push_maintenance
+}
