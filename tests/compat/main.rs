@@ -16,6 +16,9 @@ use queen_testkit::{BrokerProcess, TestDatabase, target_dir};
 /// Names the Python interpreter to use instead of `<target dir>/compat-venv/bin/python`.
 const PYTHON_VAR: &str = "QUEEN_COMPAT_PYTHON";
 
+/// The broker's encryption key (AES-256, 64 hex characters), made up for the tests.
+const ENCRYPTION_KEY: &str = "2b7e151628aed2a6abf7158809cf4f3c2b7e151628aed2a6abf7158809cf4f3c";
+
 /// Generous: the suite takes well under a minute; every test body also has its own deadline.
 const SUITE_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -51,7 +54,9 @@ async fn the_official_python_client_works_against_the_broker() {
     let buffer = target_dir().join(format!("compat-buffer-{}", std::process::id()));
     let buffer = buffer.to_string_lossy();
     let args = ["--database-url", db.url(), "--buffer-dir", &buffer];
-    let broker = BrokerProcess::start(Path::new(env!("CARGO_BIN_EXE_queen")), &args, &[]).await;
+    // The encryption test configures an encrypted queue, which needs the broker's key.
+    let envs = [("QUEEN_ENCRYPTION_KEY", ENCRYPTION_KEY)];
+    let broker = BrokerProcess::start(Path::new(env!("CARGO_BIN_EXE_queen")), &args, &envs).await;
 
     let started = Instant::now();
     let mut command = tokio::process::Command::new(&python);

@@ -241,3 +241,25 @@ def test_a_delayed_message_is_served_only_after_its_delay(queen_url):
             assert 0.9 <= waited < 6, f"served {waited:.2f} s after the push"
 
     run(body())
+
+
+def test_an_encrypted_queue_gives_its_messages_back_as_pushed(queen_url):
+    """encryptionEnabled (the broker under test runs with an encryption key): configure echoes the
+    option, and the messages of the encrypted queue pop, read and dead-letter as pushed."""
+
+    async def body():
+        name = unique("encrypted")
+        async with client(queen_url) as q:
+            created = await q.queue(name).config({"encryption_enabled": True, "retry_limit": 0}).create()
+            assert created["options"]["encryptionEnabled"] is True, created
+            await q.queue(name).push([{"data": {"card": "4111 1111"}, "transactionId": "enc-1"}, {"data": None}])
+            messages = await pop_retry(q.queue(name).batch(10).wait(False))
+            assert [m["data"] for m in messages] == [{"card": "4111 1111"}, None], messages
+            detail = await q.admin.get_message(messages[0]["partitionId"], "enc-1")
+            assert detail["data"] == {"card": "4111 1111"}, detail
+            failed = await q.ack(messages[0], False, {"error": "declined"})
+            assert failed["success"] is True, failed
+            letters = await q.queue(name).dlq().limit(10).get()
+            assert [m["data"] for m in letters["messages"]] == [{"card": "4111 1111"}], letters
+
+    run(body())

@@ -76,6 +76,10 @@ fn the_chart_has_what_a_production_deployment_needs() {
         assert!(deployment.contains(probe), "the deployment lacks {probe:?}");
     }
     assert!(deployment.contains("secretKeyRef"), "database credentials come from a Secret");
+    assert!(
+        deployment.contains("- name: QUEEN_ENCRYPTION_KEY\n              valueFrom:\n                secretKeyRef:"),
+        "the encryption key comes from a Secret"
+    );
     assert!(deployment.contains("resources:"));
     assert!(
         deployment.contains("mountPath: {{ .Values.buffer.mountPath }}")

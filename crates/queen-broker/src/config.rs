@@ -20,6 +20,7 @@ pub struct Config {
     pub pop: PopConfig,
     pub maintenance: MaintenanceConfig,
     pub buffer: BufferConfig,
+    pub encryption: EncryptionConfig,
     pub log: LogConfig,
 }
 
@@ -208,6 +209,34 @@ impl Default for BufferConfig {
     }
 }
 
+/// Encryption at rest of the queues configured with `encryptionEnabled`.
+#[derive(Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EncryptionConfig {
+    /// The AES-256-GCM key, 64 hexadecimal characters (`QUEEN_ENCRYPTION_KEY`). Every broker of a
+    /// fleet needs the same one. Without it, a queue cannot be configured to encrypt.
+    pub key: Option<String>,
+}
+
+/// Never shows the key (configurations end up in logs and panics).
+impl std::fmt::Debug for EncryptionConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EncryptionConfig").field("key", &self.key.as_ref().map(|_| "<set>")).finish()
+    }
+}
+
+impl EncryptionConfig {
+    /// The cipher of the configured key; `None` without one.
+    pub fn cipher(&self) -> Result<Option<queen_log::Cipher>, ConfigError> {
+        self.key
+            .as_deref()
+            .filter(|key| !key.is_empty())
+            .map(queen_log::Cipher::from_hex)
+            .transpose()
+            .map_err(|e| invalid("encryption.key", e.to_string()))
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LogConfig {
@@ -244,6 +273,7 @@ pub const ENV_ALIASES: &[(&str, &str)] = &[
     ("RETENTION_BATCH_SIZE", "maintenance.batch_segments"),
     ("PARTITION_CLEANUP_DAYS", "maintenance.partition_cleanup_days"),
     ("FILE_BUFFER_DIR", "buffer.dir"),
+    ("QUEEN_ENCRYPTION_KEY", "encryption.key"),
     ("FILE_BUFFER_MAX_BATCH", "buffer.drain_batch_messages"),
 ];
 
@@ -331,6 +361,7 @@ impl Config {
         if self.buffer.file_max_bytes < 4096 {
             return Err(invalid("buffer.file_max_bytes", "must be at least 4096"));
         }
+        self.encryption.cipher()?;
         if !matches!(self.log.format.as_str(), "text" | "json") {
             return Err(invalid("log.format", "must be `text` or `json`"));
         }
@@ -392,6 +423,17 @@ mod tests {
     }
 
     #[test]
+    fn an_encryption_key_is_checked_and_never_shown() {
+        let mut config = Config::default();
+        config.encryption.key = Some("abc".into());
+        assert_eq!(config.validate().unwrap_err().setting, "encryption.key");
+        let key = "0123456789abcdef".repeat(4);
+        config.encryption.key = Some(key.clone());
+        config.validate().expect("64 hex characters");
+        assert!(!format!("{config:?}").contains(&key), "the key leaked into Debug");
+    }
+
+    #[test]
     #[allow(clippy::result_large_err, reason = "figment::Jail's closures return figment's own error")]
     fn only_section_keyed_queen_variables_are_settings() {
         figment::Jail::expect_with(|jail| {
@@ -434,6 +476,7 @@ mod tests {
         full.database.url = Some("postgres://localhost/queen".into());
         full.database.host = Some("db".into());
         full.database.password = Some("secret".into());
+        full.encryption.key = Some("00".repeat(32));
         let figment = Figment::from(Serialized::defaults(full));
         for (alias, path) in ENV_ALIASES {
             assert!(figment.find_value(path).is_ok(), "{alias} maps to {path}, which is not a setting");

@@ -93,6 +93,11 @@ impl ResponseError for ApiError {
 
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
+        if let StoreError::NoEncryptionKey { .. } = e {
+            // Another broker of the fleet may have the key; this one is misconfigured.
+            tracing::error!(error = %e, "refused to write an encrypted queue in plain text");
+            return ApiError::Unavailable(e.to_string());
+        }
         if e.is_unavailable() {
             tracing::warn!(error = %e, "database unavailable");
             ApiError::Unavailable(e.to_string())

@@ -32,6 +32,8 @@ pub enum StartError {
     Modes(StoreError),
     #[error("cannot open the push journal in {dir}: {source}")]
     Journal { dir: String, source: std::io::Error },
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
 }
 
 pub struct Application {
@@ -45,6 +47,7 @@ impl Application {
     /// Opens the database (starting the embedded one if none is configured), migrates the
     /// schema, starts the actors and binds the listener. Must run inside an actix system.
     pub async fn build(config: Config) -> Result<Self, StartError> {
+        let cipher = config.encryption.cipher()?.map(Arc::new);
         let database = Database::open(&config).await?;
         let pool = queen_store::pool::build_pool(database.pg_config.clone(), &config.database.pool_settings())
             .map_err(StartError::Migrate)?;
@@ -63,8 +66,8 @@ impl Application {
             n => n,
         };
         let shutdown_timeout = config.http.shutdown_timeout_seconds;
-        let broker =
-            web::Data::new(Broker::new(pool, database.pg_config.clone(), Arc::new(config), broker_id, modes, journal));
+        let pg = database.pg_config.clone();
+        let broker = web::Data::new(Broker::new(pool, pg, Arc::new(config), broker_id, modes, journal, cipher));
         // Replays what the journal holds whenever push maintenance is off (now, if a previous run
         // left pushes in it).
         actix_web::rt::spawn(crate::broker::push_buffer::keep_draining(broker.clone()));

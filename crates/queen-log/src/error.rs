@@ -23,6 +23,8 @@ pub enum DecodeError {
     TooLarge { len: usize, limit: usize },
     #[error("segment is not a valid zstd frame: {0}")]
     Zstd(String),
+    #[error("cannot open sealed bytes: {0}")]
+    Unseal(String),
 }
 
 /// Why a message could not be encoded as a frame.
@@ -34,4 +36,6 @@ pub enum EncodeError {
     FrameTooLarge { len: usize },
     #[error("compression failed: {0}")]
     Zstd(String),
+    #[error("sealing failed")]
+    Seal,
 }

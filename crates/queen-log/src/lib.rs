@@ -11,15 +11,19 @@
 //! The same frames, tagged with their queue and partition, make the records of a broker's push
 //! journal (`journal`), where pushes accepted during push maintenance wait for the log.
 //!
+//! Segments and payloads of encrypted queues are sealed at rest (`cipher`, AES-256-GCM).
+//!
 //! This crate does no IO; every decoder returns an error, never panics, on truncated or corrupt
 //! input.
 
+mod cipher;
 mod error;
 mod frame;
 mod ids;
 mod journal;
 mod segment;
 
+pub use cipher::{Cipher, KeyError, SEALED_MAGIC, is_sealed};
 pub use error::{DecodeError, EncodeError};
 pub use frame::{Frame, FrameIter, FrameOwned, encode_frame, encoded_len};
 pub use ids::new_message_id;

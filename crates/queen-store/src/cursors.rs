@@ -1,6 +1,7 @@
 //! Consumer-group cursors and their leases: finding partitions with work, claiming them,
 //! extending leases, and acknowledging.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
@@ -11,6 +12,7 @@ use crate::StoreError;
 use crate::ack_rules::{self, AckItem, AckStatus, AckVerdict, CursorState, DeadLetter, LeaseFence, Refusal};
 use crate::events::{self, Event};
 use crate::log::{Span, read_spans};
+use queen_log::Cipher;
 
 /// Where a group's cursor starts on a partition it has never read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -312,6 +314,7 @@ pub async fn expire(
     group: &str,
     partition_ids: &[i64],
     expiry: &Expiry<'_>,
+    keys: Option<&Cipher>,
 ) -> Result<Vec<Expired>, StoreError> {
     // Dead letters are copied a chunk at a time; skipping alone has no cost per message.
     let chunk = expiry.dead_letter_error.map(|_| EXPIRY_CHUNK);
@@ -343,7 +346,7 @@ pub async fn expire(
         let moved: Vec<Expired> =
             rows.iter().map(|row| Expired { partition_id: row.get(0), first: row.get(1), last: row.get(2) }).collect();
         if let Some(error) = expiry.dead_letter_error {
-            let keys: Vec<(CursorKey, DeadLetter)> = moved
+            let letters: Vec<(CursorKey, DeadLetter)> = moved
                 .iter()
                 .flat_map(|e| {
                     (e.first..=e.last).map(move |offset| {
@@ -352,8 +355,8 @@ pub async fn expire(
                     })
                 })
                 .collect();
-            let dead: Vec<(&CursorKey, &DeadLetter)> = keys.iter().map(|(key, letter)| (key, letter)).collect();
-            insert_dead_letters(&tx, &dead).await?;
+            let dead: Vec<(&CursorKey, &DeadLetter)> = letters.iter().map(|(key, letter)| (key, letter)).collect();
+            insert_dead_letters(&tx, &dead, keys).await?;
         }
         tx.commit().await?;
         remaining = match chunk {
@@ -481,10 +484,11 @@ struct CursorTrack {
 /// call after the other, with the rules of [`ack_rules`]: transaction ids are resolved to
 /// offsets, the cursors involved are locked in a fixed order (so concurrent batches cannot
 /// deadlock), each call's acks of one cursor are applied together, the cursors are written once,
-/// and dead letters are copied into `queen.log_dlq`.
+/// and dead letters are copied into `queen.log_dlq` (read from their segments with `keys`).
 pub async fn acknowledge(
     tx: &deadpool_postgres::Transaction<'_>,
     calls: &[Vec<AckRequest>],
+    keys: Option<&Cipher>,
 ) -> Result<AckBatch, StoreError> {
     let requests: Vec<&AckRequest> = calls.iter().flatten().collect();
     if requests.is_empty() {
@@ -564,7 +568,7 @@ pub async fn acknowledge(
     write_cursor_changes(tx, &changed).await?;
     let dead: Vec<(&CursorKey, &DeadLetter)> =
         changed.iter().flat_map(|(key, track)| track.dead_letters.iter().map(move |d| (*key, d))).collect();
-    insert_dead_letters(tx, &dead).await?;
+    insert_dead_letters(tx, &dead, keys).await?;
     // A released lease over pending messages makes them available to the group's other
     // consumers, on any broker: announce it at commit, as a push would.
     let mut released: Vec<ReleasedWork> = changed
@@ -687,11 +691,13 @@ async fn write_cursor_changes(
 }
 
 /// Copies messages into `queen.log_dlq`, each with its group, error and retry count, in one
-/// statement. Runs of consecutive offsets are read from their segments once. A message that
-/// retention already removed has nothing left to copy.
+/// statement. Runs of consecutive offsets are read from their segments once; the payload of a
+/// sealed segment is sealed again on its own. A message that retention already removed has
+/// nothing left to copy.
 async fn insert_dead_letters(
     tx: &deadpool_postgres::Transaction<'_>,
     dead: &[(&CursorKey, &DeadLetter)],
+    keys: Option<&Cipher>,
 ) -> Result<(), StoreError> {
     if dead.is_empty() {
         return Ok(());
@@ -709,7 +715,7 @@ async fn insert_dead_letters(
             _ => spans.push(Span { partition_id, first: offset, last: offset }),
         }
     }
-    let segments = read_spans(tx, &spans).await?;
+    let segments = read_spans(tx, &spans, keys).await?;
     let mut rows = DeadLetterRows::default();
     for segment in &segments {
         for (index, frame) in segment.frames.frames().enumerate() {
@@ -720,6 +726,10 @@ async fn insert_dead_letters(
                 base_offset: segment.base_offset,
                 source,
             })?;
+            let payload = match (segment.sealed, keys) {
+                (true, Some(cipher)) => Cow::Owned(cipher.seal(frame.payload)?),
+                _ => Cow::Borrowed(frame.payload),
+            };
             for &i in letters {
                 let ((partition_id, group), letter) = dead[i];
                 rows.partition_ids.push(*partition_id);
@@ -728,7 +738,7 @@ async fn insert_dead_letters(
                 rows.message_ids.push(frame.message_id);
                 rows.transaction_ids.push(frame.transaction_id);
                 rows.trace_ids.push(frame.trace_id);
-                rows.payloads.push(frame.payload);
+                rows.payloads.push(payload.clone());
                 rows.errors.push(letter.error.as_deref());
                 rows.retry_counts.push(letter.retry_count);
                 rows.created_at.push(segment.created_at);
@@ -778,7 +788,7 @@ struct DeadLetterRows<'a> {
     message_ids: Vec<Uuid>,
     transaction_ids: Vec<&'a str>,
     trace_ids: Vec<Option<Uuid>>,
-    payloads: Vec<&'a [u8]>,
+    payloads: Vec<Cow<'a, [u8]>>,
     errors: Vec<Option<&'a str>>,
     retry_counts: Vec<i32>,
     created_at: Vec<DateTime<Utc>>,

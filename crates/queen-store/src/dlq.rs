@@ -4,7 +4,12 @@ use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
 use uuid::Uuid;
 
-use crate::log::{AppendPolicy, Appended, Destination, NewMessage, append_in_transaction};
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use queen_log::Cipher;
+
+use crate::log::{AppendPolicy, Appended, Destination, NewMessage, append_in_transaction, opened};
 use crate::{StoreError, queues};
 
 /// One dead letter.
@@ -41,10 +46,12 @@ pub struct DeadLetterFilter {
     pub offset: i64,
 }
 
-/// A page of dead letters, newest first, with how many match in all.
+/// A page of dead letters, newest first, with how many match in all; payloads stored sealed are
+/// opened with `keys`.
 pub async fn list(
     client: &impl GenericClient,
     filter: &DeadLetterFilter,
+    keys: Option<&Cipher>,
 ) -> Result<(Vec<DeadLetter>, i64), StoreError> {
     let rows = client
         .query(
@@ -89,24 +96,36 @@ pub async fn list(
     };
     let letters = rows
         .iter()
-        .map(|row| DeadLetter {
-            id: row.get(0),
-            queue: row.get(1),
-            partition: row.get(2),
-            partition_id: row.get(3),
-            consumer_group: row.get(4),
-            offset: row.get(5),
-            message_id: row.get(6),
-            transaction_id: row.get(7),
-            trace_id: row.get(8),
-            payload: row.get(9),
-            error: row.get(10),
-            retry_count: row.get(11),
-            created_at: row.get(12),
-            failed_at: row.get(13),
+        .map(|row| {
+            let id: i64 = row.get(0);
+            let payload = dead_letter_payload(id, row.get(9), keys)?;
+            Ok(DeadLetter {
+                id,
+                queue: row.get(1),
+                partition: row.get(2),
+                partition_id: row.get(3),
+                consumer_group: row.get(4),
+                offset: row.get(5),
+                message_id: row.get(6),
+                transaction_id: row.get(7),
+                trace_id: row.get(8),
+                payload: payload.into_owned(),
+                error: row.get(10),
+                retry_count: row.get(11),
+                created_at: row.get(12),
+                failed_at: row.get(13),
+            })
         })
-        .collect();
+        .collect::<Result<_, StoreError>>()?;
     Ok((letters, total))
+}
+
+/// A dead letter's payload as it was pushed: opened when it was stored sealed.
+fn dead_letter_payload<'a>(id: i64, stored: &'a [u8], keys: Option<&Cipher>) -> Result<Cow<'a, [u8]>, StoreError> {
+    if queen_log::is_sealed(stored) && keys.is_none() {
+        return Err(StoreError::NoEncryptionKey { subject: format!("dead letter {id}") });
+    }
+    opened(stored, keys).map_err(|source| StoreError::SealedDeadLetter { id, source })
 }
 
 /// What re-queuing a dead letter did.
@@ -123,13 +142,14 @@ pub struct Requeued {
 }
 
 /// Moves the dead letters of a message back into its partition as one new message (transaction
-/// id `dlq:<lowest dead-letter id>`, same data), removing them, in one transaction. The new
-/// message reaches every group of the queue, like any push. `None` when the message has no dead
-/// letter.
+/// id `dlq:<lowest dead-letter id>`, same data: opened with `keys` when sealed, and sealed again
+/// when the queue is encrypted), removing them, in one transaction. The new message reaches every
+/// group of the queue, like any push. `None` when the message has no dead letter.
 pub async fn requeue(
     client: &mut deadpool_postgres::Client,
     partition_id: i64,
     transaction_id: &str,
+    keys: Option<&Cipher>,
 ) -> Result<Option<Requeued>, StoreError> {
     let tx = client.transaction().await?;
     let rows = tx
@@ -142,19 +162,26 @@ pub async fn requeue(
     let Some(first) = rows.iter().min_by_key(|row| row.get::<_, i64>(0)) else { return Ok(None) };
     let (id, queue, partition): (i64, String, String) = (first.get(0), first.get(1), first.get(2));
     // The partition may have been cleaned up since: re-create it (and its queue) by name.
-    let queue_id = queues::ensure_queue(&tx, &queue).await?.id;
+    let settings = queues::ensure_queue(&tx, &queue).await?;
+    let queue_id = settings.id;
+    let seal = match (settings.options.encryption_enabled, keys) {
+        (false, _) => None,
+        (true, Some(cipher)) => Some(Arc::new(cipher.clone())),
+        (true, None) => return Err(StoreError::NoEncryptionKey { subject: format!("queue {queue:?}") }),
+    };
     let target = queues::ensure_partition(&tx, queue_id, &partition).await?;
     let new_transaction_id = format!("dlq:{id}");
+    let payload = dead_letter_payload(id, first.get(4), keys)?;
     let message = NewMessage {
         message_id: queen_log::new_message_id(),
         transaction_id: new_transaction_id.clone(),
         trace_id: first.get(3),
-        payload: first.get(4),
+        payload: payload.into_owned(),
     };
     let destination = Destination { queue_id, queue: &queue, partition_id: target };
     // Its transaction id is new by construction, so no dedup window matters.
-    let appended =
-        append_in_transaction(&tx, destination, std::slice::from_ref(&message), &AppendPolicy::default()).await?;
+    let policy = AppendPolicy { dedup_window_seconds: 0, seal };
+    let appended = append_in_transaction(&tx, destination, std::slice::from_ref(&message), &policy).await?;
     tx.commit().await?;
     let outcome = appended.outcomes.into_iter().next().ok_or(StoreError::Missing("append outcome"))?;
     Ok(Some(Requeued {

@@ -39,8 +39,18 @@ pub enum StoreError {
         #[source]
         source: queen_log::DecodeError,
     },
+    #[error("dead letter {id} is unreadable: {source}")]
+    SealedDeadLetter {
+        id: i64,
+        #[source]
+        source: queen_log::DecodeError,
+    },
     #[error("cannot encode message: {0}")]
     Encode(#[from] queen_log::EncodeError),
+    /// Something is encrypted (a queue to write, a segment or dead letter to read) and this broker
+    /// was started without the key: it neither writes plain text nor can read.
+    #[error("{subject} is encrypted and this broker has no encryption key (QUEEN_ENCRYPTION_KEY)")]
+    NoEncryptionKey { subject: String },
 }
 
 impl StoreError {

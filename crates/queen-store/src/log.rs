@@ -1,10 +1,12 @@
 //! The segment log: appending a batch as one segment, and reading offsets back.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
-use queen_log::{DecodedSegment, Frame, SegmentBuilder};
+use queen_log::{Cipher, DecodeError, DecodedSegment, Frame, SegmentBuilder};
 use uuid::Uuid;
 
 use crate::StoreError;
@@ -65,11 +67,24 @@ pub struct AppendResult {
 }
 
 /// How a queue's appends treat what they write.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct AppendPolicy {
     /// A stored transaction id older than this many seconds is no longer a duplicate: its index
     /// entry passes to the new message. 0 = an id is a duplicate as long as its message is stored.
     pub dedup_window_seconds: i32,
+    /// Seals each segment body (after compression) with this key: the queue is encrypted.
+    pub seal: Option<Arc<Cipher>>,
+}
+
+/// Stored bytes (a segment body, a dead letter's payload) as they were before sealing: opened
+/// when they are sealed, whatever the queue's setting is now.
+pub fn opened<'a>(bytes: &'a [u8], keys: Option<&Cipher>) -> Result<Cow<'a, [u8]>, DecodeError> {
+    if !queen_log::is_sealed(bytes) {
+        return Ok(Cow::Borrowed(bytes));
+    }
+    let cipher =
+        keys.ok_or_else(|| DecodeError::Unseal("it is encrypted, and this broker has no encryption key".into()))?;
+    cipher.open(bytes).map(Cow::Owned)
 }
 
 /// The stored (offset, message id) of those transaction ids the partition already holds and
@@ -139,7 +154,11 @@ enum Slot {
     Stored(Appended),
 }
 
-fn plan_append(messages: &[NewMessage], existing: &HashMap<String, (i64, Uuid)>) -> Result<AppendPlan, StoreError> {
+fn plan_append(
+    messages: &[NewMessage],
+    existing: &HashMap<String, (i64, Uuid)>,
+    seal: Option<&Cipher>,
+) -> Result<AppendPlan, StoreError> {
     let mut slots = Vec::with_capacity(messages.len());
     let mut first_in_batch: HashMap<&str, usize> = HashMap::new();
     let mut builder = SegmentBuilder::new();
@@ -165,7 +184,16 @@ fn plan_append(messages: &[NewMessage], existing: &HashMap<String, (i64, Uuid)>)
             slots.push(Slot::Fresh(index));
         }
     }
-    let segment = if builder.is_empty() { None } else { Some(builder.finish()?) };
+    let segment = match builder.is_empty() {
+        true => None,
+        false => {
+            let mut segment = builder.finish()?;
+            if let Some(cipher) = seal {
+                segment.body = cipher.seal(&segment.body)?;
+            }
+            Some(segment)
+        }
+    };
     Ok(AppendPlan { slots, fresh_transaction_ids, fresh_message_ids, segment })
 }
 
@@ -189,7 +217,7 @@ pub async fn append(
     loop {
         attempts += 1;
         let existing = duplicates_of(client, destination.partition_id, &transaction_ids, policy).await?;
-        let plan = plan_append(messages, &existing)?;
+        let plan = plan_append(messages, &existing, policy.seal.as_deref())?;
         match write_plan(client, destination, &plan).await {
             Err(StoreError::Db(e))
                 if attempts < 3 && e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) =>
@@ -216,7 +244,7 @@ pub async fn append_in_transaction(
     }
     let transaction_ids: Vec<&str> = messages.iter().map(|m| m.transaction_id.as_str()).collect();
     let existing = duplicates_of(tx, partition_id, &transaction_ids, policy).await?;
-    let plan = plan_append(messages, &existing)?;
+    let plan = plan_append(messages, &existing, policy.seal.as_deref())?;
     let segment = write_plan(tx, destination, &plan).await?;
     Ok(finish(plan, segment))
 }
@@ -313,6 +341,8 @@ pub struct StoredSegment {
     pub base_offset: i64,
     pub created_at: DateTime<Utc>,
     pub frames: DecodedSegment,
+    /// It was stored sealed (its queue was encrypted when it was written).
+    pub sealed: bool,
 }
 
 /// One span of offsets to read: `first..=last` of a partition.
@@ -323,10 +353,14 @@ pub struct Span {
     pub last: i64,
 }
 
-/// Reads the segments that cover the spans, in span order then offset order. The walk for each
-/// span starts at the segment holding `first`, found through the primary key, so the cost does
-/// not grow with the partition's history.
-pub async fn read_spans(client: &impl GenericClient, spans: &[Span]) -> Result<Vec<StoredSegment>, StoreError> {
+/// Reads the segments that cover the spans, in span order then offset order, opening sealed ones
+/// with `keys`. The walk for each span starts at the segment holding `first`, found through the
+/// primary key, so the cost does not grow with the partition's history.
+pub async fn read_spans(
+    client: &impl GenericClient,
+    spans: &[Span],
+    keys: Option<&Cipher>,
+) -> Result<Vec<StoredSegment>, StoreError> {
     if spans.is_empty() {
         return Ok(Vec::new());
     }
@@ -355,9 +389,15 @@ pub async fn read_spans(client: &impl GenericClient, spans: &[Span]) -> Result<V
             let base_offset: i64 = row.get(1);
             let frame_count: i32 = row.get(3);
             let body: &[u8] = row.get(4);
-            let frames = queen_log::decode_segment(body, frame_count.max(0) as usize, MAX_SEGMENT_RAW_BYTES)
+            let sealed = queen_log::is_sealed(body);
+            if sealed && keys.is_none() {
+                let subject = format!("segment {base_offset} of partition {partition_id}");
+                return Err(StoreError::NoEncryptionKey { subject });
+            }
+            let frames = opened(body, keys)
+                .and_then(|body| queen_log::decode_segment(&body, frame_count.max(0) as usize, MAX_SEGMENT_RAW_BYTES))
                 .map_err(|source| StoreError::CorruptSegment { partition_id, base_offset, source })?;
-            Ok(StoredSegment { partition_id, base_offset, created_at: row.get(2), frames })
+            Ok(StoredSegment { partition_id, base_offset, created_at: row.get(2), frames, sealed })
         })
         .collect()
 }
@@ -375,7 +415,7 @@ mod tests {
         let stored = Uuid::now_v7();
         let existing = HashMap::from([("old".to_string(), (7, stored))]);
         let messages = [message("a"), message("old"), message("b"), message("a")];
-        let plan = plan_append(&messages, &existing).unwrap();
+        let plan = plan_append(&messages, &existing, None).unwrap();
         assert_eq!(plan.fresh_transaction_ids, vec!["a", "b"]);
         assert_eq!(plan.segment.as_ref().map(|s| s.frame_count), Some(2));
         let written =
@@ -395,7 +435,7 @@ mod tests {
     #[test]
     fn an_all_duplicate_batch_plans_no_segment() {
         let existing = HashMap::from([("x".to_string(), (1, Uuid::now_v7()))]);
-        let plan = plan_append(&[message("x")], &existing).unwrap();
+        let plan = plan_append(&[message("x")], &existing, None).unwrap();
         assert!(plan.segment.is_none());
     }
 }

@@ -6,6 +6,7 @@ use queen_log::FrameOwned;
 
 use crate::StoreError;
 use crate::log::{Span, read_spans};
+use queen_log::Cipher;
 
 /// One group's progress on a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,12 +33,13 @@ pub struct StoredMessage {
     pub groups: Vec<GroupProgress>,
 }
 
-/// The message, or `None` when the partition holds no such transaction id (or retention removed
-/// the message).
+/// The message (its segment opened with `keys` when sealed), or `None` when the partition holds
+/// no such transaction id (or retention removed the message).
 pub async fn find(
     client: &impl GenericClient,
     partition_id: i64,
     transaction_id: &str,
+    keys: Option<&Cipher>,
 ) -> Result<Option<StoredMessage>, StoreError> {
     let Some(row) = client
         .query_opt(
@@ -53,7 +55,7 @@ pub async fn find(
         return Ok(None);
     };
     let offset: i64 = row.get(0);
-    let segments = read_spans(client, &[Span { partition_id, first: offset, last: offset }]).await?;
+    let segments = read_spans(client, &[Span { partition_id, first: offset, last: offset }], keys).await?;
     let found = segments.iter().find_map(|segment| {
         let index = usize::try_from(offset - segment.base_offset).ok()?;
         let frame = segment.frames.frames().nth(index)?.ok()?;
@@ -105,6 +107,7 @@ pub async fn newest(
     queue: &str,
     partition: Option<&str>,
     limit: i64,
+    keys: Option<&Cipher>,
 ) -> Result<Vec<ListedMessage>, StoreError> {
     let rows = client
         .query(
@@ -120,7 +123,7 @@ pub async fn newest(
     let spans: Vec<Span> =
         rows.iter().map(|row| Span { partition_id: row.get(0), first: row.get(2), last: row.get(3) }).collect();
     let mut listed = Vec::new();
-    for segment in read_spans(client, &spans).await? {
+    for segment in read_spans(client, &spans, keys).await? {
         let Some(span) = spans.iter().find(|s| s.partition_id == segment.partition_id) else { continue };
         for (index, frame) in segment.frames.frames().enumerate() {
             let offset = segment.base_offset + index as i64;

@@ -113,8 +113,14 @@ pub struct Trimmed {
 }
 
 /// Deletes the segments of `trim`, `batch` segments per transaction, each transaction also
-/// deleting their transaction ids and moving the watermark past them.
-pub async fn apply_trim(client: &mut deadpool_postgres::Client, trim: Trim, batch: i64) -> Result<Trimmed, StoreError> {
+/// deleting their transaction ids (read from the bodies, opened with `keys` when sealed) and
+/// moving the watermark past them.
+pub async fn apply_trim(
+    client: &mut deadpool_postgres::Client,
+    trim: Trim,
+    batch: i64,
+    keys: Option<&queen_log::Cipher>,
+) -> Result<Trimmed, StoreError> {
     let mut trimmed = Trimmed::default();
     loop {
         let tx = client.transaction().await?;
@@ -131,7 +137,9 @@ pub async fn apply_trim(client: &mut deadpool_postgres::Client, trim: Trim, batc
             let (base, end, count): (i64, i64, i32) = (row.get(0), row.get(1), row.get(2));
             last_end = last_end.max(end);
             let body: &[u8] = row.get(3);
-            match queen_log::decode_segment(body, count.max(0) as usize, MAX_SEGMENT_RAW_BYTES) {
+            let frames = crate::log::opened(body, keys)
+                .and_then(|body| queen_log::decode_segment(&body, count.max(0) as usize, MAX_SEGMENT_RAW_BYTES));
+            match frames {
                 Ok(frames) => {
                     transaction_ids.extend(frames.frames().filter_map(Result::ok).map(|f| f.transaction_id.to_owned()))
                 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use queen_log::Cipher;
 use queen_store::Pool;
 use queen_store::cursors::{AckOutcome, AckRequest};
 use tokio::sync::oneshot;
@@ -39,6 +40,8 @@ pub struct GroupLeases {
     registry: Registry<Arc<str>, GroupLeases>,
     coordinator: Addr<Coordinator>,
     metrics: Arc<Metrics>,
+    /// Opens sealed segments for the dead letters an ack writes.
+    keys: Option<Arc<Cipher>>,
 }
 
 impl GroupLeases {
@@ -49,13 +52,14 @@ impl GroupLeases {
             return;
         };
         let pool = self.pool.clone();
+        let keys = self.keys.clone();
         let calls = batch.items;
         let replies = batch.replies;
         self.metrics.actor_queued.with_label_values(&[ACTOR]).sub(replies.len() as i64);
         let commit = async move {
             let mut client = pool.get().await.map_err(queen_store::StoreError::from)?;
             let tx = client.transaction().await?;
-            let result = queen_store::cursors::acknowledge(&tx, &calls).await?;
+            let result = queen_store::cursors::acknowledge(&tx, &calls, keys.as_deref()).await?;
             tx.commit().await?;
             Ok::<_, queen_store::StoreError>(result)
         };
@@ -115,11 +119,18 @@ pub struct Groups {
     coordinator: Addr<Coordinator>,
     idle: Duration,
     metrics: Arc<Metrics>,
+    keys: Option<Arc<Cipher>>,
 }
 
 impl Groups {
-    pub fn new(pool: Pool, coordinator: Addr<Coordinator>, idle: Duration, metrics: Arc<Metrics>) -> Self {
-        Self { registry: Registry::default(), pool, coordinator, idle, metrics }
+    pub fn new(
+        pool: Pool,
+        coordinator: Addr<Coordinator>,
+        idle: Duration,
+        metrics: Arc<Metrics>,
+        keys: Option<Arc<Cipher>>,
+    ) -> Self {
+        Self { registry: Registry::default(), pool, coordinator, idle, metrics, keys }
     }
 
     fn start(&self, group: &Arc<str>) -> Addr<GroupLeases> {
@@ -132,6 +143,7 @@ impl Groups {
             registry: self.registry.clone(),
             coordinator: self.coordinator.clone(),
             metrics: Arc::clone(&self.metrics),
+            keys: self.keys.clone(),
         }
         .start()
     }

@@ -28,6 +28,7 @@ use crate::metrics::Metrics;
 use crate::services::listener::{FleetListeners, keep_listening};
 use crate::services::maintenance::{Maintenance, MaintenanceSettings};
 use maintenance_mode::MaintenanceMode;
+use queen_log::Cipher;
 use queen_store::system_state::Modes;
 
 pub use names_cache::NamesCache;
@@ -44,6 +45,8 @@ pub struct Broker {
     pub coordinator: Addr<Coordinator>,
     pub metrics: Arc<Metrics>,
     pub maintenance: Arc<MaintenanceMode>,
+    /// The key of encrypted queues (`encryption.key`), when configured.
+    pub cipher: Option<Arc<Cipher>>,
     /// Where pushes wait during push maintenance.
     pub journal: Journal,
     /// Identifies this broker in the leases it grants.
@@ -87,7 +90,8 @@ impl Broker {
     }
 
     /// Wires the actors and starts the LISTEN connection (on `pg`), with the maintenance switches
-    /// as read at start-up and the push journal as found. Must run inside an actix system.
+    /// as read at start-up, the push journal as found, and the encryption key. Must run inside an
+    /// actix system.
     pub fn new(
         pool: Pool,
         pg: tokio_postgres::Config,
@@ -95,6 +99,7 @@ impl Broker {
         broker_id: String,
         modes: Modes,
         journal: FoundJournal,
+        cipher: Option<Arc<Cipher>>,
     ) -> Self {
         let metrics = Arc::new(Metrics::new());
         let route = Arc::new(PushRoute::default());
@@ -124,7 +129,7 @@ impl Broker {
             coordinator: coordinator.clone(),
             metrics: Arc::clone(&metrics),
         });
-        let groups = Groups::new(pool.clone(), coordinator.clone(), idle, Arc::clone(&metrics));
+        let groups = Groups::new(pool.clone(), coordinator.clone(), idle, Arc::clone(&metrics), cipher.clone());
         let registered = Cache::builder()
             .max_capacity(100_000)
             .time_to_live(Duration::from_secs(60))
@@ -141,6 +146,7 @@ impl Broker {
             broker_id.clone(),
             Arc::clone(&names),
             Arc::clone(&metrics),
+            cipher.clone(),
         ));
         Self {
             pool,
@@ -152,6 +158,7 @@ impl Broker {
             coordinator,
             metrics,
             maintenance: maintenance_mode,
+            cipher,
             journal,
             broker_id,
             pg_config: pg,

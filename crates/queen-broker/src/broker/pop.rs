@@ -287,7 +287,7 @@ async fn pop_queue(
     }
     let spans: Vec<Span> =
         claims.iter().map(|c| Span { partition_id: c.partition_id, first: c.first, last: c.last }).collect();
-    let segments = log::read_spans(&client, &spans).await?;
+    let segments = log::read_spans(&client, &spans, broker.cipher.as_deref()).await?;
     drop(client);
 
     let queue_name: Arc<str> = Arc::from(queue.name.as_str());
@@ -355,7 +355,7 @@ async fn expire_old_messages(
     let option = if options.ttl_seconds == max_age_seconds { "ttl" } else { "maxWaitTimeSeconds" };
     let error = format!("expired: older than the queue's {option} of {max_age_seconds} s");
     let expiry = Expiry { max_age_seconds, dead_letter_error: options.dead_letter_queue.then_some(error.as_str()) };
-    let expired = cursors::expire(client, group, partition_ids, &expiry).await?;
+    let expired = cursors::expire(client, group, partition_ids, &expiry, broker.cipher.as_deref()).await?;
     let count: u64 = expired.iter().map(|e| (e.last - e.first + 1) as u64).sum();
     broker.metrics.messages_expired.with_label_values(&[&queue.name]).inc_by(count);
     if expiry.dead_letter_error.is_some() {

@@ -157,6 +157,7 @@ async fn write_capped(
     for (partition, _) in &shares {
         partition_ids.push(broker.names.ensure_partition(&broker.pool, queue.id, partition).await?);
     }
+    let policy = append_policy(broker, queue)?;
     let mut client = broker.pool.get().await.map_err(StoreError::from)?;
     let tx = client.transaction().await.map_err(StoreError::from)?;
     queues::lock_capacity(&tx, queue.id).await?;
@@ -167,7 +168,7 @@ async fn write_capped(
     let mut outcomes = vec![Vec::new(); shares.len()];
     for i in order {
         let destination = Destination { queue_id: queue.id, queue: &queue.name, partition_id: partition_ids[i] };
-        match append_in_transaction(&tx, destination, &shares[i].1, &append_policy(queue)).await {
+        match append_in_transaction(&tx, destination, &shares[i].1, &policy).await {
             Ok(appended) => outcomes[i] = appended.outcomes,
             Err(StoreError::Missing(_)) => {
                 broker.names.forget_partition(queue.id, shares[i].0);
@@ -201,9 +202,17 @@ async fn write_capped(
     Ok(partition_ids.into_iter().zip(outcomes).collect())
 }
 
-/// How appends to the queue treat what they write.
-pub fn append_policy(queue: &Queue) -> AppendPolicy {
-    AppendPolicy { dedup_window_seconds: queue.options.dedup_window_seconds }
+/// How appends to the queue treat what they write: its dedup window, and its key when it is
+/// encrypted (a broker without the key refuses, rather than write plain text).
+pub fn append_policy(broker: &Broker, queue: &Queue) -> Result<AppendPolicy, ApiError> {
+    let seal = match (queue.options.encryption_enabled, &broker.cipher) {
+        (false, _) => None,
+        (true, Some(cipher)) => Some(Arc::clone(cipher)),
+        (true, None) => {
+            return Err(StoreError::NoEncryptionKey { subject: format!("queue {:?}", queue.name) }.into());
+        }
+    };
+    Ok(AppendPolicy { dedup_window_seconds: queue.options.dedup_window_seconds, seal })
 }
 
 /// Appends to one partition. A queue deleted since its id was cached is resolved (and so
@@ -226,7 +235,7 @@ async fn write_partition(
     };
     let queue_id = settings.id;
     let target = WriteTarget { queue_id, queue: Arc::from(queue), partition_id };
-    match broker.writers.append(&target, messages, append_policy(&settings)).await {
+    match broker.writers.append(&target, messages, append_policy(broker, &settings)?).await {
         Ok(outcomes) => Ok((partition_id, outcomes)),
         Err(e) => {
             if matches!(e, WorkError::Gone(_)) {

@@ -12,7 +12,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use actix_web::web;
-use queen_log::{Frame, JournalEntry};
+use std::borrow::Cow;
+
+use queen_log::{Cipher, Frame, JournalEntry};
+use queen_store::log::opened;
 
 use super::Broker;
 use super::push::{Admission, PushItem, write};
@@ -25,17 +28,30 @@ const LAST_RETRY: Duration = Duration::from_secs(5);
 /// Journals one push request: `true` once it is durable, `false` when the journal declined it
 /// (push maintenance ended and the journal is empty), so the push belongs in the log.
 pub async fn journal(broker: &Broker, items: &[PushItem]) -> Result<bool, ApiError> {
-    match broker.journal.append(record_of(items)?).await {
+    match broker.journal.append(record_of(items, broker.cipher.as_deref())?).await {
         Ok(()) => Ok(true),
         Err(JournalError::Declined) => Ok(false),
         Err(e @ JournalError::Unavailable(_)) => Err(ApiError::Unavailable(e.to_string())),
     }
 }
 
-fn record_of(items: &[PushItem]) -> Result<Record, ApiError> {
+/// One push request as a journal record. With an encryption key configured, every payload is
+/// sealed on its own (the queues' settings may not be readable during maintenance), so no payload
+/// of an encrypted queue reaches the disk in plain text.
+fn record_of(items: &[PushItem], keys: Option<&Cipher>) -> Result<Record, ApiError> {
+    let cannot = |e: queen_log::EncodeError| ApiError::bad_request(format!("the push cannot be buffered: {e}"));
+    let payloads: Vec<Cow<'_, [u8]>> = items
+        .iter()
+        .map(|item| match keys {
+            Some(cipher) => cipher.seal(&item.payload).map(Cow::Owned),
+            None => Ok(Cow::Borrowed(item.payload.as_slice())),
+        })
+        .collect::<Result<_, _>>()
+        .map_err(cannot)?;
     let entries: Vec<JournalEntry<'_>> = items
         .iter()
-        .map(|item| JournalEntry {
+        .zip(&payloads)
+        .map(|(item, payload)| JournalEntry {
             queue: &item.queue,
             partition: &item.partition,
             frame: Frame {
@@ -43,25 +59,27 @@ fn record_of(items: &[PushItem]) -> Result<Record, ApiError> {
                 trace_id: item.trace_id,
                 transaction_id: &item.transaction_id,
                 producer: None,
-                payload: &item.payload,
+                payload,
             },
         })
         .collect();
     let mut bytes = Vec::new();
-    queen_log::encode_record(&entries, &mut bytes)
-        .map_err(|e| ApiError::bad_request(format!("the push cannot be buffered: {e}")))?;
+    queen_log::encode_record(&entries, &mut bytes).map_err(cannot)?;
     Ok(Record { bytes, messages: items.len() as u64 })
 }
 
-fn item_of(entry: &JournalEntry<'_>) -> PushItem {
-    PushItem {
+/// A journal entry as the push it was, its payload opened when sealed.
+fn item_of(entry: &JournalEntry<'_>, keys: Option<&Cipher>) -> Result<PushItem, String> {
+    let payload = opened(entry.frame.payload, keys)
+        .map_err(|e| format!("cannot read a buffered message of queue {:?}: {e}", entry.queue))?;
+    Ok(PushItem {
         queue: entry.queue.to_owned(),
         partition: entry.partition.to_owned(),
         transaction_id: entry.frame.transaction_id.to_owned(),
         trace_id: entry.frame.trace_id,
         message_id: entry.frame.message_id,
-        payload: entry.frame.payload.to_vec(),
-    }
+        payload: payload.into_owned(),
+    })
 }
 
 /// Runs for the broker's life: whenever push maintenance is off, replays what the journal holds
@@ -106,11 +124,16 @@ async fn drain(broker: &Broker) {
 }
 
 async fn replay_file(broker: &Broker, path: PathBuf) -> Result<(), Stopped> {
-    let contents = retrying(broker, || {
-        let path = path.clone();
+    let records = retrying(broker, || {
+        let (path, keys) = (path.clone(), broker.cipher.clone());
         async move {
             tokio::task::spawn_blocking(move || {
-                JournalContents::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+                let contents =
+                    JournalContents::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                contents
+                    .records()
+                    .map(|entries| entries.iter().map(|entry| item_of(entry, keys.as_deref())).collect())
+                    .collect::<Result<Vec<Vec<PushItem>>, String>>()
             })
             .await
             .map_err(|e| e.to_string())?
@@ -119,8 +142,8 @@ async fn replay_file(broker: &Broker, path: PathBuf) -> Result<(), Stopped> {
     .await?;
     let limit = broker.config.buffer.drain_batch_messages;
     let mut batch: Vec<PushItem> = Vec::new();
-    for entries in contents.records() {
-        batch.extend(entries.iter().map(item_of));
+    for items in records {
+        batch.extend(items);
         if batch.len() >= limit {
             replay(broker, &mut batch).await?;
         }

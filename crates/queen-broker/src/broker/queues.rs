@@ -23,9 +23,10 @@ pub struct Configure {
 /// and echoed; each is logged when a queue first gets it.
 pub async fn configure(broker: &Broker, name: &str, request: &Configure) -> Result<Queue, ApiError> {
     let (patch, unknown) = queue_options::parse(&request.options)?;
-    if patch.encryption_enabled == Some(true) {
+    if patch.encryption_enabled == Some(true) && broker.cipher.is_none() {
         return Err(ApiError::bad_request(
-            "options.encryptionEnabled: encryption at rest is not supported by this broker",
+            "options.encryptionEnabled: this broker has no encryption key; set QUEEN_ENCRYPTION_KEY (or \
+             encryption.key) to 64 hexadecimal characters, the same on every broker",
         ));
     }
     let before = broker.names.queue(&broker.pool, name).await?;

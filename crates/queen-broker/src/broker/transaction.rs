@@ -112,7 +112,8 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
             leases.join(", ")
         )));
     }
-    let ack_batch = queen_store::cursors::acknowledge(&tx, std::slice::from_ref(&acks)).await?;
+    let ack_batch =
+        queen_store::cursors::acknowledge(&tx, std::slice::from_ref(&acks), broker.cipher.as_deref()).await?;
     let ack_outcomes = ack_batch.outcomes.into_iter().next().unwrap_or_default();
     let refused = acks.iter().zip(&ack_outcomes).find_map(|(request, outcome)| match outcome.verdict {
         AckVerdict::Refused(refusal) => Some((request, refusal, outcome.committed)),
@@ -140,7 +141,7 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
     for (&(partition_id, queue_id), indices) in &by_partition {
         let messages: Vec<NewMessage> = indices.iter().map(|&i| items[i].to_message()).collect();
         let destination = Destination { queue_id, queue: &items[indices[0]].queue, partition_id };
-        let policy = append_policy(&queues_of_items[&queue_id]);
+        let policy = append_policy(broker, &queues_of_items[&queue_id])?;
         let appended = append_in_transaction(&tx, destination, &messages, &policy).await?;
         for (&i, outcome) in indices.iter().zip(appended.outcomes) {
             pushed[i] = Some(Pushed { transaction_id: items[i].transaction_id.clone(), partition_id, outcome });

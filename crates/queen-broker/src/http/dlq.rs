@@ -100,7 +100,7 @@ pub async fn list(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpRes
         offset: query_int(&query, "offset", 0, i64::MAX as u64)?.unwrap_or(0) as i64,
     };
     let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
-    let (letters, total) = queen_store::dlq::list(&client, &filter).await?;
+    let (letters, total) = queen_store::dlq::list(&client, &filter, broker.cipher.as_deref()).await?;
     let messages = letters.into_iter().map(DeadLetterJson::try_from).collect::<Result<_, _>>()?;
     Ok(HttpResponse::Ok().json(Page { messages, total, limit: filter.limit, offset: filter.offset }))
 }
@@ -123,9 +123,10 @@ pub async fn retry(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpRe
     let partition = partition_id(&req)?;
     let transaction_id = req.match_info().get("transaction_id").unwrap_or_default();
     let mut client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
-    let moved = queen_store::dlq::requeue(&mut client, partition, transaction_id).await?.ok_or_else(|| {
-        ApiError::NotFound(format!("no dead letter for message {transaction_id:?} of partition {partition}"))
-    })?;
+    let moved =
+        queen_store::dlq::requeue(&mut client, partition, transaction_id, broker.cipher.as_deref()).await?.ok_or_else(
+            || ApiError::NotFound(format!("no dead letter for message {transaction_id:?} of partition {partition}")),
+        )?;
     let (result, offset, message_id) = match moved.outcome {
         Appended::Queued { offset, message_id } => ("moved", offset, message_id),
         Appended::Duplicate { offset, message_id } => ("duplicate", offset, message_id),

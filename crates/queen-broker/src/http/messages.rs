@@ -53,9 +53,10 @@ pub async fn get(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResp
     let partition_id = partition_id(&req)?;
     let transaction_id = req.match_info().get("transaction_id").unwrap_or_default();
     let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
-    let message: StoredMessage = queen_store::messages::find(&client, partition_id, transaction_id)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no message {transaction_id:?} in partition {partition_id}")))?;
+    let message: StoredMessage =
+        queen_store::messages::find(&client, partition_id, transaction_id, broker.cipher.as_deref())
+            .await?
+            .ok_or_else(|| ApiError::NotFound(format!("no message {transaction_id:?} in partition {partition_id}")))?;
     let json = String::from_utf8(message.frame.payload.clone())
         .map_err(|_| ApiError::Internal(format!("message {transaction_id:?} is not UTF-8 JSON")))?;
     let data = RawValue::from_string(json).map_err(|e| ApiError::Internal(format!("message is not JSON: {e}")))?;

@@ -300,8 +300,14 @@ pub async fn list_messages(broker: web::Data<Broker>, req: HttpRequest) -> Resul
     names::check(NameKind::Queue, "queue", queue).map_err(ApiError::BadRequest)?;
     let limit = query_int(&query, "limit", 1, MAX_PAGE)?.unwrap_or(20) as i64;
     let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
-    let listed =
-        queen_store::messages::newest(&client, queue, query.get("partition").map(String::as_str), limit).await?;
+    let listed = queen_store::messages::newest(
+        &client,
+        queue,
+        query.get("partition").map(String::as_str),
+        limit,
+        broker.cipher.as_deref(),
+    )
+    .await?;
     let data: Vec<Box<serde_json::value::RawValue>> = listed
         .iter()
         .map(|m| {

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use chrono::Utc;
+use queen_log::Cipher;
 use queen_store::retention::{self, Trimmed};
 use queen_store::{Pool, StoreError};
 
@@ -31,6 +32,8 @@ pub struct Maintenance {
     broker_id: String,
     names: Arc<NamesCache>,
     metrics: Arc<Metrics>,
+    /// Opens sealed segments, whose transaction ids retention deletes with them.
+    keys: Option<Arc<Cipher>>,
     running: bool,
 }
 
@@ -48,8 +51,9 @@ impl Maintenance {
         broker_id: String,
         names: Arc<NamesCache>,
         metrics: Arc<Metrics>,
+        keys: Option<Arc<Cipher>>,
     ) -> Self {
-        Self { pool, settings, broker_id, names, metrics, running: false }
+        Self { pool, settings, broker_id, names, metrics, keys, running: false }
     }
 
     fn schedule_pass(&mut self, ctx: &mut Context<Self>) {
@@ -57,8 +61,9 @@ impl Maintenance {
             return;
         }
         self.running = true;
-        let (pool, settings, broker_id) = (self.pool.clone(), self.settings, self.broker_id.clone());
-        ctx.spawn(async move { run_pass(&pool, settings, &broker_id).await }.into_actor(self).map(
+        let (pool, settings, broker_id, keys) =
+            (self.pool.clone(), self.settings, self.broker_id.clone(), self.keys.clone());
+        ctx.spawn(async move { run_pass(&pool, settings, &broker_id, keys.as_deref()).await }.into_actor(self).map(
             |outcome, service, _| {
                 service.running = false;
                 let label = match &outcome {
@@ -88,6 +93,7 @@ async fn run_pass(
     pool: &Pool,
     settings: MaintenanceSettings,
     broker_id: &str,
+    keys: Option<&Cipher>,
 ) -> Result<Option<(PassReport, Vec<retention::RemovedPartition>)>, StoreError> {
     let mut client = pool.get().await?;
     if !retention::try_lock(&client).await? {
@@ -97,7 +103,7 @@ async fn run_pass(
     let outcome = async {
         let mut report = PassReport::default();
         for trim in retention::trims(&client).await? {
-            let trimmed = retention::apply_trim(&mut client, trim, settings.batch_segments).await?;
+            let trimmed = retention::apply_trim(&mut client, trim, settings.batch_segments, keys).await?;
             report.trimmed.segments += trimmed.segments;
             report.trimmed.messages += trimmed.messages;
         }

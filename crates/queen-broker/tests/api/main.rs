@@ -3,6 +3,7 @@
 mod bad_input;
 mod capacity;
 mod concurrency;
+mod encryption;
 mod expiry;
 mod failures;
 mod fanout;
