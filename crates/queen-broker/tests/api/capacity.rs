@@ -131,3 +131,21 @@ async fn concurrent_pushes_never_take_a_queue_past_its_size() {
     assert_eq!((accepted, refused), (20, 20), "{answers:?}");
     assert_eq!(stored(&app, "contended").await, 20);
 }
+
+#[actix_web::test]
+async fn pushes_accepted_during_maintenance_are_replayed_even_past_the_size() {
+    let app = TestApp::spawn().await;
+    app.configure("bounded-buffer", json!({"maxSize": 1})).await;
+    assert_eq!(app.post("/api/v1/system/maintenance", &json!({"enabled": true})).await.status, StatusCode::OK);
+    for id in ["a", "b", "c"] {
+        let answer = push_items(&app, vec![item("bounded-buffer", "p", id)]).await;
+        assert_eq!(answer.body[0]["status"], "buffered", "{answer:?}");
+    }
+    app.post("/api/v1/system/maintenance", &json!({"enabled": false})).await;
+    // They were answered, so they are written though the queue holds only one.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while stored(&app, "bounded-buffer").await < 3 {
+        assert!(Instant::now() < deadline, "the replay stopped at the queue's size");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
