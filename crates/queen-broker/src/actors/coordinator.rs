@@ -84,6 +84,12 @@ impl From<ReleasedWork> for DataAvailable {
 #[rtype(result = "()")]
 pub struct WakeAll;
 
+/// Wake the queue's parked pops: its options changed, so when its messages may be served may
+/// have too.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct WakeQueue(pub Arc<str>);
+
 /// The LISTEN connection is down: notices may be missed from now on.
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -390,6 +396,14 @@ impl Handler<WakeAll> for Coordinator {
 
     fn handle(&mut self, _: WakeAll, _: &mut Self::Context) {
         self.wake_all();
+    }
+}
+
+impl Handler<WakeQueue> for Coordinator {
+    type Result = ();
+
+    fn handle(&mut self, WakeQueue(queue): WakeQueue, _: &mut Self::Context) {
+        self.wake(queue);
     }
 }
 

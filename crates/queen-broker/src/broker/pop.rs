@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use queen_store::cursors::{self, ClaimRequest, CursorSeed, Expiry, Scope};
+use queen_store::cursors::{self, ClaimRequest, CursorSeed, Expiry, Scope, Visibility};
 use queen_store::log::{self, Span};
 use queen_store::queues::{self, Queue};
 use serde_json::value::RawValue;
@@ -224,6 +224,11 @@ async fn pop_queue(
     let names = &broker.names;
     let queue_id = queue.id;
     let group: Arc<str> = Arc::from(request.group.as_str());
+    let options = &queue.options;
+    let visibility = match options.delayed_processing_seconds > 0 || options.window_buffer_seconds > 0 {
+        true => Visibility::Rules,
+        false => Visibility::Immediate,
+    };
     // Free partitions to consider claiming: a few more than the pop may take, in case some are
     // claimed by a competing pop in the meantime.
     let claimable = usize::try_from(budget.partitions.max(4) * 4).unwrap_or(usize::MAX);
@@ -238,10 +243,11 @@ async fn pop_queue(
                 return Ok(Attempt::Empty { retry_at: None });
             };
             let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
-            let found = cursors::candidates(&client, queue_id, Scope::Only(&[partition_id]), &request.group).await?;
+            let scope = Scope::Only(&[partition_id]);
+            let found = cursors::candidates(&client, queue_id, scope, &request.group, visibility).await?;
             (client, found)
         }
-        None => match planned_candidates(broker, queue_id, &group, claimable).await? {
+        None => match planned_candidates(broker, queue_id, &group, visibility, claimable).await? {
             Some(found) => found,
             None => return Ok(Attempt::Empty { retry_at: None }),
         },
@@ -280,7 +286,8 @@ async fn pop_queue(
         let retry_at = if uncursored.is_empty() {
             retry_at
         } else {
-            let seeded = cursors::candidates(&client, queue_id, Scope::Only(&uncursored), &request.group).await?;
+            let scope = Scope::Only(&uncursored);
+            let seeded = cursors::candidates(&client, queue_id, scope, &request.group, visibility).await?;
             seeded.iter().filter_map(|c| c.not_before).chain(retry_at).min()
         };
         return Ok(Attempt::Empty { retry_at });
@@ -374,6 +381,7 @@ async fn planned_candidates(
     broker: &Broker,
     queue_id: i64,
     group: &Arc<str>,
+    visibility: Visibility,
     limit: usize,
 ) -> Result<Option<(deadpool_postgres::Object, Vec<cursors::Candidate>)>, ApiError> {
     let plan_pop = || broker.coordinator.send(PlanPop { queue_id, group: Arc::clone(group), limit });
@@ -388,13 +396,14 @@ async fn planned_candidates(
     loop {
         match plan {
             PopPlan::Full { ticket, scan } => {
-                let scanned = cursors::candidates(&client, queue_id, Scope::All, group).await?;
+                let scanned = cursors::candidates(&client, queue_id, Scope::All, group, visibility).await?;
                 let pending = scanned.iter().map(|c| c.partition_id).collect();
                 broker.coordinator.do_send(ScanDone { ticket, scan, group: Arc::clone(group), pending });
                 return Ok(Some((client, scanned)));
             }
             PopPlan::Candidates { ticket, as_of, partitions, .. } => {
-                let checked = cursors::candidates(&client, queue_id, Scope::Only(&partitions), group).await?;
+                let scope = Scope::Only(&partitions);
+                let checked = cursors::candidates(&client, queue_id, scope, group, visibility).await?;
                 let pending = checked.iter().map(|c| c.partition_id).collect();
                 let any_free = checked.iter().any(|c| c.not_before.is_none());
                 looked += partitions.len();

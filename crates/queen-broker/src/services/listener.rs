@@ -9,7 +9,7 @@ use actix::Addr;
 use queen_store::events::Event;
 use queen_store::listen::listen;
 
-use crate::actors::coordinator::{Coordinator, DataAvailable, Forget, ListenLost, ListenRestored};
+use crate::actors::coordinator::{Coordinator, DataAvailable, Forget, ListenLost, ListenRestored, WakeQueue};
 use crate::broker::NamesCache;
 use crate::broker::maintenance_mode::MaintenanceMode;
 use crate::metrics::Metrics;
@@ -37,7 +37,10 @@ impl FleetListeners {
             Event::Reset { queue_id, group } => {
                 self.coordinator.do_send(Forget { queue_id, queue: None, group: Arc::from(group) });
             }
-            Event::QueueChanged { queue, .. } => self.names.forget_queue(&queue),
+            Event::QueueChanged { queue, .. } => {
+                self.names.forget_queue(&queue);
+                self.coordinator.do_send(WakeQueue(Arc::from(queue)));
+            }
             Event::ModesChanged(modes) => self.maintenance.apply(modes),
         }
     }

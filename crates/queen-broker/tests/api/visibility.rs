@@ -10,7 +10,7 @@ use reqwest::StatusCode;
 use serde_json::json;
 
 use crate::helpers::TestApp;
-use crate::long_poll::push_once_parked;
+use crate::long_poll::{push_once_parked, until_parked};
 
 /// Moves the partition's segments and its last push `age` into the past.
 async fn age_partition(app: &TestApp, queue: &str, partition: &str, age: &str) {
@@ -131,4 +131,21 @@ async fn a_long_poll_waiting_out_a_held_partition_takes_a_push_to_another_at_onc
     let (answer, pushed_at) = futures::join!(waiting, push_once_parked(&app, "lanes", "open", "o"));
     assert_eq!(answer.transaction_ids(), vec!["o"]);
     assert!(pushed_at.elapsed() < Duration::from_secs(2), "the held partition kept the other waiting");
+}
+
+#[actix_web::test]
+async fn a_long_poll_held_by_a_window_is_served_as_soon_as_the_window_is_shortened() {
+    let app = TestApp::spawn().await;
+    app.configure("reopened", json!({"windowBuffer": 3600})).await;
+    app.push_one("reopened", "p", "w", json!("w")).await;
+    let waiting = app.pop("queue/reopened", "batch=1&wait=true&timeout=20000");
+    let change = async {
+        until_parked(&app, 1).await;
+        let changed_at = Instant::now();
+        app.configure("reopened", json!({"windowBuffer": 0})).await;
+        changed_at
+    };
+    let (answer, changed_at) = futures::join!(waiting, change);
+    assert_eq!(answer.transaction_ids(), vec!["w"]);
+    assert!(changed_at.elapsed() < Duration::from_secs(2), "served {:?} after the change", changed_at.elapsed());
 }
