@@ -114,33 +114,20 @@ pub async fn candidates(
             )
         };
     }
-    let rows = match (scope, visibility) {
-        (Scope::All, Visibility::Immediate) => {
-            let statement = client.prepare_cached(pending_in!("queen.partitions p", immediate)).await?;
-            client.query(&statement, &[&queue_id, &group]).await?
+    let sql = match (scope, visibility) {
+        (Scope::All, Visibility::Immediate) => pending_in!("queen.partitions p", immediate),
+        (Scope::All, Visibility::Rules) => pending_in!("queen.partitions p", rules),
+        (Scope::Only(_), Visibility::Immediate) => {
+            pending_in!("unnest($3::bigint[]) AS listed(id) JOIN queen.partitions p ON p.id = listed.id", immediate)
         }
-        (Scope::All, Visibility::Rules) => {
-            let statement = client.prepare_cached(pending_in!("queen.partitions p", rules)).await?;
-            client.query(&statement, &[&queue_id, &group]).await?
+        (Scope::Only(_), Visibility::Rules) => {
+            pending_in!("unnest($3::bigint[]) AS listed(id) JOIN queen.partitions p ON p.id = listed.id", rules)
         }
-        (Scope::Only(ids), Visibility::Immediate) => {
-            let statement = client
-                .prepare_cached(pending_in!(
-                    "unnest($3::bigint[]) AS listed(id) JOIN queen.partitions p ON p.id = listed.id",
-                    immediate
-                ))
-                .await?;
-            client.query(&statement, &[&queue_id, &group, &ids]).await?
-        }
-        (Scope::Only(ids), Visibility::Rules) => {
-            let statement = client
-                .prepare_cached(pending_in!(
-                    "unnest($3::bigint[]) AS listed(id) JOIN queen.partitions p ON p.id = listed.id",
-                    rules
-                ))
-                .await?;
-            client.query(&statement, &[&queue_id, &group, &ids]).await?
-        }
+    };
+    let statement = client.prepare_cached(sql).await?;
+    let rows = match scope {
+        Scope::All => client.query(&statement, &[&queue_id, &group]).await?,
+        Scope::Only(ids) => client.query(&statement, &[&queue_id, &group, &ids]).await?,
     };
     Ok(rows
         .iter()
