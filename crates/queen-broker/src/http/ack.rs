@@ -116,7 +116,9 @@ pub struct AckResult<'a> {
     noop: bool,
     lease_released: bool,
     dlq: bool,
-    /// Given up on without a dead letter (the queue does not dead-letter exhausted messages).
+    /// Given up on without a dead letter (the queue does not dead-letter exhausted messages);
+    /// present only then.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     dropped: bool,
     error: Option<String>,
 }
