@@ -97,21 +97,34 @@ async fn duplicates_of(
     transaction_ids: &[&str],
     policy: &AppendPolicy,
 ) -> Result<HashMap<String, (i64, Uuid)>, StoreError> {
-    let statement = client
-        .prepare_cached(
-            // One primary-key probe per id, whatever the table's statistics say: a plan cached
-            // while the table was small would otherwise scan it whole for every push. The age of
-            // an id (its segment's) is looked up only under a dedup window.
-            "SELECT t.transaction_id, m.message_offset, m.message_id,
-                    $3 > 0 AND (SELECT s.created_at FROM queen.log_segments s
-                                 WHERE s.partition_id = $1 AND s.base_offset <= m.message_offset
-                                 ORDER BY s.base_offset DESC LIMIT 1) < now() - $3::int * interval '1 second'
-               FROM unnest($2::text[]) AS t(transaction_id)
-              CROSS JOIN LATERAL (SELECT message_offset, message_id FROM queen.log_message_ids
-                                   WHERE partition_id = $1 AND transaction_id = t.transaction_id LIMIT 1) m",
-        )
-        .await?;
-    let rows = client.query(&statement, &[&partition_id, &transaction_ids, &policy.dedup_window_seconds]).await?;
+    // One primary-key probe per id, whatever the table's statistics say: a plan cached while the
+    // table was small would otherwise scan it whole for every push. The age of an id (its
+    // segment's) is looked up only under a dedup window, in a statement of its own: a parameter
+    // that switches the lookup off would make PostgreSQL plan the statement anew at every call.
+    let rows = if policy.dedup_window_seconds > 0 {
+        let statement = client
+            .prepare_cached(
+                "SELECT t.transaction_id, m.message_offset, m.message_id,
+                        (SELECT s.created_at FROM queen.log_segments s
+                          WHERE s.partition_id = $1 AND s.base_offset <= m.message_offset
+                          ORDER BY s.base_offset DESC LIMIT 1) < now() - $3::int * interval '1 second'
+                   FROM unnest($2::text[]) AS t(transaction_id)
+                  CROSS JOIN LATERAL (SELECT message_offset, message_id FROM queen.log_message_ids
+                                       WHERE partition_id = $1 AND transaction_id = t.transaction_id LIMIT 1) m",
+            )
+            .await?;
+        client.query(&statement, &[&partition_id, &transaction_ids, &policy.dedup_window_seconds]).await?
+    } else {
+        let statement = client
+            .prepare_cached(
+                "SELECT t.transaction_id, m.message_offset, m.message_id, false
+                   FROM unnest($2::text[]) AS t(transaction_id)
+                  CROSS JOIN LATERAL (SELECT message_offset, message_id FROM queen.log_message_ids
+                                       WHERE partition_id = $1 AND transaction_id = t.transaction_id LIMIT 1) m",
+            )
+            .await?;
+        client.query(&statement, &[&partition_id, &transaction_ids]).await?
+    };
     let mut duplicates = HashMap::with_capacity(rows.len());
     let (mut stale_ids, mut stale_offsets): (Vec<String>, Vec<i64>) = (Vec::new(), Vec::new());
     for row in &rows {
