@@ -3,6 +3,7 @@
 pub mod ack;
 pub mod groups;
 pub mod maintenance_mode;
+pub mod messages;
 mod names_cache;
 pub mod pop;
 pub mod push;

@@ -1,8 +1,6 @@
 //! Dead letters: `GET /api/v1/dlq`, and re-queuing or deleting the dead letters of a message
 //! (`POST` / `DELETE /api/v1/messages/{partitionId}/{transactionId}/retry`).
 
-use std::sync::Arc;
-
 use actix_web::{HttpRequest, HttpResponse, web};
 use chrono::{DateTime, Utc};
 use queen_store::dlq::{DeadLetter, DeadLetterFilter};
@@ -14,8 +12,7 @@ use uuid::Uuid;
 use super::body::{query_int, query_pairs};
 use super::messages::partition_id;
 use super::timestamp;
-use crate::actors::coordinator::DataAvailable;
-use crate::broker::Broker;
+use crate::broker::{Broker, messages};
 use crate::error::ApiError;
 
 /// Most dead letters one page holds.
@@ -99,8 +96,7 @@ pub async fn list(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpRes
         limit: query_int(&query, "limit", 1, MAX_PAGE)?.unwrap_or(100) as i64,
         offset: query_int(&query, "offset", 0, i64::MAX as u64)?.unwrap_or(0) as i64,
     };
-    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
-    let (letters, total) = queen_store::dlq::list(&client, &filter, broker.cipher.as_deref()).await?;
+    let (letters, total) = messages::dead_letters(&broker, &filter).await?;
     let messages = letters.into_iter().map(DeadLetterJson::try_from).collect::<Result<_, _>>()?;
     Ok(HttpResponse::Ok().json(Page { messages, total, limit: filter.limit, offset: filter.offset }))
 }
@@ -122,17 +118,13 @@ struct Moved {
 pub async fn retry(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let partition = partition_id(&req)?;
     let transaction_id = req.match_info().get("transaction_id").unwrap_or_default();
-    let mut client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
-    let moved =
-        queen_store::dlq::requeue(&mut client, partition, transaction_id, broker.cipher.as_deref()).await?.ok_or_else(
-            || ApiError::NotFound(format!("no dead letter for message {transaction_id:?} of partition {partition}")),
-        )?;
+    let moved = messages::requeue(&broker, partition, transaction_id).await?.ok_or_else(|| {
+        ApiError::NotFound(format!("no dead letter for message {transaction_id:?} of partition {partition}"))
+    })?;
     let (result, offset, message_id) = match moved.outcome {
         Appended::Queued { offset, message_id } => ("moved", offset, message_id),
         Appended::Duplicate { offset, message_id } => ("duplicate", offset, message_id),
     };
-    let queue = Arc::from(moved.queue.as_str());
-    broker.coordinator.do_send(DataAvailable { queue, queue_id: moved.queue_id, partition_id: moved.partition_id });
     Ok(HttpResponse::Ok().json(Moved {
         success: true,
         result,
@@ -149,8 +141,7 @@ pub async fn retry(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpRe
 pub async fn delete(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let partition = partition_id(&req)?;
     let transaction_id = req.match_info().get("transaction_id").unwrap_or_default();
-    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
-    let deleted = queen_store::dlq::delete(&client, partition, transaction_id).await?;
+    let deleted = messages::delete_dead_letters(&broker, partition, transaction_id).await?;
     if deleted == 0 {
         return Err(ApiError::NotFound(format!(
             "no dead letter for message {transaction_id:?} of partition {partition}"

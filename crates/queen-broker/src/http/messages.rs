@@ -6,7 +6,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 
 use super::{StoredMessageJson, timestamp};
-use crate::broker::Broker;
+use crate::broker::{Broker, messages};
 use crate::error::ApiError;
 
 /// The partition id of a message route.
@@ -52,11 +52,9 @@ fn status(groups: &[GroupProgress]) -> &'static str {
 pub async fn get(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let partition_id = partition_id(&req)?;
     let transaction_id = req.match_info().get("transaction_id").unwrap_or_default();
-    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
-    let message: StoredMessage =
-        queen_store::messages::find(&client, partition_id, transaction_id, broker.cipher.as_deref())
-            .await?
-            .ok_or_else(|| ApiError::NotFound(format!("no message {transaction_id:?} in partition {partition_id}")))?;
+    let message: StoredMessage = messages::find(&broker, partition_id, transaction_id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no message {transaction_id:?} in partition {partition_id}")))?;
     let json = String::from_utf8(message.frame.payload.clone())
         .map_err(|_| ApiError::Internal(format!("message {transaction_id:?} is not UTF-8 JSON")))?;
     let data = RawValue::from_string(json).map_err(|e| ApiError::Internal(format!("message is not JSON: {e}")))?;

@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 
 use super::body::{query_int, query_pairs};
 use super::{StoredMessageJson, timestamp};
-use crate::broker::{Broker, queue_options};
+use crate::broker::{Broker, messages, queue_options};
 use crate::error::ApiError;
 use crate::names::{self, NameKind};
 
@@ -299,15 +299,7 @@ pub async fn list_messages(broker: web::Data<Broker>, req: HttpRequest) -> Resul
     let queue = query.get("queue").ok_or_else(|| ApiError::bad_request("queue is required"))?;
     names::check(NameKind::Queue, "queue", queue).map_err(ApiError::BadRequest)?;
     let limit = query_int(&query, "limit", 1, MAX_PAGE)?.unwrap_or(20) as i64;
-    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
-    let listed = queen_store::messages::newest(
-        &client,
-        queue,
-        query.get("partition").map(String::as_str),
-        limit,
-        broker.cipher.as_deref(),
-    )
-    .await?;
+    let listed = messages::newest(&broker, queue, query.get("partition").map(String::as_str), limit).await?;
     let data: Vec<Box<serde_json::value::RawValue>> = listed
         .iter()
         .map(|m| {

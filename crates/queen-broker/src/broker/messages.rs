@@ -1,0 +1,55 @@
+//! Messages read back, and dead letters: one message by (partition id, transaction id), the newest
+//! of a queue, a page of dead letters, re-queuing and deleting them. Sealed bytes are opened with
+//! the broker's key.
+
+use std::sync::Arc;
+
+use queen_store::StoreError;
+use queen_store::dlq::{self, DeadLetter, DeadLetterFilter, Requeued};
+use queen_store::messages::{self, ListedMessage, StoredMessage};
+
+use super::Broker;
+use crate::actors::coordinator::DataAvailable;
+use crate::error::ApiError;
+
+/// The message with every group's progress on it; `None` when the partition holds no such
+/// transaction id (or retention removed it).
+pub async fn find(broker: &Broker, partition_id: i64, transaction_id: &str) -> Result<Option<StoredMessage>, ApiError> {
+    let client = broker.pool.get().await.map_err(StoreError::from)?;
+    Ok(messages::find(&client, partition_id, transaction_id, broker.cipher.as_deref()).await?)
+}
+
+/// The newest `limit` messages of the queue (of one partition, when named), newest first.
+pub async fn newest(
+    broker: &Broker,
+    queue: &str,
+    partition: Option<&str>,
+    limit: i64,
+) -> Result<Vec<ListedMessage>, ApiError> {
+    let client = broker.pool.get().await.map_err(StoreError::from)?;
+    Ok(messages::newest(&client, queue, partition, limit, broker.cipher.as_deref()).await?)
+}
+
+/// A page of dead letters and how many match in all.
+pub async fn dead_letters(broker: &Broker, filter: &DeadLetterFilter) -> Result<(Vec<DeadLetter>, i64), ApiError> {
+    let client = broker.pool.get().await.map_err(StoreError::from)?;
+    Ok(dlq::list(&client, filter, broker.cipher.as_deref()).await?)
+}
+
+/// Moves the message's dead letters back into its partition as one new message, announced like
+/// a push; `None` when it has none.
+pub async fn requeue(broker: &Broker, partition_id: i64, transaction_id: &str) -> Result<Option<Requeued>, ApiError> {
+    let mut client = broker.pool.get().await.map_err(StoreError::from)?;
+    let moved = dlq::requeue(&mut client, partition_id, transaction_id, broker.cipher.as_deref()).await?;
+    if let Some(moved) = &moved {
+        let queue = Arc::from(moved.queue.as_str());
+        broker.coordinator.do_send(DataAvailable { queue, queue_id: moved.queue_id, partition_id: moved.partition_id });
+    }
+    Ok(moved)
+}
+
+/// Deletes the message's dead letters; how many there were.
+pub async fn delete_dead_letters(broker: &Broker, partition_id: i64, transaction_id: &str) -> Result<u64, ApiError> {
+    let client = broker.pool.get().await.map_err(StoreError::from)?;
+    Ok(dlq::delete(&client, partition_id, transaction_id).await?)
+}
