@@ -1,6 +1,7 @@
 //! The Queen broker.
 
 pub mod actors;
+pub mod backoff;
 pub mod broker;
 pub mod cli;
 pub mod config;

@@ -15,7 +15,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use queen_store::system_state::{self, Mode, Modes};
 use queen_store::{Pool, StoreError};
@@ -23,11 +23,9 @@ use tokio::sync::watch;
 
 use super::Broker;
 use crate::actors::push_journal::PushRoute;
+use crate::backoff::Backoff;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-
-const FIRST_RETRY: Duration = Duration::from_millis(100);
-const LAST_RETRY: Duration = Duration::from_secs(5);
 
 /// The switches as this broker applies them.
 pub struct MaintenanceMode {
@@ -83,14 +81,13 @@ impl MaintenanceMode {
     /// Reads the switches from PostgreSQL and applies them, retrying until it can (after the
     /// LISTEN connection came back, notices may have been missed).
     pub async fn refresh(&self, pool: &Pool) {
-        let mut retry = FIRST_RETRY;
+        let mut backoff = Backoff::default();
         loop {
             match read(pool).await {
                 Ok(modes) => return self.apply(modes),
                 Err(e) => tracing::warn!(error = %e, "cannot read the maintenance switches; retrying"),
             }
-            tokio::time::sleep(retry).await;
-            retry = (retry * 2).min(LAST_RETRY);
+            backoff.wait().await;
         }
     }
 

@@ -140,8 +140,9 @@ async fn write_queue(
             partitions.iter().map(|(partition, indices)| (partition.as_str(), messages(indices))).collect();
         return write_capped(broker, &settings, shares).await;
     }
-    let writes =
-        partitions.iter().map(|(partition, indices)| write_partition(broker, queue, partition, messages(indices)));
+    let writes = partitions
+        .iter()
+        .map(|(partition, indices)| write_partition(broker, Arc::clone(&settings), partition, messages(indices)));
     futures::future::try_join_all(writes).await
 }
 
@@ -215,31 +216,31 @@ pub fn append_policy(broker: &Broker, queue: &Queue) -> Result<AppendPolicy, Api
     Ok(AppendPolicy { dedup_window_seconds: queue.options.dedup_window_seconds, seal })
 }
 
-/// Appends to one partition. A queue deleted since its id was cached is resolved (and so
-/// created) again once; one deleted while the append was queued fails the request with a 503,
-/// which the client retries.
+/// Appends to one partition of the queue (as the request resolved it). A queue deleted since it
+/// was cached is resolved (and so created) again once; one deleted while the append was queued
+/// fails the request with a 503, which the client retries.
 async fn write_partition(
     broker: &Broker,
-    queue: &str,
+    mut settings: Arc<Queue>,
     partition: &str,
     messages: Vec<NewMessage>,
 ) -> Result<(i64, Vec<Appended>), ApiError> {
-    let mut settings = broker.names.ensure_queue(&broker.pool, queue).await?;
+    let queue: Arc<str> = Arc::from(settings.name.as_str());
     let partition_id = match broker.names.ensure_partition(&broker.pool, settings.id, partition).await {
         Err(StoreError::Missing(_)) => {
-            broker.names.forget_queue(queue);
-            settings = broker.names.ensure_queue(&broker.pool, queue).await?;
+            broker.names.forget_queue(&queue);
+            settings = broker.names.ensure_queue(&broker.pool, &queue).await?;
             broker.names.ensure_partition(&broker.pool, settings.id, partition).await?
         }
         other => other?,
     };
     let queue_id = settings.id;
-    let target = WriteTarget { queue_id, queue: Arc::from(queue), partition_id };
+    let target = WriteTarget { queue_id, queue: Arc::clone(&queue), partition_id };
     match broker.writers.append(&target, messages, append_policy(broker, &settings)?).await {
         Ok(outcomes) => Ok((partition_id, outcomes)),
         Err(e) => {
             if matches!(e, WorkError::Gone(_)) {
-                broker.names.forget_queue(queue);
+                broker.names.forget_queue(&queue);
                 broker.names.forget_partition(queue_id, partition);
             }
             Err(e.into())

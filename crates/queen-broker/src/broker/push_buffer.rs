@@ -9,7 +9,6 @@
 //! already holds, so replaying a record again (after a crash mid-drain) changes nothing.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use actix_web::web;
 use std::borrow::Cow;
@@ -20,10 +19,8 @@ use queen_store::log::opened;
 use super::Broker;
 use super::push::{Admission, PushItem, write};
 use crate::actors::push_journal::{DrainStep, JournalContents, JournalError, Record};
+use crate::backoff::Backoff;
 use crate::error::ApiError;
-
-const FIRST_RETRY: Duration = Duration::from_millis(100);
-const LAST_RETRY: Duration = Duration::from_secs(5);
 
 /// Journals one push request: `true` once it is durable, `false` when the journal declined it
 /// (push maintenance ended and the journal is empty), so the push belongs in the log.
@@ -175,7 +172,7 @@ where
     F: Fn() -> Fut,
     Fut: Future<Output = Result<T, String>>,
 {
-    let mut retry = FIRST_RETRY;
+    let mut backoff = Backoff::default();
     let mut failed = false;
     loop {
         match attempt().await {
@@ -191,8 +188,7 @@ where
                 failed = true;
             }
         }
-        tokio::time::sleep(retry).await;
-        retry = (retry * 2).min(LAST_RETRY);
+        backoff.wait().await;
         if must_stop(broker) {
             return Err(Stopped);
         }

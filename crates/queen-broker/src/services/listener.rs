@@ -3,19 +3,16 @@
 //! stops trusting what it knew) and reconnects with a backoff.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use actix::Addr;
 use queen_store::events::Event;
 use queen_store::listen::listen;
 
 use crate::actors::coordinator::{Coordinator, DataAvailable, Forget, ListenLost, ListenRestored, WakeQueue};
+use crate::backoff::Backoff;
 use crate::broker::NamesCache;
 use crate::broker::maintenance_mode::MaintenanceMode;
 use crate::metrics::Metrics;
-
-const FIRST_RETRY: Duration = Duration::from_millis(100);
-const LAST_RETRY: Duration = Duration::from_secs(5);
 
 /// Who acts on fleet events.
 pub struct FleetListeners {
@@ -56,11 +53,11 @@ impl FleetListeners {
 
 /// Runs until the broker stops.
 pub async fn keep_listening(pg: tokio_postgres::Config, listeners: FleetListeners) {
-    let mut retry = FIRST_RETRY;
+    let mut backoff = Backoff::default();
     loop {
         match listen(&pg).await {
             Ok(mut listening) => {
-                retry = FIRST_RETRY;
+                backoff.reset();
                 // Once LISTEN took effect: a push after it arrives as a notice, one before it is
                 // found by the scans that follow (the coordinator drops every view).
                 listeners.restored();
@@ -72,7 +69,6 @@ pub async fn keep_listening(pg: tokio_postgres::Config, listeners: FleetListener
             }
             Err(e) => tracing::warn!(error = %e, "cannot open the LISTEN connection; retrying"),
         }
-        tokio::time::sleep(retry).await;
-        retry = (retry * 2).min(LAST_RETRY);
+        backoff.wait().await;
     }
 }
