@@ -12,6 +12,9 @@ pub enum ApiError {
     BadRequest(String),
     #[error("{0}")]
     NotFound(String),
+    /// The request is valid but the state of what it names does not allow it.
+    #[error("{0}")]
+    Conflict(String),
     #[error("{0}")]
     PayloadTooLarge(String),
     /// A push would take the queue's unconsumed depth past its `maxSize`; nothing was written.
@@ -36,6 +39,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) => "bad_request",
             ApiError::NotFound(_) => "not_found",
+            ApiError::Conflict(_) => "conflict",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::QueueFull { .. } => "queue_full",
             ApiError::Unavailable(_) => "unavailable",
@@ -69,6 +73,7 @@ impl ResponseError for ApiError {
         match self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,

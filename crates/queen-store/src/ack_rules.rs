@@ -7,8 +7,9 @@
 //! it. `retry` pulls back without counting. `dlq` dead-letters a message now and commits up to it.
 //!
 //! Every item is checked against the cursor as it stood when the call began: a late `completed`
-//! (at or below the cursor) is a no-op, a late `failed` is refused, and an ack under a lease that
-//! is not the live one is refused.
+//! (at or below the cursor) is a no-op, a late `failed` is refused, an ack under a lease that is
+//! not the live one is refused, and so is an ack of a message the group was never delivered, with
+//! or without a lease: an ack can never commit past a message the group did not receive.
 
 use uuid::Uuid;
 
@@ -39,6 +40,8 @@ pub struct CursorState {
     pub lease_id: Option<Uuid>,
     pub lease_live: bool,
     pub leased_until: Option<i64>,
+    /// The highest offset ever delivered to the group on this partition.
+    pub delivered_until: i64,
     pub retry_count: i32,
     pub head_attempts: i32,
     /// The queue's retry limit: a message is delivered at most `retry_limit + 1` times.
@@ -73,6 +76,8 @@ pub enum Refusal {
     OutsideRequiredLeases,
     /// The message lies beyond what the live lease delivered.
     NotDelivered,
+    /// The message lies beyond every message the group has been delivered on the partition.
+    NeverReceived,
     /// A `failed`, `retry` or `dlq` for a message the cursor has already passed.
     AlreadyCommitted,
     /// A `completed` or `dlq` after a message of the same call that failed: delivery restarts at
@@ -115,6 +120,18 @@ pub struct DeadLetter {
     pub retry_count: i32,
 }
 
+/// Why a message was given up on when its last allowed failure was a lease running out:
+/// `failures` in all, `expiries` of them expired leases, the rest failed acks.
+pub fn exhaustion_reason(failures: i32, expiries: i32) -> String {
+    let times = |n: i32| if n == 1 { "once".to_owned() } else { format!("{n} times") };
+    let acks = failures - expiries;
+    match acks {
+        0 => format!("lease expired {}", times(expiries)),
+        1 => format!("failed {}: 1 failed ack, lease expired {}", times(failures), times(expiries)),
+        _ => format!("failed {}: {acks} failed acks, lease expired {}", times(failures), times(expiries)),
+    }
+}
+
 /// What the acks of one call do to one cursor.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CursorChange {
@@ -153,7 +170,16 @@ fn validate(state: &CursorState, item: &AckItem<'_>) -> Result<(), AckVerdict> {
     if state.lease_live && state.leased_until.is_some_and(|until| item.offset > until) {
         return Err(AckVerdict::Refused(Refusal::NotDelivered));
     }
+    if item.offset > state.delivered_until {
+        return Err(AckVerdict::Refused(Refusal::NeverReceived));
+    }
     Ok(())
+}
+
+/// How many times the message after `committed` has been delivered when the cursor moves there:
+/// once if the latest lease covered it, else not yet.
+fn deliveries_of_next(state: &CursorState, committed: i64) -> i32 {
+    i32::from(state.leased_until.is_some_and(|until| until > committed))
 }
 
 /// Applies one call's acks for one cursor. Verdicts come back aligned with `items`.
@@ -184,7 +210,7 @@ pub fn apply(state: &CursorState, items: &[AckItem<'_>]) -> (CursorChange, Vec<A
     if let Some(target) = advance_to {
         after.committed = target;
         after.retry_count = 0;
-        after.head_attempts = 0;
+        after.head_attempts = deliveries_of_next(state, target);
     }
     for item in items.iter().enumerate().filter(|&(i, item)| valid(i) && item.offset < limit).map(|(_, item)| item) {
         if item.status == AckStatus::DeadLetter {
@@ -212,7 +238,7 @@ pub fn apply(state: &CursorState, items: &[AckItem<'_>]) -> (CursorChange, Vec<A
                 }
                 after.committed = offset;
                 after.retry_count = 0;
-                after.head_attempts = 0;
+                after.head_attempts = deliveries_of_next(state, offset);
                 given_up_head = Some(offset);
             }
         }
@@ -268,6 +294,7 @@ mod tests {
             lease_id: Some(LEASE),
             lease_live: true,
             leased_until: Some(until),
+            delivered_until: until,
             retry_count: 0,
             head_attempts: 1,
             retry_limit: 3,
@@ -430,6 +457,33 @@ mod tests {
         let item = AckItem { fence: &required, ..ack(1, AckStatus::Completed) };
         let (_, verdicts) = apply(&free, &[item]);
         assert_eq!(verdicts, vec![AckVerdict::Refused(Refusal::OutsideRequiredLeases)], "no live lease at all");
+    }
+
+    #[test]
+    fn an_exhaustion_reason_says_how_the_message_failed() {
+        assert_eq!(exhaustion_reason(3, 3), "lease expired 3 times");
+        assert_eq!(exhaustion_reason(1, 1), "lease expired once");
+        assert_eq!(exhaustion_reason(3, 2), "failed 3 times: 1 failed ack, lease expired 2 times");
+        assert_eq!(exhaustion_reason(4, 1), "failed 4 times: 3 failed acks, lease expired once");
+    }
+
+    #[test]
+    fn no_ack_commits_past_what_the_group_was_delivered() {
+        let mut released = leased(1, 1);
+        released.lease_live = false;
+        for fence in [UNFENCED, FENCED] {
+            for status in [AckStatus::Completed, AckStatus::Failed, AckStatus::DeadLetter] {
+                let item = AckItem { fence: &fence, ..ack(3, status) };
+                let (change, verdicts) = apply(&released, &[item]);
+                assert!(!change.is_change(&released));
+                let expected = if fence == FENCED { Refusal::InvalidLease } else { Refusal::NeverReceived };
+                assert_eq!(verdicts, vec![AckVerdict::Refused(expected)], "{status:?} {fence:?}");
+            }
+        }
+        // Delivered once (then given back): an unfenced ack may commit it.
+        released.delivered_until = 3;
+        let item = AckItem { fence: &UNFENCED, ..ack(3, AckStatus::Completed) };
+        assert_eq!(apply(&released, &[item]).0.after.committed, 3);
     }
 
     #[test]

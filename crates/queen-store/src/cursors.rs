@@ -215,20 +215,40 @@ pub struct Claim {
     pub took_over_expired_lease: bool,
 }
 
+/// What a claim took, and what it left for [`give_up_exhausted_heads`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Claimed {
+    /// In the order of the request's partitions.
+    pub claims: Vec<Claim>,
+    /// Partitions whose head message was not delivered again: the lease that ran out over it
+    /// was its last allowed failure.
+    pub exhausted: Vec<i64>,
+}
+
 /// Claims partitions with pending messages, atomically: each claimed cursor's lease was free or
 /// expired, is now this claim's, and covers the next visible messages of the partition, with
 /// `batch` capping the total. Rows another transaction is claiming right now are skipped, not
 /// waited on; partitions with nothing visible yet (the queue's delay or window, a retry delay)
 /// are passed over.
-pub async fn claim(client: &impl GenericClient, request: &ClaimRequest<'_>) -> Result<Vec<Claim>, StoreError> {
+///
+/// A lease that ran out over the head message (delivered, never acknowledged) is a failed
+/// delivery of it, counted like a failed ack; a head with no failure left under the queue's retry
+/// limit is not claimed but reported in [`Claimed::exhausted`].
+pub async fn claim(client: &impl GenericClient, request: &ClaimRequest<'_>) -> Result<Claimed, StoreError> {
     if request.partition_ids.is_empty() || request.batch < 1 || request.max_partitions < 1 {
-        return Ok(Vec::new());
+        return Ok(Claimed::default());
     }
     let statement = client
         .prepare_cached(
             "WITH candidate AS (
                  SELECT c.partition_id, x.ord, GREATEST(c.committed, p.retained_from - 1) AS start_after,
-                        v.last_offset, c.lease_expires_at IS NOT NULL AS expired, q.lease_time_seconds
+                        v.last_offset, c.lease_expires_at IS NOT NULL AS expired, q.lease_time_seconds,
+                        -- The lease that ran out delivered the head message: a failed delivery.
+                        c.lease_expires_at IS NOT NULL
+                            AND c.leased_until > GREATEST(c.committed, p.retained_from - 1) AS head_failed,
+                        c.lease_expires_at IS NOT NULL
+                            AND c.leased_until > GREATEST(c.committed, p.retained_from - 1)
+                            AND c.retry_count + 1 > q.retry_limit AS exhausted
                    FROM unnest($2::bigint[]) WITH ORDINALITY AS x(partition_id, ord)
                    JOIN queen.log_consumers c ON c.partition_id = x.partition_id AND c.consumer_group = $1
                    JOIN queen.partitions p ON p.id = x.partition_id
@@ -255,10 +275,10 @@ pub async fn claim(client: &impl GenericClient, request: &ClaimRequest<'_>) -> R
                  SELECT *, LEAST(last_offset - start_after,
                                  $3::bigint - COALESCE(SUM(last_offset - start_after)
                                      OVER (ORDER BY ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)::bigint) AS take
-                   FROM candidate
+                   FROM candidate WHERE NOT exhausted
              ), chosen AS (
                  SELECT * FROM allotted WHERE take > 0 ORDER BY ord LIMIT $4::bigint
-             )
+             ), claimed AS (
              UPDATE queen.log_consumers c
                 SET lease_id = CASE WHEN $7 THEN c.lease_id ELSE $5 END,
                     lease_expires_at = CASE WHEN $7 THEN NULL
@@ -266,15 +286,22 @@ pub async fn claim(client: &impl GenericClient, request: &ClaimRequest<'_>) -> R
                     leased_until = CASE WHEN $7 THEN NULL ELSE ch.start_after + ch.take END,
                     lease_broker = CASE WHEN $7 THEN NULL ELSE $8 END,
                     committed = CASE WHEN $7 THEN ch.start_after + ch.take ELSE c.committed END,
+                    delivered_until = GREATEST(c.delivered_until, ch.start_after + ch.take),
                     head_attempts = CASE WHEN $7 THEN 0 ELSE c.head_attempts + 1 END,
+                    retry_count = CASE WHEN $7 THEN 0 ELSE c.retry_count + ch.head_failed::int END,
+                    head_expiries = CASE WHEN $7 THEN 0 ELSE c.head_expiries + ch.head_failed::int END,
                     redelivery_count = c.redelivery_count + CASE WHEN ch.expired THEN 1 ELSE 0 END,
                     total_consumed = c.total_consumed + CASE WHEN $7 THEN ch.take ELSE 0 END,
                     last_claimed_at = now(),
                     last_consumed_at = CASE WHEN $7 THEN now() ELSE c.last_consumed_at END
                FROM chosen ch
               WHERE c.partition_id = ch.partition_id AND c.consumer_group = $1
-             RETURNING c.partition_id, ch.start_after + 1, ch.start_after + ch.take,
-                       CASE WHEN $7 THEN 1 ELSE c.head_attempts END, c.lease_expires_at, ch.expired, ch.ord",
+             RETURNING c.partition_id, ch.start_after + 1 AS first, ch.start_after + ch.take AS last,
+                       CASE WHEN $7 THEN 1 ELSE c.head_attempts END AS attempt, c.lease_expires_at, ch.expired, ch.ord
+             )
+             SELECT partition_id, first, last, attempt, lease_expires_at, expired, ord, false FROM claimed
+             UNION ALL
+             SELECT partition_id, NULL, NULL, NULL, NULL, true, ord, true FROM candidate WHERE exhausted",
         )
         .await?;
     let rows = client
@@ -292,8 +319,9 @@ pub async fn claim(client: &impl GenericClient, request: &ClaimRequest<'_>) -> R
             ],
         )
         .await?;
-    let mut claims: Vec<(i64, Claim)> = rows
-        .iter()
+    let (exhausted, claimed): (Vec<_>, Vec<_>) = rows.iter().partition(|row| row.get::<_, bool>(7));
+    let mut claims: Vec<(i64, Claim)> = claimed
+        .into_iter()
         .map(|row| {
             let claim = Claim {
                 partition_id: row.get(0),
@@ -307,7 +335,80 @@ pub async fn claim(client: &impl GenericClient, request: &ClaimRequest<'_>) -> R
         })
         .collect();
     claims.sort_by_key(|(ord, _)| *ord);
-    Ok(claims.into_iter().map(|(_, claim)| claim).collect())
+    Ok(Claimed {
+        claims: claims.into_iter().map(|(_, claim)| claim).collect(),
+        exhausted: exhausted.iter().map(|row| row.get(0)).collect(),
+    })
+}
+
+/// A head message given up on because its last allowed delivery failed with a lease running out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GivenUp {
+    pub partition_id: i64,
+    pub offset: i64,
+    /// Copied into the dead-letter table; otherwise the queue does not dead-letter, and the
+    /// message was only passed.
+    pub dead_lettered: bool,
+}
+
+/// Gives up on the head messages that [`claim`] reported exhausted on these partitions: in one
+/// transaction, under the cursor lock and only where it still holds (another pop may have done it
+/// first), each is dead-lettered with the reason (or only passed when the queue does not
+/// dead-letter exhausted messages), the cursor moves past it, and a partition with messages left
+/// is announced.
+pub async fn give_up_exhausted_heads(
+    client: &mut deadpool_postgres::Client,
+    group: &str,
+    partition_ids: &[i64],
+    keys: Option<&Cipher>,
+) -> Result<Vec<GivenUp>, StoreError> {
+    let tx = client.transaction().await?;
+    let statement = tx
+        .prepare_cached(
+            "WITH target AS (
+                 SELECT c.partition_id, GREATEST(c.committed, p.retained_from - 1) + 1 AS head, c.retry_count,
+                        c.head_expiries, q.dead_letter_queue AND q.dlq_after_max_retries AS keep, q.id AS queue_id,
+                        q.name, p.last_offset
+                   FROM unnest($2::bigint[]) AS x(partition_id)
+                   JOIN queen.log_consumers c ON c.partition_id = x.partition_id AND c.consumer_group = $1
+                   JOIN queen.partitions p ON p.id = x.partition_id
+                   JOIN queen.queues q ON q.id = p.queue_id
+                  WHERE c.lease_expires_at <= now()
+                    AND c.leased_until > GREATEST(c.committed, p.retained_from - 1)
+                    AND c.retry_count + 1 > q.retry_limit
+                    FOR UPDATE OF c SKIP LOCKED
+             )
+             UPDATE queen.log_consumers c
+                SET committed = t.head, lease_expires_at = NULL, retry_count = 0, head_expiries = 0,
+                    head_attempts = (c.leased_until > t.head)::int, redelivery_count = c.redelivery_count + 1,
+                    total_consumed = c.total_consumed + (t.head - c.committed), last_consumed_at = now()
+               FROM target t
+              WHERE c.partition_id = t.partition_id AND c.consumer_group = $1
+          RETURNING t.partition_id, t.head, t.retry_count, t.head_expiries, t.keep, t.queue_id, t.name,
+                    t.last_offset > t.head",
+        )
+        .await?;
+    let rows = tx.query(&statement, &[&group, &partition_ids]).await?;
+    let mut given_up = Vec::with_capacity(rows.len());
+    let mut letters: Vec<(CursorKey, DeadLetter)> = Vec::new();
+    for row in &rows {
+        let (partition_id, offset, retry_count, expiries): (i64, i64, i32, i32) =
+            (row.get(0), row.get(1), row.get(2), row.get(3));
+        let dead_lettered: bool = row.get(4);
+        if dead_lettered {
+            // This expiry is one more failure, and one more expiry, than the cursor counted.
+            let error = ack_rules::exhaustion_reason(retry_count + 1, expiries + 1);
+            letters.push(((partition_id, group.to_owned()), DeadLetter { offset, error: Some(error), retry_count }));
+        }
+        if row.get::<_, bool>(7) {
+            events::publish(&tx, &Event::Available { queue_id: row.get(5), partition_id, queue: row.get(6) }).await?;
+        }
+        given_up.push(GivenUp { partition_id, offset, dead_lettered });
+    }
+    let dead: Vec<(&CursorKey, &DeadLetter)> = letters.iter().map(|(key, letter)| (key, letter)).collect();
+    insert_dead_letters(&tx, &dead, &HashMap::new(), keys).await?;
+    tx.commit().await?;
+    Ok(given_up)
 }
 
 /// Messages a group skipped on one partition, `first..=last`, because they were too old.
@@ -360,7 +461,8 @@ pub async fn expire(
                         FOR UPDATE OF c SKIP LOCKED
                  )
                  UPDATE queen.log_consumers c
-                    SET committed = LEAST(t.expired_end, t.start_after + $4), retry_count = 0, head_attempts = 0
+                    SET committed = LEAST(t.expired_end, t.start_after + $4), retry_count = 0, head_attempts = 0,
+                        head_expiries = 0
                    FROM target t
                   WHERE c.partition_id = t.partition_id AND c.consumer_group = $1 AND t.expired_end > t.start_after
               RETURNING c.partition_id, t.start_after + 1, c.committed",
@@ -380,7 +482,7 @@ pub async fn expire(
                 })
                 .collect();
             let dead: Vec<(&CursorKey, &DeadLetter)> = letters.iter().map(|(key, letter)| (key, letter)).collect();
-            insert_dead_letters(&tx, &dead, keys).await?;
+            insert_dead_letters(&tx, &dead, &HashMap::new(), keys).await?;
         }
         tx.commit().await?;
         remaining = match chunk {
@@ -536,7 +638,8 @@ pub async fn acknowledge(
         .prepare_cached(
             "SELECT c.partition_id, c.consumer_group, c.committed, c.lease_id, c.lease_expires_at > now(),
                     c.leased_until, c.retry_count, c.head_attempts, q.retry_limit, q.name, p.last_offset, q.id,
-                    q.retry_delay_ms, q.dead_letter_queue AND q.dlq_after_max_retries
+                    q.retry_delay_ms, q.dead_letter_queue AND q.dlq_after_max_retries,
+                    GREATEST(c.delivered_until, c.committed)
                FROM queen.log_consumers c
                JOIN queen.partitions p ON p.id = c.partition_id
                JOIN queen.queues q ON q.id = p.queue_id
@@ -550,6 +653,12 @@ pub async fn acknowledge(
     let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&partition_ids, &groups];
     let (offsets, cursors) = futures::try_join!(tx.query(&resolve, &resolve_params), tx.query(&lock, &lock_params))?;
     let offsets: Vec<Option<i64>> = offsets.iter().map(|row| row.get(0)).collect();
+    // What a dead letter whose segment is gone can still say about its message.
+    let resolved: HashMap<(i64, i64), &str> = requests
+        .iter()
+        .zip(&offsets)
+        .filter_map(|(request, offset)| Some(((request.partition_id, (*offset)?), request.transaction_id.as_str())))
+        .collect();
     // Per partition: its queue's id and name, and its last offset.
     let partition_heads: HashMap<i64, (i64, String, i64)> =
         cursors.iter().map(|row| (row.get(0), (row.get(11), row.get(9), row.get(10)))).collect();
@@ -562,6 +671,7 @@ pub async fn acknowledge(
                 lease_id: row.get(3),
                 lease_live: row.get::<_, Option<bool>>(4).unwrap_or(false),
                 leased_until: row.get(5),
+                delivered_until: row.get(14),
                 retry_count: row.get(6),
                 head_attempts: row.get(7),
                 retry_limit: row.get(8),
@@ -592,7 +702,7 @@ pub async fn acknowledge(
     write_cursor_changes(tx, &changed).await?;
     let dead: Vec<(&CursorKey, &DeadLetter)> =
         changed.iter().flat_map(|(key, track)| track.dead_letters.iter().map(move |d| (*key, d))).collect();
-    insert_dead_letters(tx, &dead, keys).await?;
+    insert_dead_letters(tx, &dead, &resolved, keys).await?;
     // A released lease over pending messages makes them available to the group's other
     // consumers, on any broker: announce it at commit, as a push would.
     let mut released: Vec<ReleasedWork> = changed
@@ -685,6 +795,7 @@ async fn write_cursor_changes(
                     lease_expires_at = CASE WHEN u.release THEN NULL ELSE c.lease_expires_at END,
                     retry_count = u.retry_count,
                     head_attempts = u.head_attempts,
+                    head_expiries = CASE WHEN u.committed = c.committed THEN c.head_expiries ELSE 0 END,
                     total_consumed = c.total_consumed + u.consumed,
                     last_consumed_at = CASE WHEN u.consumed > 0 THEN now() ELSE c.last_consumed_at END,
                     retry_at = CASE WHEN u.retry_delay_ms > 0 THEN now() + u.retry_delay_ms * interval '1 millisecond'
@@ -714,13 +825,19 @@ async fn write_cursor_changes(
     Ok(())
 }
 
+/// What a dead letter says in place of a payload that retention removed before it was copied.
+pub const PAYLOAD_RETAINED: &str = "payload unavailable (retained)";
+
 /// Copies messages into `queen.log_dlq`, each with its group, error and retry count, in one
 /// statement. Runs of consecutive offsets are read from their segments once; the payload of a
-/// sealed segment is sealed again on its own. A message that retention already removed has
-/// nothing left to copy.
+/// sealed segment is sealed again on its own. A message whose segment retention already removed
+/// (the trim committed while the message was being given up on) is recorded all the same, with
+/// what is still known of it (its transaction id from `resolved`, when the caller had it), no
+/// payload, and [`PAYLOAD_RETAINED`] in its error.
 async fn insert_dead_letters(
     tx: &deadpool_postgres::Transaction<'_>,
     dead: &[(&CursorKey, &DeadLetter)],
+    resolved: &HashMap<(i64, i64), &str>,
     keys: Option<&Cipher>,
 ) -> Result<(), StoreError> {
     if dead.is_empty() {
@@ -744,7 +861,7 @@ async fn insert_dead_letters(
     for segment in &segments {
         for (index, frame) in segment.frames.frames().enumerate() {
             let key = (segment.partition_id, segment.base_offset + index as i64);
-            let Some(letters) = wanted.get(&key) else { continue };
+            let Some(letters) = wanted.remove(&key) else { continue };
             let frame = frame.map_err(|source| StoreError::CorruptSegment {
                 partition_id: segment.partition_id,
                 base_offset: segment.base_offset,
@@ -754,20 +871,38 @@ async fn insert_dead_letters(
                 (true, Some(cipher)) => Cow::Owned(cipher.seal(frame.payload)?),
                 _ => Cow::Borrowed(frame.payload),
             };
-            for &i in letters {
+            for i in letters {
                 let ((partition_id, group), letter) = dead[i];
                 rows.partition_ids.push(*partition_id);
                 rows.groups.push(group);
                 rows.offsets.push(letter.offset);
-                rows.message_ids.push(frame.message_id);
-                rows.transaction_ids.push(frame.transaction_id);
+                rows.message_ids.push(Some(frame.message_id));
+                rows.transaction_ids.push(Some(frame.transaction_id));
                 rows.trace_ids.push(frame.trace_id);
-                rows.payloads.push(payload.clone());
-                rows.errors.push(letter.error.as_deref());
+                rows.payloads.push(Some(payload.clone()));
+                rows.errors.push(letter.error.as_deref().map(Cow::Borrowed));
                 rows.retry_counts.push(letter.retry_count);
-                rows.created_at.push(segment.created_at);
+                rows.created_at.push(Some(segment.created_at));
             }
         }
+    }
+    for i in wanted.into_values().flatten() {
+        let ((partition_id, group), letter) = dead[i];
+        tracing::warn!(partition_id, offset = letter.offset, group, "dead-lettered a message retention removed");
+        let error = match &letter.error {
+            Some(error) => format!("{error}; {PAYLOAD_RETAINED}"),
+            None => PAYLOAD_RETAINED.to_owned(),
+        };
+        rows.partition_ids.push(*partition_id);
+        rows.groups.push(group);
+        rows.offsets.push(letter.offset);
+        rows.message_ids.push(None);
+        rows.transaction_ids.push(resolved.get(&(*partition_id, letter.offset)).copied());
+        rows.trace_ids.push(None);
+        rows.payloads.push(None);
+        rows.errors.push(Some(Cow::Owned(error)));
+        rows.retry_counts.push(letter.retry_count);
+        rows.created_at.push(None);
     }
     let statement = tx
         .prepare_cached(
@@ -809,13 +944,13 @@ struct DeadLetterRows<'a> {
     partition_ids: Vec<i64>,
     groups: Vec<&'a str>,
     offsets: Vec<i64>,
-    message_ids: Vec<Uuid>,
-    transaction_ids: Vec<&'a str>,
+    message_ids: Vec<Option<Uuid>>,
+    transaction_ids: Vec<Option<&'a str>>,
     trace_ids: Vec<Option<Uuid>>,
-    payloads: Vec<Cow<'a, [u8]>>,
-    errors: Vec<Option<&'a str>>,
+    payloads: Vec<Option<Cow<'a, [u8]>>>,
+    errors: Vec<Option<Cow<'a, str>>>,
     retry_counts: Vec<i32>,
-    created_at: Vec<DateTime<Utc>>,
+    created_at: Vec<Option<DateTime<Utc>>>,
 }
 
 /// Releases the live leases `broker` granted (it is shutting down) and announces the partitions

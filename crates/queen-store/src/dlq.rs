@@ -21,14 +21,16 @@ pub struct DeadLetter {
     pub partition_id: i64,
     pub consumer_group: String,
     pub offset: i64,
-    pub message_id: Uuid,
-    pub transaction_id: String,
+    /// `None`, like the transaction id (when it was not known either), the payload and the
+    /// creation time, when retention removed the message before it was copied.
+    pub message_id: Option<Uuid>,
+    pub transaction_id: Option<String>,
     pub trace_id: Option<Uuid>,
     /// The message's data as JSON text.
-    pub payload: Vec<u8>,
+    pub payload: Option<Vec<u8>>,
     pub error: Option<String>,
     pub retry_count: i32,
-    pub created_at: DateTime<Utc>,
+    pub created_at: Option<DateTime<Utc>>,
     pub failed_at: DateTime<Utc>,
 }
 
@@ -98,7 +100,8 @@ pub async fn list(
         .iter()
         .map(|row| {
             let id: i64 = row.get(0);
-            let payload = dead_letter_payload(id, row.get(9), keys)?;
+            let payload =
+                row.get::<_, Option<&[u8]>>(9).map(|stored| dead_letter_payload(id, stored, keys)).transpose()?;
             Ok(DeadLetter {
                 id,
                 queue: row.get(1),
@@ -109,7 +112,7 @@ pub async fn list(
                 message_id: row.get(6),
                 transaction_id: row.get(7),
                 trace_id: row.get(8),
-                payload: payload.into_owned(),
+                payload: payload.map(Cow::into_owned),
                 error: row.get(10),
                 retry_count: row.get(11),
                 created_at: row.get(12),
@@ -141,25 +144,43 @@ pub struct Requeued {
     pub dead_letters: u64,
 }
 
+/// What re-queuing the dead letters of a message found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Requeue {
+    Moved(Requeued),
+    /// The message has no dead letter.
+    NoDeadLetter,
+    /// Its dead letters were recorded after retention removed the message: nothing to push.
+    PayloadRetained,
+}
+
 /// Moves the dead letters of a message back into its partition as one new message (transaction
 /// id `dlq:<lowest dead-letter id>`, same data: opened with `keys` when sealed, and sealed again
 /// when the queue is encrypted), removing them, in one transaction. The new message reaches every
-/// group of the queue, like any push. `None` when the message has no dead letter.
+/// group of the queue, like any push.
 pub async fn requeue(
     client: &mut deadpool_postgres::Client,
     partition_id: i64,
     transaction_id: &str,
     keys: Option<&Cipher>,
-) -> Result<Option<Requeued>, StoreError> {
+) -> Result<Requeue, StoreError> {
     let tx = client.transaction().await?;
     let rows = tx
         .query(
-            "DELETE FROM queen.log_dlq WHERE partition_id = $1 AND transaction_id = $2
+            "DELETE FROM queen.log_dlq WHERE partition_id = $1 AND transaction_id = $2 AND payload IS NOT NULL
           RETURNING id, queue_name, partition_name, trace_id, payload",
             &[&partition_id, &transaction_id],
         )
         .await?;
-    let Some(first) = rows.iter().min_by_key(|row| row.get::<_, i64>(0)) else { return Ok(None) };
+    let Some(first) = rows.iter().min_by_key(|row| row.get::<_, i64>(0)) else {
+        let without_payload = tx
+            .query_opt(
+                "SELECT 1 FROM queen.log_dlq WHERE partition_id = $1 AND transaction_id = $2 LIMIT 1",
+                &[&partition_id, &transaction_id],
+            )
+            .await?;
+        return Ok(if without_payload.is_some() { Requeue::PayloadRetained } else { Requeue::NoDeadLetter });
+    };
     let (id, queue, partition): (i64, String, String) = (first.get(0), first.get(1), first.get(2));
     // The partition may have been cleaned up since: re-create it (and its queue) by name.
     let settings = queues::ensure_queue(&tx, &queue).await?;
@@ -184,7 +205,7 @@ pub async fn requeue(
     let appended = append_in_transaction(&tx, destination, std::slice::from_ref(&message), &policy).await?;
     tx.commit().await?;
     let outcome = appended.outcomes.into_iter().next().ok_or(StoreError::Missing("append outcome"))?;
-    Ok(Some(Requeued {
+    Ok(Requeue::Moved(Requeued {
         queue,
         queue_id,
         partition_id: target,

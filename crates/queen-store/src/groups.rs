@@ -90,6 +90,7 @@ pub async fn seek(
                         retry_count = 0,
                         redelivery_count = 0,
                         head_attempts = 0,
+                        head_expiries = 0,
                         retry_at = NULL
                  RETURNING c.partition_id, c.committed
              )

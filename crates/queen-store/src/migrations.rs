@@ -34,6 +34,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(5, "0005_message_ids_without_fk"),
     migration!(6, "0006_queue_options"),
     migration!(7, "0007_system_state"),
+    migration!(8, "0008_delivery_guarantees"),
 ];
 
 /// The newest schema version this build knows.

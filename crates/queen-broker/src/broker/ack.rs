@@ -73,6 +73,11 @@ pub fn refusal_text(refusal: Refusal, request: &AckRequest, committed: Option<i6
                                            requiredLeases (it expired, was released, or belongs to another consumer)"
             .into(),
         Refusal::NotDelivered => "the message was not delivered under this lease".into(),
+        Refusal::NeverReceived => format!(
+            "group {:?} has never received this message of partition {partition_id}: it lies past every message \
+             delivered to the group, and an ack may commit only what was delivered",
+            request.consumer_group
+        ),
         Refusal::AlreadyCommitted => match committed {
             Some(cursor) => format!("the message is already committed (the group's cursor is at offset {cursor})"),
             None => "the message is already committed".into(),

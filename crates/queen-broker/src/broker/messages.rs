@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use queen_store::StoreError;
-use queen_store::dlq::{self, DeadLetter, DeadLetterFilter, Requeued};
+use queen_store::dlq::{self, DeadLetter, DeadLetterFilter, Requeue};
 use queen_store::messages::{self, ListedMessage, StoredMessage};
 
 use super::Broker;
@@ -37,11 +37,11 @@ pub async fn dead_letters(broker: &Broker, filter: &DeadLetterFilter) -> Result<
 }
 
 /// Moves the message's dead letters back into its partition as one new message, announced like
-/// a push; `None` when it has none.
-pub async fn requeue(broker: &Broker, partition_id: i64, transaction_id: &str) -> Result<Option<Requeued>, ApiError> {
+/// a push.
+pub async fn requeue(broker: &Broker, partition_id: i64, transaction_id: &str) -> Result<Requeue, ApiError> {
     let mut client = broker.pool.get().await.map_err(StoreError::from)?;
     let moved = dlq::requeue(&mut client, partition_id, transaction_id, broker.cipher.as_deref()).await?;
-    if let Some(moved) = &moved {
+    if let Requeue::Moved(moved) = &moved {
         let queue = Arc::from(moved.queue.as_str());
         broker.coordinator.do_send(DataAvailable { queue, queue_id: moved.queue_id, partition_id: moved.partition_id });
     }

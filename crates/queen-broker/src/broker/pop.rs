@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use queen_store::cursors::{self, ClaimRequest, CursorSeed, Expiry, Scope, Visibility};
+use queen_store::cursors::{self, ClaimRequest, Claimed, CursorSeed, Expiry, Scope, Visibility};
 use queen_store::log::{self, Span};
 use queen_store::queues::{self, Queue};
 use serde_json::value::RawValue;
@@ -265,20 +265,29 @@ async fn pop_queue(
     if queue.options.expiry_seconds().is_some() {
         expire_old_messages(broker, &mut client, queue, &request.group, &partition_ids).await?;
     }
-    let claims = cursors::claim(
-        &client,
-        &ClaimRequest {
-            group: &request.group,
-            partition_ids: &partition_ids,
-            batch: i64::from(budget.messages),
-            max_partitions: i64::from(if only_partition.is_some() { 1 } else { budget.partitions }),
-            lease_id,
-            lease_seconds: request.lease_seconds,
-            auto_ack: request.auto_ack,
-            broker_id: &broker.broker_id,
-        },
-    )
-    .await?;
+    let claim_request = ClaimRequest {
+        group: &request.group,
+        partition_ids: &partition_ids,
+        batch: i64::from(budget.messages),
+        max_partitions: i64::from(if only_partition.is_some() { 1 } else { budget.partitions }),
+        lease_id,
+        lease_seconds: request.lease_seconds,
+        auto_ack: request.auto_ack,
+        broker_id: &broker.broker_id,
+    };
+    let Claimed { mut claims, exhausted } = cursors::claim(&client, &claim_request).await?;
+    if !exhausted.is_empty() {
+        give_up_exhausted_heads(broker, &mut client, queue, &request.group, &exhausted).await?;
+        // Those partitions have moved past the message given up on: serve what follows it.
+        let taken: i64 = claims.iter().map(|c| c.last - c.first + 1).sum();
+        let rest = ClaimRequest {
+            partition_ids: &exhausted,
+            batch: claim_request.batch - taken,
+            max_partitions: claim_request.max_partitions - claims.len() as i64,
+            ..claim_request
+        };
+        claims.extend(cursors::claim(&client, &rest).await?.claims);
+    }
     if claims.is_empty() {
         // A cursor made just now may start later than the candidate query assumed (a `new` or
         // timestamp subscription): ask when those partitions can be served, so a long poll
@@ -368,6 +377,24 @@ async fn expire_old_messages(
     if expiry.dead_letter_error.is_some() {
         broker.metrics.messages_dead_lettered.with_label_values(&[&queue.name]).inc_by(count);
     }
+    Ok(())
+}
+
+/// Gives up on the head messages whose leases ran out once too often (see
+/// [`cursors::give_up_exhausted_heads`]), counting them.
+async fn give_up_exhausted_heads(
+    broker: &Broker,
+    client: &mut deadpool_postgres::Object,
+    queue: &Queue,
+    group: &str,
+    partition_ids: &[i64],
+) -> Result<(), ApiError> {
+    let given_up = cursors::give_up_exhausted_heads(client, group, partition_ids, broker.cipher.as_deref()).await?;
+    let metrics = &broker.metrics;
+    let dead_lettered = given_up.iter().filter(|g| g.dead_lettered).count() as u64;
+    metrics.messages_dead_lettered.with_label_values(&[&queue.name]).inc_by(dead_lettered);
+    metrics.messages_dropped.with_label_values(&[&queue.name]).inc_by(given_up.len() as u64 - dead_lettered);
+    metrics.leases_expired.inc_by(given_up.len() as u64);
     Ok(())
 }
 

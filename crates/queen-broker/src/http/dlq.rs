@@ -3,7 +3,7 @@
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use chrono::{DateTime, Utc};
-use queen_store::dlq::{DeadLetter, DeadLetterFilter};
+use queen_store::dlq::{DeadLetter, DeadLetterFilter, Requeue};
 use queen_store::log::Appended;
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -21,10 +21,11 @@ const MAX_PAGE: u64 = 1000;
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct DeadLetterJson {
-    /// The message's id, as on delivery.
-    id: Uuid,
+    /// The message's id, as on delivery; null, with the data and the creation time, when
+    /// retention removed the message before it was copied.
+    id: Option<Uuid>,
     dead_letter_id: i64,
-    transaction_id: String,
+    transaction_id: Option<String>,
     trace_id: Option<Uuid>,
     queue: String,
     partition: String,
@@ -33,8 +34,8 @@ struct DeadLetterJson {
     consumer_group: String,
     error_message: Option<String>,
     retry_count: i32,
-    data: Box<RawValue>,
-    created_at: String,
+    data: Option<Box<RawValue>>,
+    created_at: Option<String>,
     failed_at: String,
 }
 
@@ -42,10 +43,14 @@ impl TryFrom<DeadLetter> for DeadLetterJson {
     type Error = ApiError;
 
     fn try_from(d: DeadLetter) -> Result<Self, ApiError> {
-        let json =
-            String::from_utf8(d.payload).map_err(|_| ApiError::Internal("a dead letter is not UTF-8 JSON".into()))?;
-        let data =
-            RawValue::from_string(json).map_err(|e| ApiError::Internal(format!("a dead letter is not JSON: {e}")))?;
+        let data = d
+            .payload
+            .map(|payload| {
+                let json = String::from_utf8(payload)
+                    .map_err(|_| ApiError::Internal("a dead letter is not UTF-8 JSON".into()))?;
+                RawValue::from_string(json).map_err(|e| ApiError::Internal(format!("a dead letter is not JSON: {e}")))
+            })
+            .transpose()?;
         Ok(DeadLetterJson {
             id: d.message_id,
             dead_letter_id: d.id,
@@ -59,7 +64,7 @@ impl TryFrom<DeadLetter> for DeadLetterJson {
             error_message: d.error,
             retry_count: d.retry_count,
             data,
-            created_at: timestamp(d.created_at),
+            created_at: d.created_at.map(timestamp),
             failed_at: timestamp(d.failed_at),
         })
     }
@@ -118,9 +123,21 @@ struct Moved {
 pub async fn retry(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let partition = partition_id(&req)?;
     let transaction_id = req.match_info().get("transaction_id").unwrap_or_default();
-    let moved = messages::requeue(&broker, partition, transaction_id).await?.ok_or_else(|| {
-        ApiError::NotFound(format!("no dead letter for message {transaction_id:?} of partition {partition}"))
-    })?;
+    let moved = match messages::requeue(&broker, partition, transaction_id).await? {
+        Requeue::Moved(moved) => moved,
+        Requeue::NoDeadLetter => {
+            return Err(ApiError::NotFound(format!(
+                "no dead letter for message {transaction_id:?} of partition {partition}"
+            )));
+        }
+        Requeue::PayloadRetained => {
+            return Err(ApiError::Conflict(format!(
+                "the dead letters of message {transaction_id:?} of partition {partition} have no payload to push \
+                 again: {}",
+                queen_store::cursors::PAYLOAD_RETAINED
+            )));
+        }
+    };
     let (result, offset, message_id) = match moved.outcome {
         Appended::Queued { offset, message_id } => ("moved", offset, message_id),
         Appended::Duplicate { offset, message_id } => ("duplicate", offset, message_id),

@@ -27,9 +27,9 @@ async fn a_slow_consumer_keeps_its_lease_alive_by_extending_it() {
 }
 
 #[actix_web::test]
-async fn a_consumer_that_dies_mid_batch_loses_it_to_another_as_a_redelivery_not_a_retry() {
+async fn a_consumer_that_dies_mid_batch_loses_it_to_another_and_the_expiry_counts_as_a_failure() {
     let app = TestApp::spawn().await;
-    app.post("/api/v1/configure", &json!({"queue": "crash", "options": {"leaseTime": 1, "retryLimit": 0}})).await;
+    app.post("/api/v1/configure", &json!({"queue": "crash", "options": {"leaseTime": 1, "retryLimit": 1}})).await;
     app.push(json!([{"queue": "crash", "transactionId": "x", "payload": 1}, {"queue": "crash", "transactionId": "y", "payload": 2}]))
         .await;
     let dead = app.pop("queue/crash", "batch=2&consumerGroup=g").await.messages();
@@ -37,6 +37,7 @@ async fn a_consumer_that_dies_mid_batch_loses_it_to_another_as_a_redelivery_not_
     // The consumer never comes back: another one waits and gets the batch once the lease is over.
     let taken = app.pop("queue/crash", "batch=2&consumerGroup=g&wait=true&timeout=5000").await;
     assert_eq!(taken.transaction_ids(), vec!["x", "y"]);
+    assert_eq!(taken.messages()[0]["deliveryAttempt"], 2);
     let row = app
         .db
         .connect()
@@ -44,9 +45,8 @@ async fn a_consumer_that_dies_mid_batch_loses_it_to_another_as_a_redelivery_not_
         .query_one("SELECT retry_count, redelivery_count FROM queen.log_consumers", &[])
         .await
         .expect("the cursor");
-    assert_eq!((row.get::<_, i32>(0), row.get::<_, i32>(1)), (0, 1), "an expiry is a redelivery, not a retry");
-    // With a retry limit of 0 a counted retry would have dead-lettered x: it did not.
-    assert_eq!(app.count("SELECT count(*) FROM queen.log_dlq").await, 0);
+    assert_eq!((row.get::<_, i32>(0), row.get::<_, i32>(1)), (1, 1), "the expiry is a failed delivery of x");
+    assert_eq!(app.count("SELECT count(*) FROM queen.log_dlq").await, 0, "one failure is within a retry limit of 1");
     let expired =
         app.post(&format!("/api/v1/lease/{}/extend", dead[0]["leaseId"].as_str().expect("lease")), &json!({})).await;
     assert_eq!(expired.body["success"], false, "an expired lease cannot be revived");

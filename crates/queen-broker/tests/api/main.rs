@@ -3,6 +3,7 @@
 mod bad_input;
 mod capacity;
 mod concurrency;
+mod delivery;
 mod encryption;
 mod expiry;
 mod failures;

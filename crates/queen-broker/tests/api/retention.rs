@@ -310,3 +310,38 @@ async fn a_trim_walks_from_the_watermark_not_through_deleted_history() {
     );
     assert!(!plan.contains("Seq Scan"), "no sequential scan:\n{plan}");
 }
+
+#[actix_web::test]
+async fn a_message_dead_lettered_after_retention_removed_it_is_recorded_without_its_payload() {
+    let app = app().await;
+    app.configure("raced", json!({"retentionEnabled": true, "retentionSeconds": 600, "retryLimit": 0})).await;
+    segment(&app, "raced", "p", "m", 1).await;
+    let delivered = app.pop("queue/raced", "batch=1&consumerGroup=g").await.messages();
+
+    // The ack resolves the message, then waits for the cursor, which the test holds; meanwhile
+    // retention removes the message's segment.
+    let holder = app.db.connect().await;
+    holder.batch_execute("BEGIN; SELECT * FROM queen.log_consumers FOR UPDATE").await.expect("holding the cursor");
+    let failed = json!({"acknowledgments": [{"transactionId": "m-0", "partitionId": delivered[0]["partitionId"],
+                        "leaseId": delivered[0]["leaseId"], "status": "failed", "error": "crashed"}],
+                        "consumerGroup": "g"});
+    let ack = actix_web::rt::spawn(app.http.post(app.url("/api/v1/ack/batch")).json(&failed).send());
+    let waiting =
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    until_count(&app, waiting, 1).await;
+    age(&app, "raced", 2).await;
+    until_count(&app, &segments_of("raced"), 0).await;
+    holder.batch_execute("COMMIT").await.expect("releasing the cursor");
+
+    let verdicts: Value = ack.await.expect("the ack task").expect("the ack").json().await.expect("JSON");
+    assert_eq!((&verdicts[0]["success"], &verdicts[0]["dlq"]), (&json!(true), &json!(true)), "{verdicts}");
+    let dlq = app.get("/api/v1/dlq?queue=raced").await;
+    assert_eq!(dlq.body["total"], 1, "never dropped silently: {dlq:?}");
+    let letter = &dlq.body["messages"][0];
+    assert_eq!(letter["transactionId"], "m-0");
+    assert_eq!(letter["data"], Value::Null);
+    assert_eq!(letter["errorMessage"], "crashed; payload unavailable (retained)");
+    let partition = letter["partitionId"].as_str().expect("partitionId");
+    let retry = app.post(&format!("/api/v1/messages/{partition}/m-0/retry"), &json!({})).await;
+    assert_eq!(retry.status, StatusCode::CONFLICT, "nothing to push again: {retry:?}");
+}

@@ -1,0 +1,122 @@
+//! Delivery guarantees: an ack commits only what the group received, and a message whose
+//! deliveries keep failing, by failed acks or by leases running out, ends in the dead-letter queue.
+
+use serde_json::{Value, json};
+
+use crate::helpers::TestApp;
+
+async fn push_n(app: &TestApp, queue: &str, n: i64) {
+    let items: Vec<Value> = (1..=n)
+        .map(|i| json!({"queue": queue, "partition": "p", "transactionId": format!("m{i}"), "payload": {"n": i}}))
+        .collect();
+    app.push(Value::Array(items)).await;
+}
+
+/// Acknowledges one message of the partition by transaction id, without a lease.
+async fn ack_unfenced(app: &TestApp, partition_id: &Value, transaction_id: &str, status: &str) -> Value {
+    let ack = json!({"transactionId": transaction_id, "partitionId": partition_id, "status": status,
+                     "consumerGroup": "g"});
+    let answer = app.post("/api/v1/ack", &ack).await;
+    assert_eq!(answer.status, reqwest::StatusCode::OK, "{answer:?}");
+    answer.body[0].clone()
+}
+
+#[actix_web::test]
+async fn an_ack_without_a_lease_cannot_commit_past_what_the_group_received() {
+    let app = TestApp::spawn().await;
+    push_n(&app, "received", 3).await;
+    let first = app.pop("queue/received", "batch=1&consumerGroup=g").await.messages();
+    assert_eq!(app.ack_all(&first, "completed", Some("g")).await[0]["success"], true);
+    let partition_id = &first[0]["partitionId"];
+
+    for status in ["completed", "dlq", "failed"] {
+        let verdict = ack_unfenced(&app, partition_id, "m3", status).await;
+        assert_eq!(verdict["success"], false, "{status} of a message never delivered: {verdict}");
+        let error = verdict["error"].as_str().unwrap_or_default();
+        assert!(error.contains("never received"), "{error}");
+    }
+    assert_eq!(app.count("SELECT count(*) FROM queen.log_dlq").await, 0, "nothing dead-lettered");
+    let rest = app.pop("queue/received", "batch=10&consumerGroup=g").await;
+    assert_eq!(rest.transaction_ids(), vec!["m2", "m3"], "the group still gets the message it never received");
+
+    // Once delivered (and the lease given back), the same unfenced ack commits.
+    let retried = app.ack_all(&rest.messages()[..1], "retry", Some("g")).await;
+    assert_eq!(retried[0]["success"], true);
+    assert_eq!(ack_unfenced(&app, partition_id, "m3", "completed").await["success"], true);
+    assert_eq!(app.pop("queue/received", "batch=10&consumerGroup=g").await.messages().len(), 0);
+}
+
+#[actix_web::test]
+async fn a_message_whose_leases_keep_expiring_is_dead_lettered_after_the_retry_limit() {
+    const LIMIT: i64 = 2;
+    let app = TestApp::spawn().await;
+    app.configure("poison", json!({"leaseTime": 1, "retryLimit": LIMIT})).await;
+    push_n(&app, "poison", 2).await;
+    // A consumer that crashes on m1 every time: it never acknowledges, so each lease runs out.
+    // A long poll answers as soon as the running lease has expired.
+    for delivery in 1..=LIMIT + 1 {
+        let answer = app.pop("queue/poison", "batch=1&consumerGroup=g&wait=true&timeout=5000").await;
+        let messages = answer.messages();
+        assert_eq!(answer.transaction_ids(), vec!["m1"], "delivery {delivery}");
+        assert_eq!(messages[0]["deliveryAttempt"], delivery, "delivery {delivery}");
+    }
+    let next = app.pop("queue/poison", "batch=1&consumerGroup=g&wait=true&timeout=5000").await;
+    assert_eq!(next.transaction_ids(), vec!["m2"], "the partition moved on");
+    assert_eq!(next.messages()[0]["deliveryAttempt"], 1);
+
+    let dlq = app.get("/api/v1/dlq?queue=poison").await;
+    assert_eq!(dlq.body["total"], 1, "{dlq:?}");
+    let letter = &dlq.body["messages"][0];
+    assert_eq!(letter["transactionId"], "m1");
+    assert_eq!(letter["data"], json!({"n": 1}), "the payload is copied");
+    assert_eq!(letter["errorMessage"], "lease expired 3 times");
+    assert_eq!(letter["retryCount"], LIMIT, "retried LIMIT times after its first delivery");
+    assert_eq!(letter["consumerGroup"], "g");
+    assert_eq!(app.metric("queen_messages_dead_lettered_total{queue=\"poison\"}").await, 1.0);
+}
+
+#[actix_web::test]
+async fn failed_acks_and_expired_leases_count_together_and_the_attempt_count_is_the_fleets() {
+    let app = TestApp::spawn().await;
+    let other = TestApp::spawn_on(&app.db, |_| {}).await;
+    app.configure("mixed", json!({"leaseTime": 1, "retryLimit": 2})).await;
+    push_n(&app, "mixed", 2).await;
+    let long_poll = "batch=1&consumerGroup=g&wait=true&timeout=5000";
+
+    // Delivery 1 on this broker, acknowledged as failed.
+    let first = app.pop("queue/mixed", long_poll).await.messages();
+    assert_eq!(first[0]["deliveryAttempt"], 1);
+    assert_eq!(app.ack_all(&first, "failed", Some("g")).await[0]["success"], true);
+    // Delivery 2 on the other broker, left to expire; delivery 3 back here, left to expire too.
+    let second: Value = app
+        .http
+        .get(format!("{other}/api/v1/pop/queue/mixed?{long_poll}"))
+        .send()
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .expect("a pop on the other broker")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(second["messages"][0]["transactionId"], "m1");
+    assert_eq!(second["messages"][0]["deliveryAttempt"], 2, "counted across brokers");
+    let third = app.pop("queue/mixed", long_poll).await;
+    assert_eq!(third.transaction_ids(), vec!["m1"]);
+    assert_eq!(third.messages()[0]["deliveryAttempt"], 3);
+
+    assert_eq!(app.pop("queue/mixed", long_poll).await.transaction_ids(), vec!["m2"]);
+    let dlq = app.get("/api/v1/dlq?queue=mixed").await;
+    assert_eq!(dlq.body["messages"][0]["errorMessage"], "failed 3 times: 1 failed ack, lease expired 2 times");
+}
+
+#[actix_web::test]
+async fn a_queue_that_does_not_dead_letter_drops_a_message_whose_leases_keep_expiring() {
+    let app = TestApp::spawn().await;
+    app.configure("dropping", json!({"leaseTime": 1, "retryLimit": 0, "dlqAfterMaxRetries": false})).await;
+    push_n(&app, "dropping", 2).await;
+    let long_poll = "batch=1&consumerGroup=g&wait=true&timeout=5000";
+    assert_eq!(app.pop("queue/dropping", long_poll).await.transaction_ids(), vec!["m1"]);
+    assert_eq!(app.pop("queue/dropping", long_poll).await.transaction_ids(), vec!["m2"]);
+    assert_eq!(app.count("SELECT count(*) FROM queen.log_dlq").await, 0);
+    assert_eq!(app.metric("queen_messages_dropped_total{queue=\"dropping\"}").await, 1.0);
+}
