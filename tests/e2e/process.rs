@@ -93,8 +93,11 @@ async fn the_broker_answers_503_while_postgresql_is_down_and_recovers_when_it_is
     let down = push("while-down").await.expect("an answer while PostgreSQL is down");
     assert_eq!(down.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(down.headers().get("retry-after").map(|v| v.as_bytes()), Some(&b"1"[..]));
+    let request_id = down.headers().get("x-request-id").cloned().expect("a request id");
     let error: serde_json::Value = down.json().await.expect("a JSON error");
-    assert!(error["error"].as_str().is_some_and(|e| e.contains("unavailable")), "{error}");
+    assert_eq!(error["code"], "unavailable", "{error}");
+    assert_eq!(error["error"], "the database is unavailable; retry later", "the broker's words, not PostgreSQL's");
+    assert_eq!(error["requestId"].as_str().map(str::as_bytes), Some(request_id.as_bytes()));
     let health = reqwest::get(format!("{}/health", broker.url())).await.expect("health");
     assert_eq!(health.status(), StatusCode::OK, "liveness does not fail because PostgreSQL is down");
     let ready = reqwest::get(format!("{}/ready", broker.url())).await.expect("ready");

@@ -1,4 +1,6 @@
-//! Errors as the HTTP API reports them: a JSON body `{"error": "...", "code": "..."}`.
+//! Errors as the HTTP API reports them: a JSON body `{"error": "...", "code": "...", "requestId": "..."}`
+//! with a stable `code` a client can branch on. A 5xx answer says only what the client can act
+//! on; what went wrong inside is logged under the request id, never sent.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
@@ -22,13 +24,21 @@ pub enum ApiError {
         "queue {queue:?} is full: {depth} messages are unconsumed, its maxSize is {max_size}, and the push adds {adding}"
     )]
     QueueFull { queue: String, depth: i64, max_size: i64, adding: i64 },
-    /// PostgreSQL is unreachable or the broker is saturated: retry later.
+    /// PostgreSQL is unreachable or the broker is saturated: retry later. The text is the
+    /// broker's own words, shown to the client.
     #[error("{0}")]
     Unavailable(String),
-    /// A fault of the broker or the database it did not expect; details are in the log.
+    /// A fault of the broker or the database it did not expect. The text is the detail for the
+    /// log; the client is told only that it happened, and the request id.
     #[error("internal error: {0}")]
     Internal(String),
 }
+
+/// What a 5xx caused by the database says, whatever PostgreSQL said.
+pub const DATABASE_UNAVAILABLE: &str = "the database is unavailable; retry later";
+
+/// What an internal error says to the client.
+const INTERNAL: &str = "internal error; the broker's log has the details under this request id";
 
 impl ApiError {
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -51,10 +61,13 @@ impl ApiError {
 /// `success: false` rides along so that clients which read `success` (the official client does on
 /// several routes) see the failure too.
 #[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
 struct ErrorBody<'a> {
     success: bool,
     error: String,
     code: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    request_id: Option<String>,
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     details: Option<Details<'a>>,
 }
@@ -82,6 +95,14 @@ impl ResponseError for ApiError {
     }
 
     fn error_response(&self) -> HttpResponse {
+        let request_id = crate::http::request_id::current();
+        let error = match self {
+            ApiError::Internal(details) => {
+                tracing::error!(request_id = request_id.as_deref().unwrap_or("-"), details, "internal error");
+                INTERNAL.to_owned()
+            }
+            other => other.to_string(),
+        };
         let mut response = HttpResponse::build(self.status_code());
         if matches!(self, ApiError::Unavailable(_) | ApiError::QueueFull { .. }) {
             response.insert_header(("Retry-After", "1"));
@@ -92,7 +113,7 @@ impl ResponseError for ApiError {
             }
             _ => None,
         };
-        response.json(ErrorBody { success: false, error: self.to_string(), code: self.code(), details })
+        response.json(ErrorBody { success: false, error, code: self.code(), request_id, details })
     }
 }
 
@@ -105,10 +126,9 @@ impl From<StoreError> for ApiError {
         }
         if e.is_unavailable() {
             tracing::warn!(error = %e, "database unavailable");
-            ApiError::Unavailable(e.to_string())
+            ApiError::Unavailable(DATABASE_UNAVAILABLE.into())
         } else {
-            tracing::error!(error = %e, "database operation failed");
-            ApiError::Internal(e.to_string())
+            ApiError::Internal(format!("database operation failed: {e}"))
         }
     }
 }

@@ -76,6 +76,7 @@ impl Application {
             App::new()
                 .app_data(app_broker.clone())
                 .wrap(NormalizePath::new(TrailingSlash::MergeOnly))
+                .wrap(actix_web::middleware::from_fn(http::request_id::assign))
                 .configure(http::routes)
         })
         .workers(workers)

@@ -20,8 +20,9 @@ use crate::error::ApiError;
 /// request fused into it.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum WorkError {
-    #[error("database unavailable: {0}")]
-    Unavailable(String),
+    /// The database could not be reached (the cause is logged where it happened).
+    #[error("{}", crate::error::DATABASE_UNAVAILABLE)]
+    Unavailable,
     /// The queue or partition was deleted while the request was under way.
     #[error("the {0} no longer exists")]
     Gone(&'static str),
@@ -35,11 +36,11 @@ impl From<StoreError> for WorkError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::Missing(what) => WorkError::Gone(what),
-            e if e.is_unavailable() => WorkError::Unavailable(e.to_string()),
-            e => {
-                tracing::error!(error = %e, "database operation failed");
-                WorkError::Failed(e.to_string())
+            e if e.is_unavailable() => {
+                tracing::warn!(error = %e, "database unavailable");
+                WorkError::Unavailable
             }
+            e => WorkError::Failed(format!("database operation failed: {e}")),
         }
     }
 }
@@ -47,7 +48,7 @@ impl From<StoreError> for WorkError {
 impl From<WorkError> for ApiError {
     fn from(e: WorkError) -> Self {
         match e {
-            WorkError::Unavailable(_) | WorkError::Overloaded(_) => ApiError::Unavailable(e.to_string()),
+            WorkError::Unavailable | WorkError::Overloaded(_) => ApiError::Unavailable(e.to_string()),
             WorkError::Gone(_) => ApiError::Unavailable(format!("{e}; retry the request")),
             WorkError::Failed(_) => ApiError::Internal(e.to_string()),
         }

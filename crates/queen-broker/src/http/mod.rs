@@ -11,6 +11,7 @@ mod lease;
 mod messages;
 mod pop;
 mod push;
+pub mod request_id;
 mod resources;
 mod status;
 mod system;

@@ -20,6 +20,7 @@ mod messages;
 mod namespaces;
 mod operations;
 mod queue_options;
+mod request_ids;
 mod retention;
 mod seek;
 mod storage;
