@@ -2,14 +2,17 @@
 
 pub mod ack;
 pub mod groups;
+pub mod leases;
 pub mod maintenance_mode;
 pub mod messages;
 mod names_cache;
 pub mod pop;
+pub mod probes;
 pub mod push;
 pub mod push_buffer;
 pub mod queue_options;
 pub mod queues;
+pub mod stats;
 pub mod transaction;
 
 use std::sync::Arc;

@@ -2,13 +2,13 @@
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use chrono::{DateTime, Utc};
-use queen_store::cursors::{LeaseExtension, extend_lease};
+use queen_store::cursors::LeaseExtension;
 use serde::Serialize;
 use uuid::Uuid;
 
 use super::body::{JsonObject, read_body};
 use super::timestamp;
-use crate::broker::Broker;
+use crate::broker::{Broker, leases};
 use crate::error::ApiError;
 
 /// Longest extension one call may ask for.
@@ -43,7 +43,6 @@ pub async fn extend(
                 .ok_or_else(|| ApiError::bad_request(format!("seconds must be from 1 to {MAX_EXTENSION_SECONDS}")))
         })
         .transpose()?;
-    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
     let answer = |success, renewed, at: Option<DateTime<Utc>>, error: Option<&str>| Extended {
         lease_id,
         success,
@@ -52,7 +51,7 @@ pub async fn extend(
         expires_at: at.map(timestamp),
         error: error.map(str::to_owned),
     };
-    match extend_lease(&client, lease_id, seconds).await? {
+    match leases::extend(&broker, lease_id, seconds).await? {
         LeaseExtension::Extended { expires_at, partitions } => {
             Ok(HttpResponse::Ok().json(answer(true, partitions, Some(expires_at), None)))
         }

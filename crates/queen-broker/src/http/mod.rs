@@ -136,3 +136,35 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         )
         .default_service(web::to(no_such_route));
 }
+
+#[cfg(test)]
+mod tests {
+    /// Handlers parse and render: every operation goes through `broker::*`. What a handler must
+    /// not reach for, whoever adds the next route.
+    #[test]
+    fn no_handler_talks_to_the_database_or_an_actor() {
+        const BEYOND_THE_EDGE: [&str; 9] = [
+            "broker.pool",
+            ".coordinator",
+            "broker.groups",
+            "broker.writers",
+            "broker.journal",
+            "deadpool",
+            "tokio_postgres",
+            ".query(",
+            "do_send(",
+        ];
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/http");
+        let mut checked = 0;
+        for entry in std::fs::read_dir(&dir).expect("src/http") {
+            let path = entry.expect("an entry").path();
+            let source = std::fs::read_to_string(&path).expect("a source file");
+            let code = source.split("#[cfg(test)]").next().unwrap_or_default();
+            for needle in BEYOND_THE_EDGE {
+                assert!(!code.contains(needle), "{} uses {needle:?}: move it into broker::*", path.display());
+            }
+            checked += 1;
+        }
+        assert!(checked > 10, "read the handlers ({checked} files)");
+    }
+}

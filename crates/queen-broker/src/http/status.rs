@@ -6,13 +6,14 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use actix_web::{HttpRequest, HttpResponse, web};
-use queen_store::groups::{self, CursorLag};
-use queen_store::stats::{self, Overview, PartitionStats, QueueStats};
+use queen_store::groups::CursorLag;
+use queen_store::stats::{Overview, PartitionStats, QueueStats};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::body::{query_int, query_pairs};
 use super::{StoredMessageJson, timestamp};
+use crate::broker::stats::{self, QueueFilter, QueueStatus};
 use crate::broker::{Broker, messages, queue_options};
 use crate::error::ApiError;
 use crate::names::{self, NameKind};
@@ -67,8 +68,7 @@ impl From<Overview> for OverviewJson {
 }
 
 pub async fn overview(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
-    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
-    Ok(HttpResponse::Ok().json(OverviewJson::from(stats::overview(&client).await?)))
+    Ok(HttpResponse::Ok().json(OverviewJson::from(stats::overview(&broker).await?)))
 }
 
 #[derive(Serialize)]
@@ -102,21 +102,15 @@ impl From<QueueStats> for QueueJson {
 }
 
 /// A page of queues, filtered by the `namespace` and `task` of the query.
-async fn queue_page(
-    client: &deadpool_postgres::Client,
-    query: &BTreeMap<String, String>,
-    limit: i64,
-    offset: i64,
-) -> Result<Vec<QueueStats>, queen_store::StoreError> {
-    let namespace = query.get("namespace").map(String::as_str);
-    stats::queues(client, None, namespace, query.get("task").map(String::as_str), limit, offset).await
+fn queue_filter(query: &BTreeMap<String, String>, limit: i64, offset: i64) -> QueueFilter<'_> {
+    let (namespace, task) = (query.get("namespace").map(String::as_str), query.get("task").map(String::as_str));
+    QueueFilter { namespace, task, limit, offset }
 }
 
 /// `GET /resources/queues?namespace=&task=&limit=&offset=`.
 pub async fn queues(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let (query, limit, offset) = page(&req, 100)?;
-    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
-    let found = queue_page(&client, &query, limit, offset).await?;
+    let found = stats::queues(&broker, &queue_filter(&query, limit, offset)).await?;
     let queues: Vec<QueueJson> = found.into_iter().map(QueueJson::from).collect();
     Ok(HttpResponse::Ok().json(serde_json::json!({ "queues": queues, "limit": limit, "offset": offset })))
 }
@@ -152,8 +146,7 @@ impl From<PartitionStats> for PartitionJson {
 /// `GET /resources/partitions?queue=&limit=&offset=`: the most recently pushed first.
 pub async fn partitions(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let (query, limit, offset) = page(&req, 100)?;
-    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
-    let found = stats::partitions(&client, query.get("queue").map(String::as_str), limit, offset).await?;
+    let found = stats::partitions(&broker, query.get("queue").map(String::as_str), limit, offset).await?;
     let partitions: Vec<PartitionJson> = found.into_iter().map(PartitionJson::from).collect();
     Ok(HttpResponse::Ok().json(serde_json::json!({ "partitions": partitions, "limit": limit, "offset": offset })))
 }
@@ -171,8 +164,7 @@ struct StatusJson {
 
 /// `GET /status`: the broker and its data at a glance.
 pub async fn status(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
-    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
-    let overview = stats::overview(&client).await?;
+    let overview = stats::overview(&broker).await?;
     Ok(HttpResponse::Ok().json(StatusJson {
         status: "ok",
         broker: broker.broker_id.clone(),
@@ -226,9 +218,7 @@ fn with_groups(queue: QueueStats, lags: &mut BTreeMap<&str, BTreeMap<&str, Group
 /// `GET /status/queues`: every queue with its size and its groups' lag.
 pub async fn queue_statuses(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let (query, limit, offset) = page(&req, 100)?;
-    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
-    let found = queue_page(&client, &query, limit, offset).await?;
-    let lags = groups::cursor_lags(&client, None).await?;
+    let (found, lags) = stats::queues_with_lag(&broker, &queue_filter(&query, limit, offset)).await?;
     let mut by_queue = lag_by_queue(&lags);
     let queues: Vec<QueueStatusJson> = found.into_iter().map(|q| with_groups(q, &mut by_queue)).collect();
     Ok(HttpResponse::Ok().json(serde_json::json!({ "queues": queues, "limit": limit, "offset": offset })))
@@ -238,14 +228,9 @@ pub async fn queue_statuses(broker: web::Data<Broker>, req: HttpRequest) -> Resu
 pub async fn queue_status(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let name = req.match_info().get("queue").unwrap_or_default().to_owned();
     names::check(NameKind::Queue, "queue", &name).map_err(ApiError::BadRequest)?;
-    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
-    let queue = stats::queues(&client, Some(&name), None, None, 1, 0)
+    let QueueStatus { queue, partitions, lags } = stats::queue_status(&broker, &name, MAX_PAGE as i64)
         .await?
-        .pop()
         .ok_or_else(|| ApiError::NotFound(format!("queue {name:?} not found")))?;
-    let partitions = stats::partitions(&client, Some(&name), MAX_PAGE as i64, 0).await?;
-    let lags: Vec<CursorLag> =
-        groups::cursor_lags(&client, None).await?.into_iter().filter(|c| c.queue == name).collect();
     let mut by_queue = lag_by_queue(&lags);
     let partitions: Vec<PartitionJson> = partitions.into_iter().map(PartitionJson::from).collect();
     let status = with_groups(queue, &mut by_queue);
@@ -255,9 +240,7 @@ pub async fn queue_status(broker: web::Data<Broker>, req: HttpRequest) -> Result
 /// `GET /status/analytics`: this broker's traffic since it started (from its counters), the
 /// data's totals, and what maintenance removed in the last day.
 pub async fn analytics(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
-    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
-    let overview = stats::overview(&client).await?;
-    let maintenance = stats::maintenance(&client, 24.0).await?;
+    let (overview, maintenance) = stats::with_maintenance(&broker, 24.0).await?;
     let metrics = &broker.metrics;
     let sum = |family: &prometheus::IntCounterVec| -> u64 {
         use prometheus::core::Collector;

@@ -1,0 +1,15 @@
+//! Lease extension: a slow consumer keeps the partitions it holds.
+
+use queen_store::StoreError;
+use queen_store::cursors::{self, LeaseExtension};
+use uuid::Uuid;
+
+use super::Broker;
+use crate::error::ApiError;
+
+/// Extends a live lease on every partition it covers, to `seconds` from now (the queue's lease
+/// time when `None`), never shortening it.
+pub async fn extend(broker: &Broker, lease_id: Uuid, seconds: Option<i32>) -> Result<LeaseExtension, ApiError> {
+    let client = broker.pool.get().await.map_err(StoreError::from)?;
+    Ok(cursors::extend_lease(&client, lease_id, seconds).await?)
+}

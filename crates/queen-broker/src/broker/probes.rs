@@ -1,0 +1,70 @@
+//! What the probes and the metrics scrape ask of the broker: whether PostgreSQL answers, whether
+//! it holds the schema this build needs, and the gauges read from the database.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use super::Broker;
+
+/// How long a probe waits for PostgreSQL to answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How often scrapes re-read consumer lag from the database.
+const LAG_REFRESH: Duration = Duration::from_secs(10);
+
+/// PostgreSQL answers a query within the probe timeout.
+pub async fn database_reachable(broker: &Broker) -> bool {
+    let probe = async {
+        let client = broker.pool.get().await.ok()?;
+        client.simple_query("SELECT 1").await.ok()
+    };
+    matches!(tokio::time::timeout(PROBE_TIMEOUT, probe).await, Ok(Some(_)))
+}
+
+/// The schema is at the version this broker needs (another broker may have rolled the database
+/// back or replaced it).
+pub async fn schema_current(broker: &Broker) -> bool {
+    let check = async {
+        let client = broker.pool.get().await.ok()?;
+        queen_store::migrations::current_version(&client).await.ok()
+    };
+    let latest = queen_store::migrations::latest_version();
+    matches!(tokio::time::timeout(PROBE_TIMEOUT, check).await, Ok(Some(version)) if version >= latest)
+}
+
+/// Brings the gauges a scrape reports up to date: the pool, the database failures, and consumer
+/// lag, which comes from the cursors and is read at most every [`LAG_REFRESH`], however often the
+/// broker is scraped.
+pub async fn refresh_metrics(broker: &Broker) {
+    let metrics = &broker.metrics;
+    metrics.observe_pool(broker.pool.status());
+    metrics.observe_db_failures(queen_store::failure_counts());
+    let due = {
+        let mut last = broker.lag_refreshed_at.lock().unwrap_or_else(|p| p.into_inner());
+        let due = last.is_none_or(|at| at.elapsed() >= LAG_REFRESH);
+        if due {
+            *last = Some(Instant::now());
+        }
+        due
+    };
+    if !due {
+        return;
+    }
+    let lags = async {
+        let client = broker.pool.get().await.ok()?;
+        queen_store::groups::cursor_lags(&client, None).await.ok()
+    };
+    let Ok(Some(lags)) = tokio::time::timeout(PROBE_TIMEOUT, lags).await else { return };
+    let mut totals: BTreeMap<(&str, &str), (i64, f64)> = BTreeMap::new();
+    for cursor in &lags {
+        let total = totals.entry((&cursor.queue, &cursor.group)).or_default();
+        total.0 += cursor.lag_messages;
+        total.1 = total.1.max(cursor.lag_seconds);
+    }
+    metrics.lag_messages.reset();
+    metrics.lag_seconds.reset();
+    for ((queue, group), (messages, seconds)) in totals {
+        metrics.lag_messages.with_label_values(&[queue, group]).set(messages);
+        metrics.lag_seconds.with_label_values(&[queue, group]).set(seconds);
+    }
+}

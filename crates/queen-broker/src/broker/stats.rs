@@ -1,0 +1,75 @@
+//! Reads for dashboards and operators: totals, queues and partitions with their sizes, groups'
+//! lag, and what maintenance removed. All from queue, partition and cursor rows.
+
+use queen_store::StoreError;
+use queen_store::groups::{self, CursorLag};
+use queen_store::stats::{self, MaintenanceSummary, Overview, PartitionStats, QueueStats};
+
+use super::Broker;
+use crate::error::ApiError;
+
+/// Which queues a listing shows, and which page of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueFilter<'a> {
+    pub namespace: Option<&'a str>,
+    pub task: Option<&'a str>,
+    pub limit: i64,
+    pub offset: i64,
+}
+
+/// One queue with its partitions and the lag of every group on it.
+pub struct QueueStatus {
+    pub queue: QueueStats,
+    pub partitions: Vec<PartitionStats>,
+    pub lags: Vec<CursorLag>,
+}
+
+async fn client(broker: &Broker) -> Result<deadpool_postgres::Object, ApiError> {
+    Ok(broker.pool.get().await.map_err(StoreError::from)?)
+}
+
+pub async fn overview(broker: &Broker) -> Result<Overview, ApiError> {
+    Ok(stats::overview(&client(broker).await?).await?)
+}
+
+/// A page of queues with their sizes.
+pub async fn queues(broker: &Broker, filter: &QueueFilter<'_>) -> Result<Vec<QueueStats>, ApiError> {
+    let client = client(broker).await?;
+    Ok(stats::queues(&client, None, filter.namespace, filter.task, filter.limit, filter.offset).await?)
+}
+
+/// A page of queues, and the lag of every group's cursors (on every queue).
+pub async fn queues_with_lag(
+    broker: &Broker,
+    filter: &QueueFilter<'_>,
+) -> Result<(Vec<QueueStats>, Vec<CursorLag>), ApiError> {
+    let client = client(broker).await?;
+    let queues = stats::queues(&client, None, filter.namespace, filter.task, filter.limit, filter.offset).await?;
+    Ok((queues, groups::cursor_lags(&client, None).await?))
+}
+
+/// A page of partitions (of one queue, when named), the most recently pushed first.
+pub async fn partitions(
+    broker: &Broker,
+    queue: Option<&str>,
+    limit: i64,
+    offset: i64,
+) -> Result<Vec<PartitionStats>, ApiError> {
+    Ok(stats::partitions(&client(broker).await?, queue, limit, offset).await?)
+}
+
+/// The queue, up to `max_partitions` of its partitions, and its groups' lag; `None` when it does
+/// not exist.
+pub async fn queue_status(broker: &Broker, name: &str, max_partitions: i64) -> Result<Option<QueueStatus>, ApiError> {
+    let client = client(broker).await?;
+    let Some(queue) = stats::queues(&client, Some(name), None, None, 1, 0).await?.pop() else { return Ok(None) };
+    let partitions = stats::partitions(&client, Some(name), max_partitions, 0).await?;
+    let lags = groups::cursor_lags(&client, None).await?.into_iter().filter(|c| c.queue == name).collect();
+    Ok(Some(QueueStatus { queue, partitions, lags }))
+}
+
+/// The totals, and what maintenance did in the last `hours`.
+pub async fn with_maintenance(broker: &Broker, hours: f64) -> Result<(Overview, MaintenanceSummary), ApiError> {
+    let client = client(broker).await?;
+    Ok((stats::overview(&client).await?, stats::maintenance(&client, hours).await?))
+}
