@@ -151,9 +151,9 @@ pub struct PopConfig {
     pub default_timeout_ms: u64,
     /// Largest long-poll `timeout` (ms) accepted.
     pub max_timeout_ms: u64,
-    /// Queue-wide pops take candidates from the last scan and the partitions announced since (the
-    /// hot list); off, every such pop scans the queue's partitions.
-    pub hot_list: bool,
+    /// Queue-wide pops are planned from the group's view of where work is (the last scan and the
+    /// partitions announced since); off, every such pop scans the queue's partitions.
+    pub plan_from_views: bool,
     /// A group's view of where its work is (and its empty-scan watermark) is re-verified by a
     /// full scan at most this often.
     pub scan_refresh_seconds: u64,
@@ -168,7 +168,7 @@ impl Default for PopConfig {
             max_partitions: 100,
             default_timeout_ms: 30_000,
             max_timeout_ms: 600_000,
-            hot_list: true,
+            plan_from_views: true,
             scan_refresh_seconds: 30,
         }
     }

@@ -11,13 +11,12 @@
 //! local push to its own coordinator at once, so a pop that follows a push always sees it. Per
 //! (queue, group) the coordinator keeps a *view*: when it last scanned every partition of the
 //! queue for the group, and which partitions have had work since, the scan's finds plus every
-//! partition announced after the scan was planned (the *hot list* of the queue, as the group
-//! sees it). A queue-wide pop asks for a [`PopPlan`]: with a fresh view, the candidates are the
+//! partition announced after the scan was planned. A queue-wide pop asks for a [`PopPlan`]: with a fresh view, the candidates are the
 //! view's partitions, at most the pop's limit of them, taken round robin when there are more, so
 //! that one pop's query stays small however many partitions have work; a check that finds a
 //! candidate drained removes it, unless it was announced again meanwhile. Without a view, a full
 //! scan, whose result becomes the view. A view is re-verified at most every `view_max_age` (30 s).
-//! With the hot list off, the full scan runs every time, except that a scan that found nothing
+//! With planning from views off (`pop.plan_from_views = false`), the full scan runs every time, except that a scan that found nothing
 //! (the empty-scan watermark) is trusted until a push to the queue or the view's age says
 //! otherwise.
 //!
@@ -42,7 +41,7 @@ const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CoordinatorSettings {
     /// Take queue-wide pop candidates from the views (fed by announcements) instead of scans.
-    pub hot_list: bool,
+    pub plan_from_views: bool,
     /// A view older than this is re-verified by a full scan.
     pub view_max_age: Duration,
 }
@@ -305,15 +304,16 @@ impl Coordinator {
     }
 
     fn plan(&mut self, queue_id: i64, group: &str, limit: usize) -> PopPlan {
-        let (ticket, as_of, hot_list, listening) = (self.ticket, self.revision, self.settings.hot_list, self.listening);
+        let (ticket, as_of, plan_from_views, listening) =
+            (self.ticket, self.revision, self.settings.plan_from_views, self.listening);
         let max_age = self.settings.view_max_age;
         let fresh = self.view_mut(queue_id, group).filter(|view| view.is_fresh(max_age));
         match fresh {
-            Some(view) if listening && hot_list => {
+            Some(view) if listening && plan_from_views => {
                 let view_size = view.pending.len();
                 PopPlan::Candidates { ticket, as_of, partitions: view.next_round(limit), view_size }
             }
-            // Without the hot list, only an empty scan with no push to the queue since is trusted.
+            // Without planning from views, only an empty scan with no push to the queue since is trusted.
             Some(view) if listening && view.pending.is_empty() => {
                 PopPlan::Candidates { ticket, as_of, partitions: Vec::new(), view_size: 0 }
             }
@@ -475,8 +475,8 @@ impl Handler<Checked> for Coordinator {
 mod tests {
     use super::*;
 
-    fn coordinator(hot_list: bool) -> Coordinator {
-        let settings = CoordinatorSettings { hot_list, view_max_age: Duration::from_secs(30) };
+    fn coordinator(plan_from_views: bool) -> Coordinator {
+        let settings = CoordinatorSettings { plan_from_views, view_max_age: Duration::from_secs(30) };
         let mut coordinator = Coordinator::new(settings, Arc::new(Metrics::new()));
         coordinator.listening = true;
         coordinator
@@ -560,7 +560,7 @@ mod tests {
     }
 
     #[test]
-    fn without_the_hot_list_only_an_empty_scan_with_no_push_since_is_trusted() {
+    fn without_views_only_an_empty_scan_with_no_push_since_is_trusted() {
         let mut c = coordinator(false);
         c.views.entry(1).or_default().insert(group(), view([]));
         assert_eq!(sorted(c.plan(1, "g", 3)), Some(vec![]));

@@ -110,7 +110,7 @@ impl Broker {
         let journal = Journal::start(PushJournal::new(journal, Arc::clone(&route), Arc::clone(&metrics)));
         let maintenance_mode = Arc::new(MaintenanceMode::new(modes, route, Arc::clone(&metrics)));
         let view_max_age = Duration::from_secs(config.pop.scan_refresh_seconds.max(1));
-        let settings = CoordinatorSettings { hot_list: config.pop.hot_list, view_max_age };
+        let settings = CoordinatorSettings { plan_from_views: config.pop.plan_from_views, view_max_age };
         let coordinator = actix::Actor::start(Coordinator::new(settings, Arc::clone(&metrics)));
         let names = Arc::new(NamesCache::new());
         let listeners = FleetListeners {

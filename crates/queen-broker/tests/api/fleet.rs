@@ -1,6 +1,6 @@
 //! Several brokers over one database behave as one broker: any broker takes any call, pushes
 //! from two brokers keep offsets dense, group resets reach every broker, and candidates come from
-//! the hot list instead of scans.
+//! the views instead of scans.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -123,7 +123,7 @@ async fn a_seek_on_one_broker_clears_the_emptiness_every_broker_knew() {
 }
 
 #[actix_web::test]
-async fn with_the_hot_list_pops_find_pushed_partitions_without_scanning_the_queue() {
+async fn planned_from_views_pops_find_pushed_partitions_without_scanning_the_queue() {
     const PARTITIONS: i64 = 10_000;
     let app = TestApp::spawn().await;
     // A queue with ten thousand partitions, all drained.
@@ -139,7 +139,7 @@ async fn with_the_hot_list_pops_find_pushed_partitions_without_scanning_the_queu
         .expect("partitions");
     let full = "queen_pop_candidate_plans_total{kind=\"full\"}";
     // The group's first pop scans once; after that, pushes to a few partitions are found through
-    // the hot list.
+    // the view.
     assert_eq!(app.pop("queue/wide", "consumerGroup=g").await.status, StatusCode::NO_CONTENT);
     let scans = app.metric(full).await;
     let mut delivered = 0;
@@ -175,8 +175,8 @@ async fn a_pop_looks_past_candidates_that_are_all_leased() {
 }
 
 #[actix_web::test]
-async fn with_the_hot_list_off_every_pop_scans_unless_the_queue_was_found_empty() {
-    let app = TestApp::spawn_with(|config| config.pop.hot_list = false).await;
+async fn without_views_every_pop_scans_unless_the_queue_was_found_empty() {
+    let app = TestApp::spawn_with(|config| config.pop.plan_from_views = false).await;
     app.push(json!([{"queue": "cold", "payload": 1}, {"queue": "cold", "payload": 2}])).await;
     let full = "queen_pop_candidate_plans_total{kind=\"full\"}";
     for _ in 0..2 {
