@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every test of the project, setting up what they need on a fresh machine:
+# Checks formatting and lints, then runs every test of the project, setting up what they need on
+# a fresh machine:
 #   - PostgreSQL server binaries (installed with apt-get only when missing);
 #   - a Python virtual environment with the official client (tests/compat/requirements.txt);
 #   - the shared PostgreSQL test cluster, which the test harness starts under target/ and this
@@ -62,6 +63,13 @@ stop_test_cluster() {
     fi
 }
 trap stop_test_cluster EXIT
+
+# Style and lints first, so that neither can drift.
+cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
+cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
+echo "== cargo fmt --check and cargo clippy -D warnings"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
 
 if cargo nextest --version >/dev/null 2>&1; then
     cargo nextest run --workspace --profile ci "$@"
