@@ -125,6 +125,11 @@ impl<'a> FrameIter<'a> {
         Self { data, at: 0, failed: false }
     }
 
+    /// Where the next frame starts in the data.
+    pub fn position(&self) -> usize {
+        self.at
+    }
+
     fn take(&mut self, body: &'a [u8], pos: &mut usize, n: usize, frame_at: usize) -> Result<&'a [u8], DecodeError> {
         let end = pos.checked_add(n).filter(|end| *end <= body.len()).ok_or(DecodeError::Truncated {
             at: frame_at + LEN_PREFIX + *pos,

@@ -49,22 +49,35 @@ impl SegmentBuilder {
     }
 }
 
-/// The decompressed, validated frames of a segment.
+/// The decompressed, validated frames of a segment, with where each frame starts, so that a
+/// reader of a few offsets goes straight to them instead of walking every frame before.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DecodedSegment {
     raw: Vec<u8>,
-    frame_count: usize,
+    /// The byte position of each frame in `raw` (a segment is at most a few hundred MiB).
+    starts: Vec<u32>,
 }
 
 impl DecodedSegment {
     pub fn frame_count(&self) -> usize {
-        self.frame_count
+        self.starts.len()
     }
 
     /// The frames in offset order. Every frame was validated by [`decode_segment`], so the
     /// iterator yields no errors; it keeps the `Result` so callers need no `unwrap`.
     pub fn frames(&self) -> FrameIter<'_> {
-        FrameIter::new(&self.raw)
+        self.frames_from(0)
+    }
+
+    /// The frames from the `index`th (0-based) on; none when there are not that many.
+    pub fn frames_from(&self, index: usize) -> FrameIter<'_> {
+        let at = self.starts.get(index).map_or(self.raw.len(), |&start| start as usize);
+        FrameIter::new(&self.raw[at..])
+    }
+
+    /// Bytes this segment holds in memory (its frames and their positions).
+    pub fn memory_len(&self) -> usize {
+        self.raw.len() + self.starts.len() * std::mem::size_of::<u32>()
     }
 }
 
@@ -75,22 +88,31 @@ pub fn decode_segment(body: &[u8], expected_frames: usize, max_raw_len: usize) -
         .map_err(|_| DecodeError::Zstd("not a zstd frame".into()))?
         .ok_or_else(|| DecodeError::Zstd("the frame does not declare its content size".into()))?;
     let declared = usize::try_from(declared).unwrap_or(usize::MAX);
-    if declared > max_raw_len {
-        return Err(DecodeError::TooLarge { len: declared, limit: max_raw_len });
+    let limit = max_raw_len.min(u32::MAX as usize);
+    if declared > limit {
+        return Err(DecodeError::TooLarge { len: declared, limit });
     }
     let raw = zstd::bulk::decompress(body, declared).map_err(|e| DecodeError::Zstd(e.to_string()))?;
     if raw.len() != declared {
         return Err(DecodeError::LengthMismatch { expected: declared, actual: raw.len() });
     }
-    let mut frame_count = 0;
-    for frame in FrameIter::new(&raw) {
-        frame?;
-        frame_count += 1;
+    let mut starts = Vec::with_capacity(expected_frames.min(raw.len()));
+    let mut frames = FrameIter::new(&raw);
+    loop {
+        // Within `limit`, which fits in a u32.
+        let start = frames.position() as u32;
+        match frames.next() {
+            Some(frame) => {
+                frame?;
+                starts.push(start);
+            }
+            None => break,
+        }
     }
-    if frame_count != expected_frames {
-        return Err(DecodeError::CountMismatch { expected: expected_frames, actual: frame_count });
+    if starts.len() != expected_frames {
+        return Err(DecodeError::CountMismatch { expected: expected_frames, actual: starts.len() });
     }
-    Ok(DecodedSegment { raw, frame_count })
+    Ok(DecodedSegment { raw, starts })
 }
 
 #[cfg(test)]
@@ -128,6 +150,18 @@ mod tests {
         let decoded = decode_segment(&segment.body, 100, 1 << 20).unwrap();
         let output: Vec<_> = decoded.frames().map(|f| f.unwrap().to_owned()).collect();
         assert_eq!(output, input);
+    }
+
+    #[test]
+    fn frames_from_an_index_start_at_that_frame() {
+        let input = frames(100);
+        let decoded = decode_segment(&encode(&input).body, 100, 1 << 20).unwrap();
+        for index in [0, 1, 57, 99] {
+            let output: Vec<_> = decoded.frames_from(index).map(|f| f.unwrap().to_owned()).collect();
+            assert_eq!(output, input[index..]);
+        }
+        assert_eq!(decoded.frames_from(100).count(), 0);
+        assert_eq!(decoded.frames_from(1000).count(), 0);
     }
 
     #[test]
