@@ -116,6 +116,10 @@ pub struct LoadArgs {
     /// Messages pushed before the consume scenario pops them
     #[arg(long, default_value_t = 100_000)]
     pub prefill: u64,
+    /// Messages per push request of that backlog, so per segment (concurrent requests to one
+    /// partition may be fused into one larger segment)
+    #[arg(long, default_value_t = 100)]
+    pub prefill_batch: usize,
     /// Single-message pushes per second in e2e-latency
     #[arg(long, default_value_t = 50)]
     pub latency_rate: u32,

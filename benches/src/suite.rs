@@ -145,7 +145,7 @@ impl Suite<'_> {
 pub fn load_flags(load: &LoadArgs) -> String {
     format!(
         "--duration {}s --warmup {}s --connections {} --partitions {} --consumers {} --pop-batch {} \
-         --pop-partitions {} --prefill {} --latency-rate {}",
+         --pop-partitions {} --prefill {} --prefill-batch {} --latency-rate {}",
         load.duration.as_secs_f64(),
         load.warmup.as_secs_f64(),
         load.connections,
@@ -154,6 +154,7 @@ pub fn load_flags(load: &LoadArgs) -> String {
         load.pop_batch,
         load.pop_partitions,
         load.prefill,
+        load.prefill_batch,
         load.latency_rate
     )
 }

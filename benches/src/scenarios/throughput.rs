@@ -7,8 +7,6 @@ use crate::workload::{Consumers, Partitioning, PopPlan, Window};
 
 /// Batch of the fan-out producers.
 const FANOUT_BATCH: usize = 10;
-/// Batch of the producers that fill the consume scenario's backlog.
-const PREFILL_BATCH: usize = 100;
 
 /// `push-b<batch>`: producers only; a drain afterwards verifies every message.
 pub(super) async fn push(harness: &Harness, scenario: ScenarioName, batch: usize) -> Outcome {
@@ -34,7 +32,7 @@ pub(super) async fn push(harness: &Harness, scenario: ScenarioName, batch: usize
 pub(super) async fn consume(harness: &Harness, scenario: ScenarioName) -> Outcome {
     let load = &harness.load;
     let stream = harness.stream(scenario.as_str(), vec![None], false);
-    harness.prefill(&stream, load.prefill, PREFILL_BATCH, Partitioning::PerRequest(load.partitions)).await;
+    harness.prefill(&stream, load.prefill, load.prefill_batch, Partitioning::PerRequest(load.partitions)).await;
     let pops = PopPlan { batch: load.pop_batch, partitions: load.pop_partitions, wait: None };
     let window = Window::open(&stream, &harness.watched);
     let consumers = Consumers::start(&stream, &harness.client, load.consumers, pops, None);
@@ -46,8 +44,9 @@ pub(super) async fn consume(harness: &Harness, scenario: ScenarioName) -> Outcom
     let failure = harness.finish(&stream, consumers).await.err();
     Outcome {
         shape: format!(
-            "{} queued messages over {} partitions; {} consumers pop (batch {}, up to {} partitions, no wait) and ack",
-            load.prefill, load.partitions, load.consumers, load.pop_batch, load.pop_partitions
+            "{} queued messages over {} partitions, pushed {} per request; {} consumers pop (batch {}, up to {} \
+             partitions, no wait) and ack",
+            load.prefill, load.partitions, load.prefill_batch, load.consumers, load.pop_batch, load.pop_partitions
         ),
         measured: Some(measured),
         streams: vec![stream],
