@@ -157,6 +157,9 @@ pub struct PopConfig {
     /// A group's view of where its work is (and its empty-scan watermark) is re-verified by a
     /// full scan at most this often.
     pub scan_refresh_seconds: u64,
+    /// Memory for decoded segments that pops took part of, so the next pops slice them instead
+    /// of reading and decompressing them again; 0 turns the cache off.
+    pub segment_cache_bytes: u64,
 }
 
 impl Default for PopConfig {
@@ -170,6 +173,7 @@ impl Default for PopConfig {
             max_timeout_ms: 600_000,
             plan_from_views: true,
             scan_refresh_seconds: 30,
+            segment_cache_bytes: 64 * 1024 * 1024,
         }
     }
 }

@@ -50,6 +50,11 @@ pub struct Metrics {
     // The fleet.
     pub notices_received: IntCounter,
     pub pop_scans: IntCounterVec,
+    // The segment cache, caught up with the cache's own counts when scraped.
+    pub segment_cache_hits: IntCounter,
+    pub segment_cache_misses: IntCounter,
+    pub segment_cache_bytes: IntGauge,
+    pub segment_cache_segments: IntGauge,
     // The database.
     pub db_pool_connections: IntGaugeVec,
     pub db_pool_max: IntGauge,
@@ -226,6 +231,18 @@ impl Metrics {
                 "How queue-wide pops found candidates: full scan, candidate list, or skipped (nothing can be pending).",
                 &["kind"],
             ),
+            segment_cache_hits: counter(
+                &r,
+                "queen_segment_cache_hits_total",
+                "Segments pops and message reads found decoded in the segment cache.",
+            ),
+            segment_cache_misses: counter(
+                &r,
+                "queen_segment_cache_misses_total",
+                "Segments pops and message reads fetched and decoded from the database.",
+            ),
+            segment_cache_bytes: gauge(&r, "queen_segment_cache_bytes", "Bytes the segment cache holds."),
+            segment_cache_segments: gauge(&r, "queen_segment_cache_segments", "Segments the segment cache holds."),
             db_pool_connections: gauge_vec(
                 &r,
                 "queen_db_pool_connections",
@@ -292,6 +309,14 @@ impl Metrics {
             let counter = self.db_errors.with_label_values(&[kind]);
             counter.inc_by(total.saturating_sub(counter.get()));
         }
+    }
+
+    /// Catches the segment cache's metrics up with its counts (called when scraped).
+    pub fn observe_segment_cache(&self, stats: queen_store::segment_cache::SegmentCacheStats) {
+        self.segment_cache_hits.inc_by(stats.hits.saturating_sub(self.segment_cache_hits.get()));
+        self.segment_cache_misses.inc_by(stats.misses.saturating_sub(self.segment_cache_misses.get()));
+        self.segment_cache_bytes.set(i64::try_from(stats.bytes).unwrap_or(i64::MAX));
+        self.segment_cache_segments.set(i64::try_from(stats.segments).unwrap_or(i64::MAX));
     }
 
     /// The Prometheus text exposition.

@@ -15,6 +15,7 @@ pub mod migrations;
 pub mod pool;
 pub mod queues;
 pub mod retention;
+pub mod segment_cache;
 pub mod stats;
 pub mod system_state;
 

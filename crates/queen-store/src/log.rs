@@ -358,6 +358,23 @@ pub struct StoredSegment {
     pub sealed: bool,
 }
 
+impl StoredSegment {
+    /// The offset of its last message.
+    pub fn end_offset(&self) -> i64 {
+        self.base_offset + self.frames.frame_count() as i64 - 1
+    }
+
+    /// Its messages at offsets `first..=last`, with their offsets, found without walking the
+    /// frames before them. Every frame was validated when the segment was decoded, so the
+    /// iterator yields no errors; it keeps the `Result` so callers need no `unwrap`.
+    pub fn frames_in(&self, first: i64, last: i64) -> impl Iterator<Item = (i64, Result<Frame<'_>, DecodeError>)> + '_ {
+        let first = first.max(self.base_offset);
+        let count = usize::try_from(last.min(self.end_offset()) - first + 1).unwrap_or(0);
+        let skip = usize::try_from(first - self.base_offset).unwrap_or(0);
+        (first..).zip(self.frames.frames_from(skip).take(count))
+    }
+}
+
 /// One span of offsets to read: `first..=last` of a partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Span {
@@ -374,12 +391,21 @@ pub async fn read_spans(
     spans: &[Span],
     keys: Option<&Cipher>,
 ) -> Result<Vec<StoredSegment>, StoreError> {
+    Ok(read_spans_indexed(client, spans, keys).await?.into_iter().map(|(_, segment)| segment).collect())
+}
+
+/// [`read_spans`], each segment with the index of the span it was read for.
+pub(crate) async fn read_spans_indexed(
+    client: &impl GenericClient,
+    spans: &[Span],
+    keys: Option<&Cipher>,
+) -> Result<Vec<(usize, StoredSegment)>, StoreError> {
     if spans.is_empty() {
         return Ok(Vec::new());
     }
     let statement = client
         .prepare_cached(
-            "SELECT s.partition_id, s.base_offset, s.created_at, s.frame_count, s.body
+            "SELECT s.partition_id, s.base_offset, s.created_at, s.frame_count, s.body, r.ord
                FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) WITH ORDINALITY AS r(partition_id, first, last, ord)
                CROSS JOIN LATERAL (
                    SELECT s.* FROM queen.log_segments s
@@ -402,6 +428,8 @@ pub async fn read_spans(
             let base_offset: i64 = row.get(1);
             let frame_count: i32 = row.get(3);
             let body: &[u8] = row.get(4);
+            // The ordinality counts from 1.
+            let span = usize::try_from(row.get::<_, i64>(5) - 1).unwrap_or(0);
             let sealed = queen_log::is_sealed(body);
             if sealed && keys.is_none() {
                 let subject = format!("segment {base_offset} of partition {partition_id}");
@@ -410,13 +438,13 @@ pub async fn read_spans(
             let frames = opened(body, keys)
                 .and_then(|body| queen_log::decode_segment(&body, frame_count.max(0) as usize, MAX_SEGMENT_RAW_BYTES))
                 .map_err(|source| StoreError::CorruptSegment { partition_id, base_offset, source })?;
-            Ok(StoredSegment { partition_id, base_offset, created_at: row.get(2), frames, sealed })
+            Ok((span, StoredSegment { partition_id, base_offset, created_at: row.get(2), frames, sealed }))
         })
         .collect()
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn message(txn: &str) -> NewMessage {
@@ -443,6 +471,46 @@ mod tests {
                 Appended::Duplicate { offset: 10, message_id: messages[0].message_id },
             ]
         );
+    }
+
+    /// A stored segment of `count` messages from `base_offset`, each holding its offset as payload.
+    pub(crate) fn segment(partition_id: i64, base_offset: i64, count: i64) -> StoredSegment {
+        let mut builder = SegmentBuilder::new();
+        for offset in base_offset..base_offset + count {
+            let payload = offset.to_string();
+            let frame = Frame {
+                message_id: Uuid::now_v7(),
+                trace_id: None,
+                transaction_id: &payload,
+                producer: None,
+                payload: payload.as_bytes(),
+            };
+            builder.push(&frame).unwrap();
+        }
+        let body = builder.finish().unwrap().body;
+        let frames = queen_log::decode_segment(&body, count as usize, 1 << 20).unwrap();
+        StoredSegment { partition_id, base_offset, created_at: Utc::now(), frames, sealed: false }
+    }
+
+    #[test]
+    fn frames_in_are_the_offsets_asked_for_that_the_segment_holds() {
+        let stored = segment(1, 101, 10);
+        assert_eq!(stored.end_offset(), 110);
+        let offsets = |first, last| -> Vec<(i64, String)> {
+            stored
+                .frames_in(first, last)
+                .map(|(offset, frame)| (offset, String::from_utf8(frame.unwrap().payload.to_vec()).unwrap()))
+                .collect()
+        };
+        let expected = |range: std::ops::RangeInclusive<i64>| -> Vec<(i64, String)> {
+            range.map(|offset| (offset, offset.to_string())).collect()
+        };
+        assert_eq!(offsets(105, 105), expected(105..=105));
+        assert_eq!(offsets(90, 103), expected(101..=103));
+        assert_eq!(offsets(108, 200), expected(108..=110));
+        assert_eq!(offsets(1, 1000), expected(101..=110));
+        assert!(offsets(111, 120).is_empty());
+        assert!(offsets(50, 100).is_empty());
     }
 
     #[test]

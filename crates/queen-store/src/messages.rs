@@ -5,7 +5,8 @@ use deadpool_postgres::GenericClient;
 use queen_log::FrameOwned;
 
 use crate::StoreError;
-use crate::log::{Span, read_spans};
+use crate::log::Span;
+use crate::segment_cache::SegmentCache;
 use queen_log::Cipher;
 
 /// One group's progress on a message.
@@ -33,12 +34,13 @@ pub struct StoredMessage {
     pub groups: Vec<GroupProgress>,
 }
 
-/// The message (its segment opened with `keys` when sealed), or `None` when the partition holds
-/// no such transaction id (or retention removed the message).
+/// The message (its segment read through `segments`, opened with `keys` when sealed), or `None`
+/// when the partition holds no such transaction id (or retention removed the message).
 pub async fn find(
     client: &impl GenericClient,
     partition_id: i64,
     transaction_id: &str,
+    segments: &SegmentCache,
     keys: Option<&Cipher>,
 ) -> Result<Option<StoredMessage>, StoreError> {
     let Some(row) = client
@@ -55,11 +57,10 @@ pub async fn find(
         return Ok(None);
     };
     let offset: i64 = row.get(0);
-    let segments = read_spans(client, &[Span { partition_id, first: offset, last: offset }], keys).await?;
-    let found = segments.iter().find_map(|segment| {
-        let index = usize::try_from(offset - segment.base_offset).ok()?;
-        let frame = segment.frames.frames().nth(index)?.ok()?;
-        Some((segment.created_at, frame.to_owned()))
+    let read = segments.read(client, &[Span { partition_id, first: offset, last: offset }], keys).await?;
+    let found = read.iter().find_map(|segment| {
+        let (_, frame) = segment.frames_in(offset, offset).next()?;
+        Some((segment.created_at, frame.ok()?.to_owned()))
     });
     let Some((created_at, frame)) = found else { return Ok(None) };
     let groups = client
@@ -101,12 +102,14 @@ pub struct ListedMessage {
 const LISTED_PARTITIONS: i64 = 50;
 
 /// The newest `limit` messages of the queue (of one partition, when named), newest first. Reads
-/// only the last segments of the most recently pushed partitions, through the primary key.
+/// only the last segments of the most recently pushed partitions, through the primary key (or
+/// `segments`).
 pub async fn newest(
     client: &impl GenericClient,
     queue: &str,
     partition: Option<&str>,
     limit: i64,
+    segments: &SegmentCache,
     keys: Option<&Cipher>,
 ) -> Result<Vec<ListedMessage>, StoreError> {
     let rows = client
@@ -123,20 +126,17 @@ pub async fn newest(
     let spans: Vec<Span> =
         rows.iter().map(|row| Span { partition_id: row.get(0), first: row.get(2), last: row.get(3) }).collect();
     let mut listed = Vec::new();
-    for segment in read_spans(client, &spans, keys).await? {
+    for segment in segments.read(client, &spans, keys).await? {
         let Some(span) = spans.iter().find(|s| s.partition_id == segment.partition_id) else { continue };
-        for (index, frame) in segment.frames.frames().enumerate() {
-            let offset = segment.base_offset + index as i64;
+        for (offset, frame) in segment.frames_in(span.first, span.last) {
             let Ok(frame) = frame else { break };
-            if offset >= span.first && offset <= span.last {
-                listed.push(ListedMessage {
-                    partition: names.get(&segment.partition_id).cloned().unwrap_or_default(),
-                    partition_id: segment.partition_id,
-                    offset,
-                    created_at: segment.created_at,
-                    frame: frame.to_owned(),
-                });
-            }
+            listed.push(ListedMessage {
+                partition: names.get(&segment.partition_id).cloned().unwrap_or_default(),
+                partition_id: segment.partition_id,
+                offset,
+                created_at: segment.created_at,
+                frame: frame.to_owned(),
+            });
         }
     }
     listed.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(b.offset.cmp(&a.offset)));

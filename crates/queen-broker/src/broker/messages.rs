@@ -16,7 +16,7 @@ use crate::error::ApiError;
 /// transaction id (or retention removed it).
 pub async fn find(broker: &Broker, partition_id: i64, transaction_id: &str) -> Result<Option<StoredMessage>, ApiError> {
     let client = broker.pool.get().await.map_err(StoreError::from)?;
-    Ok(messages::find(&client, partition_id, transaction_id, broker.cipher.as_deref()).await?)
+    Ok(messages::find(&client, partition_id, transaction_id, &broker.segments, broker.cipher.as_deref()).await?)
 }
 
 /// The newest `limit` messages of the queue (of one partition, when named), newest first.
@@ -27,7 +27,7 @@ pub async fn newest(
     limit: i64,
 ) -> Result<Vec<ListedMessage>, ApiError> {
     let client = broker.pool.get().await.map_err(StoreError::from)?;
-    Ok(messages::newest(&client, queue, partition, limit, broker.cipher.as_deref()).await?)
+    Ok(messages::newest(&client, queue, partition, limit, &broker.segments, broker.cipher.as_deref()).await?)
 }
 
 /// A page of dead letters and how many match in all.

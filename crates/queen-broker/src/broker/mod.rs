@@ -33,6 +33,7 @@ use crate::services::listener::{FleetListeners, keep_listening};
 use crate::services::maintenance::{Maintenance, MaintenanceSettings};
 use maintenance_mode::MaintenanceMode;
 use queen_log::Cipher;
+use queen_store::segment_cache::SegmentCache;
 use queen_store::system_state::Modes;
 
 pub use names_cache::NamesCache;
@@ -51,6 +52,8 @@ pub struct Broker {
     pub maintenance: Arc<MaintenanceMode>,
     /// The key of encrypted queues (`encryption.key`), when configured.
     pub cipher: Option<Arc<Cipher>>,
+    /// Decoded segments that pops took part of (`pop.segment_cache_bytes`).
+    pub segments: Arc<SegmentCache>,
     /// Where pushes wait during push maintenance.
     pub journal: Journal,
     /// Identifies this broker in the leases it grants.
@@ -113,9 +116,11 @@ impl Broker {
         let settings = CoordinatorSettings { plan_from_views: config.pop.plan_from_views, view_max_age };
         let coordinator = actix::Actor::start(Coordinator::new(settings, Arc::clone(&metrics)));
         let names = Arc::new(NamesCache::new());
+        let segments = Arc::new(SegmentCache::new(config.pop.segment_cache_bytes));
         let listeners = FleetListeners {
             coordinator: coordinator.clone(),
             names: Arc::clone(&names),
+            segments: Arc::clone(&segments),
             metrics: Arc::clone(&metrics),
             maintenance: Arc::clone(&maintenance_mode),
             pool: pool.clone(),
@@ -163,6 +168,7 @@ impl Broker {
             metrics,
             maintenance: maintenance_mode,
             cipher,
+            segments,
             journal,
             broker_id,
             pg_config: pg,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use queen_store::cursors::{self, ClaimRequest, Claimed, CursorSeed, Expiry, Scope, Visibility};
-use queen_store::log::{self, Span};
+use queen_store::log::Span;
 use queen_store::queues::{self, Queue};
 use serde_json::value::RawValue;
 use tokio::sync::oneshot;
@@ -303,7 +303,7 @@ async fn pop_queue(
     }
     let spans: Vec<Span> =
         claims.iter().map(|c| Span { partition_id: c.partition_id, first: c.first, last: c.last }).collect();
-    let segments = log::read_spans(&client, &spans, broker.cipher.as_deref()).await?;
+    let segments = broker.segments.read(&client, &spans, broker.cipher.as_deref()).await?;
     drop(client);
 
     let queue_name: Arc<str> = Arc::from(queue.name.as_str());
@@ -315,11 +315,7 @@ async fn pop_queue(
     for segment in &segments {
         let Some(&(first, last, delivery_attempt)) = attempts.get(&segment.partition_id) else { continue };
         let partition = names_by_id.get(&segment.partition_id).cloned().unwrap_or_else(|| Arc::from(""));
-        for (index, frame) in segment.frames.frames().enumerate() {
-            let offset = segment.base_offset + index as i64;
-            if offset < first || offset > last {
-                continue;
-            }
+        for (offset, frame) in segment.frames_in(first, last) {
             let frame = frame.map_err(|e| corrupt(segment.partition_id, segment.base_offset, e))?;
             let json = String::from_utf8(frame.payload.to_vec())
                 .map_err(|_| ApiError::Internal(format!("message at offset {offset} is not UTF-8 JSON")))?;

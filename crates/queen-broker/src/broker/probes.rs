@@ -32,13 +32,14 @@ pub async fn schema_current(broker: &Broker) -> bool {
     matches!(tokio::time::timeout(PROBE_TIMEOUT, check).await, Ok(Some(version)) if version >= latest)
 }
 
-/// Brings the gauges a scrape reports up to date: the pool, the database failures, and consumer
-/// lag, which comes from the cursors and is read at most every [`LAG_REFRESH`], however often the
-/// broker is scraped.
+/// Brings the gauges a scrape reports up to date: the pool, the database failures, the segment
+/// cache, and consumer lag, which comes from the cursors and is read at most every
+/// [`LAG_REFRESH`], however often the broker is scraped.
 pub async fn refresh_metrics(broker: &Broker) {
     let metrics = &broker.metrics;
     metrics.observe_pool(broker.pool.status());
     metrics.observe_db_failures(queen_store::failure_counts());
+    metrics.observe_segment_cache(broker.segments.stats());
     let due = {
         let mut last = broker.lag_refreshed_at.lock().unwrap_or_else(|p| p.into_inner());
         let due = last.is_none_or(|at| at.elapsed() >= LAG_REFRESH);

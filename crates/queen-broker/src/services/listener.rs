@@ -7,6 +7,7 @@ use std::sync::Arc;
 use actix::Addr;
 use queen_store::events::Event;
 use queen_store::listen::listen;
+use queen_store::segment_cache::SegmentCache;
 
 use crate::actors::coordinator::{Coordinator, DataAvailable, Forget, ListenLost, ListenRestored, WakeQueue};
 use crate::backoff::Backoff;
@@ -18,6 +19,7 @@ use crate::metrics::Metrics;
 pub struct FleetListeners {
     pub coordinator: Addr<Coordinator>,
     pub names: Arc<NamesCache>,
+    pub segments: Arc<SegmentCache>,
     pub metrics: Arc<Metrics>,
     pub maintenance: Arc<MaintenanceMode>,
     /// For re-reading what notices may have been missed.
@@ -42,9 +44,12 @@ impl FleetListeners {
         }
     }
 
-    /// LISTEN is in effect again: whatever was announced while it was down may have been missed.
+    /// LISTEN is in effect again: whatever was announced while it was down may have been missed,
+    /// and the database may not be the one it was (restored from a backup, its identities
+    /// restarted), so no segment read before is trusted.
     fn restored(&self) {
         self.names.forget_queues();
+        self.segments.clear();
         self.coordinator.do_send(ListenRestored);
         let (maintenance, pool) = (Arc::clone(&self.maintenance), self.pool.clone());
         actix::spawn(async move { maintenance.refresh(&pool).await });

@@ -23,6 +23,7 @@ mod queue_options;
 mod request_ids;
 mod retention;
 mod seek;
+mod segment_cache;
 mod storage;
 mod subscription;
 mod transactions;

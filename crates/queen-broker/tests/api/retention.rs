@@ -22,7 +22,7 @@ async fn segment(app: &TestApp, queue: &str, partition: &str, label: &str, n: us
 }
 
 /// Makes every segment of the queue with a base offset below `below` an hour old.
-async fn age(app: &TestApp, queue: &str, below: i64) {
+pub(crate) async fn age(app: &TestApp, queue: &str, below: i64) {
     app.db
         .connect()
         .await
@@ -37,7 +37,7 @@ async fn age(app: &TestApp, queue: &str, below: i64) {
 }
 
 /// Waits until `sql` counts `expected`, or fails after 10 s.
-async fn until_count(app: &TestApp, sql: &str, expected: i64) {
+pub(crate) async fn until_count(app: &TestApp, sql: &str, expected: i64) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let count = app.count(sql).await;

@@ -1,0 +1,117 @@
+//! The segment cache: pops of a few messages from a large segment slice it from memory, serve
+//! exactly what a read from the database would, and never serve what was deleted.
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::helpers::TestApp;
+use crate::retention;
+
+const HITS: &str = "queen_segment_cache_hits_total";
+const MISSES: &str = "queen_segment_cache_misses_total";
+
+/// Pushes one segment of `n` messages, `{"label", "i"}`, with transaction ids `<label>-<i>`.
+async fn segment(app: &TestApp, queue: &str, label: &str, n: usize) {
+    let items: Vec<Value> = (0..n)
+        .map(|i| json!({"queue": queue, "partition": "p", "transactionId": format!("{label}-{i}"), "payload": {"label": label, "i": i}}))
+        .collect();
+    app.push(Value::Array(items)).await;
+}
+
+/// Pops `batch` at a time with autoAck until the partition is empty; every `i` received, in order.
+async fn pop_all(app: &TestApp, queue: &str, batch: usize) -> Vec<i64> {
+    let mut received = Vec::new();
+    loop {
+        let answer = app.pop(&format!("queue/{queue}/partition/p"), &format!("batch={batch}&autoAck=true")).await;
+        if answer.status == StatusCode::NO_CONTENT {
+            return received;
+        }
+        let got = answer.data_ints("i");
+        assert!(!got.is_empty() && got.len() <= batch, "{answer:?}");
+        received.extend(got);
+    }
+}
+
+#[actix_web::test]
+async fn pops_of_one_go_through_a_large_segment_in_order_reading_it_once() {
+    let app = TestApp::spawn().await;
+    segment(&app, "big", "m", 1000).await;
+    assert_eq!(pop_all(&app, "big", 1).await, (0..1000).collect::<Vec<_>>());
+    assert_eq!(app.metric(MISSES).await, 1.0, "the segment is read from the database once");
+    assert_eq!(app.metric(HITS).await, 999.0, "and sliced from memory by every later pop");
+    assert!(app.metric("queen_segment_cache_bytes").await > 0.0);
+}
+
+#[actix_web::test]
+async fn without_the_cache_pops_of_one_serve_the_same_reading_the_segment_each_time() {
+    let app = TestApp::spawn_with(|config| config.pop.segment_cache_bytes = 0).await;
+    segment(&app, "big", "m", 1000).await;
+    assert_eq!(pop_all(&app, "big", 1).await, (0..1000).collect::<Vec<_>>());
+    assert_eq!(app.metric(MISSES).await, 1000.0);
+    assert_eq!(app.metric(HITS).await, 0.0);
+    assert_eq!(app.metric("queen_segment_cache_bytes").await, 0.0);
+}
+
+#[actix_web::test]
+async fn spans_across_segment_boundaries_are_served_whole_and_in_order() {
+    let app = TestApp::spawn().await;
+    for label in ["a", "b", "c"] {
+        segment(&app, "spans", label, 10).await;
+    }
+    // Batches of 4 start and end inside segments: each pop joins pieces held in memory with
+    // pieces read from the database.
+    let received = pop_all(&app, "spans", 4).await;
+    assert_eq!(received, (0..30).map(|i| i % 10).collect::<Vec<_>>());
+    assert_eq!(app.metric(MISSES).await, 3.0, "each segment is read once");
+    assert!(app.metric(HITS).await >= 5.0);
+}
+
+#[actix_web::test]
+async fn a_recreated_queue_is_served_its_own_messages_not_the_deleted_ones() {
+    let app = TestApp::spawn().await;
+    segment(&app, "again", "old", 100).await;
+    let first = app.pop("queue/again/partition/p", "batch=1&autoAck=true").await;
+    assert_eq!(first.data_ints("i"), [0]);
+    assert_eq!(app.delete("/api/v1/resources/queues/again").await.body["deleted"], true);
+
+    // The same queue, partition, transaction ids and offsets, other messages.
+    segment(&app, "again", "new", 100).await;
+    for expected in 0..3 {
+        let answer = app.pop("queue/again/partition/p", "batch=1&autoAck=true").await;
+        assert_eq!(answer.messages()[0]["data"], json!({"label": "new", "i": expected}), "{answer:?}");
+    }
+    let partition = partition_id(&app, "again").await;
+    let message = app.get(&format!("/api/v1/messages/{partition}/new-50")).await;
+    assert_eq!(message.body["data"], json!({"label": "new", "i": 50}), "{message:?}");
+}
+
+async fn partition_id(app: &TestApp, queue: &str) -> String {
+    let sql = format!(
+        "SELECT p.id FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = '{queue}'"
+    );
+    app.count(&sql).await.to_string()
+}
+
+#[actix_web::test]
+async fn messages_retention_deleted_are_never_served_from_memory() {
+    let app = TestApp::spawn_with(|config| config.maintenance.interval_ms = 100).await;
+    app.configure("kept", json!({"retentionEnabled": true, "retentionSeconds": 600})).await;
+    segment(&app, "kept", "old", 10).await;
+    // The group reads into the old segment, which the cache now holds, and so does a lookup.
+    let read = app.pop("queue/kept/partition/p", "batch=1&consumerGroup=g&autoAck=true").await;
+    assert_eq!(read.data_ints("i"), [0]);
+    let partition = partition_id(&app, "kept").await;
+    let lookup = format!("/api/v1/messages/{partition}/old-5");
+    assert_eq!(app.get(&lookup).await.status, StatusCode::OK);
+    segment(&app, "kept", "new", 10).await;
+
+    retention::age(&app, "kept", 2).await;
+    retention::until_count(&app, "SELECT count(*) FROM queen.log_segments WHERE base_offset = 1", 0).await;
+
+    // The group's next message, and a new group's first, are the oldest ones still stored.
+    let next = app.pop("queue/kept/partition/p", "batch=3&consumerGroup=g&autoAck=true").await;
+    assert_eq!(next.messages()[0]["data"], json!({"label": "new", "i": 0}), "{next:?}");
+    let fresh = app.pop("queue/kept/partition/p", "batch=3&consumerGroup=h&autoAck=true").await;
+    assert_eq!(fresh.messages()[0]["data"], json!({"label": "new", "i": 0}), "{fresh:?}");
+    assert_eq!(app.get(&lookup).await.status, StatusCode::NOT_FOUND);
+}

@@ -1,0 +1,276 @@
+//! Decoded segments kept in memory, so that pops of a few messages at a time from a large segment
+//! do not fetch, open and decompress the whole segment again for every pop: a read takes the
+//! segments it finds here and fetches from PostgreSQL only the spans between them.
+//!
+//! Only segments a read took part of are kept: their reader comes back for the rest. A segment
+//! read whole is not (its reader is past it), so a consumer draining a backlog in large batches
+//! does not turn the cache into a copy of the backlog. Entries are weighed by their bytes and
+//! the least recently used go first: a log is read forward, so the segment a reader finished
+//! with is the one to drop.
+//!
+//! **Why a hit is never stale.** An entry is keyed by (partition id, base offset), and what it
+//! holds never changes: a segment is written once, by a committed append, and never updated.
+//! - A partition id is an identity value, never reused, so a partition deleted with its queue or
+//!   by clean-up, and one recreated under the same name, never share entries.
+//! - Offsets of a partition are never reused: `last_offset` only grows, and the cache is filled
+//!   only by reads outside any transaction, so it never holds a segment whose append could still
+//!   roll back (reads inside a transaction use [`crate::log::read_spans`]).
+//! - Retention deletes segments from the low end of a partition, and a deleted queue takes its
+//!   partitions: their entries stay until evicted, but no read asks for them. Readers ask for
+//!   offsets that a statement just found stored: a claim starts at the retention watermark of
+//!   the partition row it locks, a message lookup goes through the transaction-id index, which
+//!   retention empties in the transaction that deletes the segments. A read that races a
+//!   retention pass serves what the claim saw, as a read a moment earlier would have.
+//! - A database replaced under a running broker (a restore) would restart the identities; the
+//!   broker's LISTEN connection breaks with it, and the broker clears the cache when it
+//!   reconnects ([`SegmentCache::clear`]).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use deadpool_postgres::GenericClient;
+use moka::notification::RemovalCause;
+use moka::policy::EvictionPolicy;
+use moka::sync::Cache;
+use queen_log::Cipher;
+
+use crate::StoreError;
+use crate::log::{Span, StoredSegment, read_spans_indexed};
+
+/// Bytes counted for an entry besides its frames: the cache's and the index's bookkeeping.
+const ENTRY_OVERHEAD: usize = 160;
+
+/// (partition id, base offset).
+type SegmentKey = (i64, i64);
+
+/// The segments held, by partition: base offset → end offset. It tells which entry holds an
+/// offset; the cache itself says whether the entry is still there.
+type Held = Arc<Mutex<HashMap<i64, BTreeMap<i64, i64>>>>;
+
+/// Decoded segments shared by every reader of the broker, bounded by bytes.
+pub struct SegmentCache {
+    /// `None` when the cache is off (a size of 0): every read goes to the database.
+    segments: Option<Cache<SegmentKey, Arc<StoredSegment>>>,
+    held: Held,
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+/// What the cache did since the broker started, and what it holds now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SegmentCacheStats {
+    /// Segments a read found in the cache.
+    pub hits: u64,
+    /// Segments a read fetched from the database.
+    pub misses: u64,
+    /// Bytes held (decoded frames and bookkeeping).
+    pub bytes: u64,
+    pub segments: u64,
+}
+
+/// Where a read finds a piece of a span.
+enum Piece {
+    Held { base_offset: i64, end_offset: i64 },
+    Missing(Span),
+}
+
+impl SegmentCache {
+    /// A cache of at most `max_bytes`; 0 turns it off.
+    pub fn new(max_bytes: u64) -> Self {
+        let held = Held::default();
+        let segments = (max_bytes > 0).then(|| {
+            let index = Arc::clone(&held);
+            Cache::builder()
+                .max_capacity(max_bytes)
+                .weigher(|_, segment: &Arc<StoredSegment>| {
+                    u32::try_from(segment.frames.memory_len() + ENTRY_OVERHEAD).unwrap_or(u32::MAX)
+                })
+                .eviction_policy(EvictionPolicy::lru())
+                .eviction_listener(move |key: Arc<SegmentKey>, _, cause| {
+                    // A replaced entry is still held, under the same key.
+                    if cause != RemovalCause::Replaced {
+                        forget(&mut lock(&index), *key);
+                    }
+                })
+                .build()
+        });
+        Self { segments, held, hits: AtomicU64::new(0), misses: AtomicU64::new(0) }
+    }
+
+    /// Reads the segments that cover the spans, in span order then offset order, like
+    /// [`crate::log::read_spans`]: from the cache where it holds them, from the database (opening
+    /// sealed ones with `keys`) where it does not. Never inside a transaction (see the module).
+    pub async fn read(
+        &self,
+        client: &impl GenericClient,
+        spans: &[Span],
+        keys: Option<&Cipher>,
+    ) -> Result<Vec<Arc<StoredSegment>>, StoreError> {
+        let Some(segments) = &self.segments else {
+            let fetched = read_spans_indexed(client, spans, keys).await?;
+            self.misses.fetch_add(fetched.len() as u64, Ordering::Relaxed);
+            return Ok(fetched.into_iter().map(|(_, segment)| Arc::new(segment)).collect());
+        };
+        let mut found: Vec<Vec<Arc<StoredSegment>>> = vec![Vec::new(); spans.len()];
+        // What to fetch, and for which span.
+        let (mut missing, mut missing_for) = (Vec::new(), Vec::new());
+        for (index, span) in spans.iter().enumerate() {
+            for piece in self.pieces(span) {
+                let hole = match piece {
+                    Piece::Held { base_offset, end_offset } => match segments.get(&(span.partition_id, base_offset)) {
+                        Some(segment) => {
+                            self.hits.fetch_add(1, Ordering::Relaxed);
+                            found[index].push(segment);
+                            continue;
+                        }
+                        // Evicted since the index was read.
+                        None => Span {
+                            partition_id: span.partition_id,
+                            first: base_offset.max(span.first),
+                            last: end_offset.min(span.last),
+                        },
+                    },
+                    Piece::Missing(hole) => hole,
+                };
+                missing.push(hole);
+                missing_for.push(index);
+            }
+        }
+        let fetched = read_spans_indexed(client, &missing, keys).await?;
+        self.misses.fetch_add(fetched.len() as u64, Ordering::Relaxed);
+        for (hole, segment) in fetched {
+            let index = missing_for[hole];
+            let span = &spans[index];
+            let segment = Arc::new(segment);
+            if segment.base_offset < span.first || segment.end_offset() > span.last {
+                self.keep(segments, &segment);
+            }
+            found[index].push(segment);
+        }
+        Ok(found
+            .into_iter()
+            .flat_map(|mut pieces| {
+                // A hole's fetch starts at the segment holding its first offset, which another
+                // read may have cached meanwhile.
+                pieces.sort_by_key(|segment| segment.base_offset);
+                pieces.dedup_by_key(|segment| segment.base_offset);
+                pieces
+            })
+            .collect())
+    }
+
+    /// The span cut into the segments the cache holds and the stretches between them.
+    fn pieces(&self, span: &Span) -> Vec<Piece> {
+        let held = lock(&self.held);
+        let Some(bases) = held.get(&span.partition_id) else { return vec![Piece::Missing(*span)] };
+        let mut pieces = Vec::new();
+        let mut at = span.first;
+        while at <= span.last {
+            match bases.range(..=at).next_back() {
+                Some((&base_offset, &end_offset)) if end_offset >= at => {
+                    pieces.push(Piece::Held { base_offset, end_offset });
+                    at = end_offset + 1;
+                }
+                _ => {
+                    let next_held = bases.range(at + 1..=span.last).next().map(|(&base, _)| base);
+                    let last = next_held.map_or(span.last, |base| base - 1);
+                    pieces.push(Piece::Missing(Span { partition_id: span.partition_id, first: at, last }));
+                    at = last + 1;
+                }
+            }
+        }
+        pieces
+    }
+
+    fn keep(&self, segments: &Cache<SegmentKey, Arc<StoredSegment>>, segment: &Arc<StoredSegment>) {
+        // Indexed first: the eviction of the entry (or its refusal) un-indexes it after.
+        let key = (segment.partition_id, segment.base_offset);
+        lock(&self.held).entry(key.0).or_default().insert(key.1, segment.end_offset());
+        segments.insert(key, Arc::clone(segment));
+    }
+
+    /// Drops every entry (the database may have been replaced).
+    pub fn clear(&self) {
+        if let Some(segments) = &self.segments {
+            segments.invalidate_all();
+        }
+        lock(&self.held).clear();
+    }
+
+    pub fn stats(&self) -> SegmentCacheStats {
+        let (bytes, segments) = self.segments.as_ref().map_or((0, 0), |s| {
+            s.run_pending_tasks();
+            (s.weighted_size(), s.entry_count())
+        });
+        SegmentCacheStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            bytes,
+            segments,
+        }
+    }
+}
+
+fn lock(held: &Held) -> MutexGuard<'_, HashMap<i64, BTreeMap<i64, i64>>> {
+    held.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn forget(held: &mut HashMap<i64, BTreeMap<i64, i64>>, (partition_id, base_offset): SegmentKey) {
+    if let Some(bases) = held.get_mut(&partition_id) {
+        bases.remove(&base_offset);
+        if bases.is_empty() {
+            held.remove(&partition_id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log::tests::segment;
+
+    fn described(pieces: Vec<Piece>) -> Vec<String> {
+        pieces
+            .into_iter()
+            .map(|piece| match piece {
+                Piece::Held { base_offset, end_offset } => format!("held {base_offset}-{end_offset}"),
+                Piece::Missing(span) => format!("missing {}-{}", span.first, span.last),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_span_is_cut_into_held_segments_and_the_stretches_between_them() {
+        let cache = SegmentCache::new(1 << 20);
+        let segments = cache.segments.as_ref().unwrap();
+        cache.keep(segments, &Arc::new(segment(7, 1, 10)));
+        cache.keep(segments, &Arc::new(segment(7, 21, 10)));
+        let span = |first, last| Span { partition_id: 7, first, last };
+        assert_eq!(described(cache.pieces(&span(5, 5))), ["held 1-10"]);
+        assert_eq!(
+            described(cache.pieces(&span(5, 35))),
+            ["held 1-10", "missing 11-20", "held 21-30", "missing 31-35"]
+        );
+        assert_eq!(described(cache.pieces(&span(12, 25))), ["missing 12-20", "held 21-30"]);
+        assert_eq!(described(cache.pieces(&Span { partition_id: 8, first: 1, last: 5 })), ["missing 1-5"]);
+    }
+
+    #[test]
+    fn an_evicted_segment_is_no_longer_indexed() {
+        let cache = SegmentCache::new(1 << 20);
+        let segments = cache.segments.as_ref().unwrap();
+        cache.keep(segments, &Arc::new(segment(7, 1, 10)));
+        segments.invalidate(&(7, 1));
+        segments.run_pending_tasks();
+        assert_eq!(described(cache.pieces(&Span { partition_id: 7, first: 1, last: 10 })), ["missing 1-10"]);
+        assert!(lock(&cache.held).is_empty());
+    }
+
+    #[test]
+    fn a_cache_of_zero_bytes_is_off() {
+        let cache = SegmentCache::new(0);
+        assert!(cache.segments.is_none());
+        assert_eq!(cache.stats(), SegmentCacheStats::default());
+    }
+}
