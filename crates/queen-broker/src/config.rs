@@ -21,6 +21,7 @@ pub struct Config {
     pub maintenance: MaintenanceConfig,
     pub buffer: BufferConfig,
     pub encryption: EncryptionConfig,
+    pub metrics: MetricsConfig,
     pub log: LogConfig,
 }
 
@@ -238,6 +239,19 @@ impl EncryptionConfig {
             .map(queen_log::Cipher::from_hex)
             .transpose()
             .map_err(|e| invalid("encryption.key", e.to_string()))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Queues with series of their own; the others are counted together under `queue="_other"`.
+    pub max_queue_labels: usize,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self { max_queue_labels: 1000 }
     }
 }
 

@@ -1,15 +1,21 @@
 //! Prometheus metrics: `queen_` names in base units, labels of bounded cardinality (queue and
-//! group names, never partitions or messages). Rendered as the Prometheus text format, or as JSON
-//! for the official client.
+//! group names, never partitions or messages; queues capped by [`QueueLabels`]). Rendered as the
+//! Prometheus text format, or as JSON for the official client.
 
-use std::collections::BTreeMap;
+mod queue_labels;
 
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::proto::{MetricFamily, MetricType};
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
     TextEncoder,
 };
 use serde::Serialize;
+
+pub use queue_labels::{OTHER_QUEUES, QueueCounter, QueueLabels};
 
 /// Latency buckets, in seconds: 0.5 ms to 30 s.
 const LATENCY_BUCKETS: &[f64] =
@@ -18,17 +24,18 @@ const LATENCY_BUCKETS: &[f64] =
 /// Every metric the broker exports.
 pub struct Metrics {
     registry: Registry,
+    queue_labels: Arc<QueueLabels>,
     // Messages, per queue.
-    pub messages_pushed: IntCounterVec,
-    pub bytes_pushed: IntCounterVec,
-    pub duplicates: IntCounterVec,
-    pub messages_delivered: IntCounterVec,
-    pub bytes_delivered: IntCounterVec,
-    pub messages_acked: IntCounterVec,
-    pub messages_failed: IntCounterVec,
-    pub messages_dead_lettered: IntCounterVec,
-    pub messages_dropped: IntCounterVec,
-    pub messages_expired: IntCounterVec,
+    pub messages_pushed: QueueCounter,
+    pub bytes_pushed: QueueCounter,
+    pub duplicates: QueueCounter,
+    pub messages_delivered: QueueCounter,
+    pub bytes_delivered: QueueCounter,
+    pub messages_acked: QueueCounter,
+    pub messages_failed: QueueCounter,
+    pub messages_dead_lettered: QueueCounter,
+    pub messages_dropped: QueueCounter,
+    pub messages_expired: QueueCounter,
     pub acks: IntCounterVec,
     // Push fusion.
     pub segments_written: IntCounter,
@@ -84,6 +91,10 @@ fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> 
     register(registry, IntCounterVec::new(Opts::new(name, help), labels).expect("a valid metric definition"))
 }
 
+fn per_queue(registry: &Registry, labels: &Arc<QueueLabels>, name: &str, help: &str) -> QueueCounter {
+    QueueCounter::new(counter_vec(registry, name, help, &["queue"]), Arc::clone(labels))
+}
+
 fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
     register(registry, IntGauge::new(name, help).expect("a valid metric definition"))
 }
@@ -98,63 +109,60 @@ fn latency(registry: &Registry, name: &str, help: &str) -> Histogram {
 }
 
 impl Metrics {
-    pub fn new() -> Self {
+    /// Metrics where at most `max_queue_labels` queues have series of their own.
+    pub fn new(max_queue_labels: usize) -> Self {
         let r = Registry::new();
+        let queues = Arc::new(QueueLabels::new(max_queue_labels));
         let build_info = gauge_vec(&r, "queen_build_info", "The broker's version; always 1.", &["version"]);
         build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
         #[cfg(target_os = "linux")]
         r.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))
             .expect("the process collector is registered once");
         Self {
-            messages_pushed: counter_vec(&r, "queen_messages_pushed_total", "Messages written.", &["queue"]),
-            bytes_pushed: counter_vec(&r, "queen_pushed_bytes_total", "Payload bytes written.", &["queue"]),
-            duplicates: counter_vec(
+            messages_pushed: per_queue(&r, &queues, "queen_messages_pushed_total", "Messages written."),
+            bytes_pushed: per_queue(&r, &queues, "queen_pushed_bytes_total", "Payload bytes written."),
+            duplicates: per_queue(
                 &r,
+                &queues,
                 "queen_push_duplicates_total",
                 "Pushed messages refused as duplicates of a stored transaction id.",
-                &["queue"],
             ),
-            messages_delivered: counter_vec(
+            messages_delivered: per_queue(
                 &r,
+                &queues,
                 "queen_messages_delivered_total",
                 "Messages handed to consumers.",
-                &["queue"],
             ),
-            bytes_delivered: counter_vec(
+            bytes_delivered: per_queue(
                 &r,
+                &queues,
                 "queen_delivered_bytes_total",
                 "Payload bytes handed to consumers.",
-                &["queue"],
             ),
-            messages_acked: counter_vec(
+            messages_acked: per_queue(&r, &queues, "queen_messages_acked_total", "Messages acknowledged as completed."),
+            messages_failed: per_queue(
                 &r,
-                "queen_messages_acked_total",
-                "Messages acknowledged as completed.",
-                &["queue"],
-            ),
-            messages_failed: counter_vec(
-                &r,
+                &queues,
                 "queen_messages_failed_total",
                 "Messages acknowledged as failed or to retry (to be delivered again).",
-                &["queue"],
             ),
-            messages_dead_lettered: counter_vec(
+            messages_dead_lettered: per_queue(
                 &r,
+                &queues,
                 "queen_messages_dead_lettered_total",
                 "Messages moved to the dead-letter queue.",
-                &["queue"],
             ),
-            messages_dropped: counter_vec(
+            messages_dropped: per_queue(
                 &r,
+                &queues,
                 "queen_messages_dropped_total",
                 "Messages given up on after their last retry without a dead letter (the queue does not dead-letter).",
-                &["queue"],
             ),
-            messages_expired: counter_vec(
+            messages_expired: per_queue(
                 &r,
+                &queues,
                 "queen_messages_expired_total",
                 "Messages a group skipped as older than the queue's ttl or maxWaitTimeSeconds (dead-lettered or not).",
-                &["queue"],
             ),
             acks: counter_vec(
                 &r,
@@ -291,7 +299,38 @@ impl Metrics {
                 "Long-polling pops held by pop maintenance, waiting for it to end.",
             ),
             registry: r,
+            queue_labels: queues,
         }
+    }
+
+    /// The `queue` label value to record the queue's lag under (see [`QueueLabels`]).
+    pub fn queue_label<'a>(&self, queue: &'a str) -> &'a str {
+        self.queue_labels.label(queue)
+    }
+
+    /// Removes the series of a deleted queue, giving its place up to another queue. What was
+    /// counted under `_other` for it stays there.
+    pub fn forget_queue(&self, queue: &str) {
+        if !self.queue_labels.release(queue) {
+            return;
+        }
+        let counters = [
+            &self.messages_pushed,
+            &self.bytes_pushed,
+            &self.duplicates,
+            &self.messages_delivered,
+            &self.bytes_delivered,
+            &self.messages_acked,
+            &self.messages_failed,
+            &self.messages_dead_lettered,
+            &self.messages_dropped,
+            &self.messages_expired,
+        ];
+        for counter in counters {
+            counter.remove(queue);
+        }
+        remove_queue_series(&self.lag_messages, queue);
+        remove_queue_series(&self.lag_seconds, queue);
     }
 
     /// Records the pool's state (called when scraped).
@@ -337,7 +376,19 @@ impl Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        Self::new()
+        Self::new(crate::config::MetricsConfig::default().max_queue_labels)
+    }
+}
+
+/// Removes every series of the vector whose `queue` label is the queue.
+fn remove_queue_series<T: MetricVecBuilder>(vec: &MetricVec<T>, queue: &str) {
+    for family in vec.collect() {
+        for metric in family.get_metric() {
+            let labels: HashMap<&str, &str> = metric.get_label().iter().map(|l| (l.name(), l.value())).collect();
+            if labels.get("queue") == Some(&queue) {
+                let _ = vec.remove(&labels);
+            }
+        }
     }
 }
 

@@ -477,7 +477,7 @@ mod tests {
 
     fn coordinator(plan_from_views: bool) -> Coordinator {
         let settings = CoordinatorSettings { plan_from_views, view_max_age: Duration::from_secs(30) };
-        let mut coordinator = Coordinator::new(settings, Arc::new(Metrics::new()));
+        let mut coordinator = Coordinator::new(settings, Arc::new(Metrics::default()));
         coordinator.listening = true;
         coordinator
     }

@@ -119,10 +119,10 @@ impl PartitionWriter {
         let queue = &*self.target.queue;
         let queued = result.outcomes.iter().filter(|o| matches!(o, Appended::Queued { .. })).count() as u64;
         let duplicates = result.outcomes.len() as u64 - queued;
-        self.metrics.messages_pushed.with_label_values(&[queue]).inc_by(queued);
-        self.metrics.duplicates.with_label_values(&[queue]).inc_by(duplicates);
+        self.metrics.messages_pushed.inc_by(queue, queued);
+        self.metrics.duplicates.inc_by(queue, duplicates);
         if result.segment.is_some() {
-            self.metrics.bytes_pushed.with_label_values(&[queue]).inc_by(bytes as u64);
+            self.metrics.bytes_pushed.inc_by(queue, bytes as u64);
             self.metrics.segments_written.inc();
             self.metrics.messages_per_segment.observe(queued as f64);
         }

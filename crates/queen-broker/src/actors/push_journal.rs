@@ -685,7 +685,7 @@ mod tests {
         let dir = scratch_dir();
         let route = Arc::new(PushRoute::default());
         let found = FoundJournal::recover(&config(&dir)).expect("recovers");
-        let journal = Journal::start(PushJournal::new(found, Arc::clone(&route), Arc::new(Metrics::new())));
+        let journal = Journal::start(PushJournal::new(found, Arc::clone(&route), Arc::new(Metrics::default())));
         let append =
             |ids: &'static [&'static str]| journal.append(Record { bytes: record(ids), messages: ids.len() as u64 });
 

@@ -28,7 +28,7 @@ pub fn record(metrics: &Metrics, statuses: &[AckStatus], outcomes: &[AckOutcome]
             AckVerdict::Noop | AckVerdict::Refused(_) => continue,
         };
         if let Some(queue) = &outcome.queue {
-            per_queue.with_label_values(&[queue]).inc();
+            per_queue.inc(queue);
         }
     }
 }

@@ -108,7 +108,7 @@ impl Broker {
         journal: FoundJournal,
         cipher: Option<Arc<Cipher>>,
     ) -> Self {
-        let metrics = Arc::new(Metrics::new());
+        let metrics = Arc::new(Metrics::new(config.metrics.max_queue_labels));
         let route = Arc::new(PushRoute::default());
         let journal = Journal::start(PushJournal::new(journal, Arc::clone(&route), Arc::clone(&metrics)));
         let maintenance_mode = Arc::new(MaintenanceMode::new(modes, route, Arc::clone(&metrics)));

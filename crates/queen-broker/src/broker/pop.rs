@@ -337,9 +337,9 @@ async fn pop_queue(
     }
 
     let metrics = &broker.metrics;
-    metrics.messages_delivered.with_label_values(&[&queue.name]).inc_by(messages.len() as u64);
+    metrics.messages_delivered.inc_by(&queue.name, messages.len() as u64);
     let bytes: usize = messages.iter().map(|m| m.data.get().len()).sum();
-    metrics.bytes_delivered.with_label_values(&[&queue.name]).inc_by(bytes as u64);
+    metrics.bytes_delivered.inc_by(&queue.name, bytes as u64);
     if !request.auto_ack {
         metrics.leases_granted.inc_by(claims.len() as u64);
     }
@@ -369,9 +369,9 @@ async fn expire_old_messages(
     let expiry = Expiry { max_age_seconds, dead_letter_error: options.dead_letter_queue.then_some(error.as_str()) };
     let expired = cursors::expire(client, group, partition_ids, &expiry, broker.cipher.as_deref()).await?;
     let count: u64 = expired.iter().map(|e| (e.last - e.first + 1) as u64).sum();
-    broker.metrics.messages_expired.with_label_values(&[&queue.name]).inc_by(count);
+    broker.metrics.messages_expired.inc_by(&queue.name, count);
     if expiry.dead_letter_error.is_some() {
-        broker.metrics.messages_dead_lettered.with_label_values(&[&queue.name]).inc_by(count);
+        broker.metrics.messages_dead_lettered.inc_by(&queue.name, count);
     }
     Ok(())
 }
@@ -388,8 +388,8 @@ async fn give_up_exhausted_heads(
     let given_up = cursors::give_up_exhausted_heads(client, group, partition_ids, broker.cipher.as_deref()).await?;
     let metrics = &broker.metrics;
     let dead_lettered = given_up.iter().filter(|g| g.dead_lettered).count() as u64;
-    metrics.messages_dead_lettered.with_label_values(&[&queue.name]).inc_by(dead_lettered);
-    metrics.messages_dropped.with_label_values(&[&queue.name]).inc_by(given_up.len() as u64 - dead_lettered);
+    metrics.messages_dead_lettered.inc_by(&queue.name, dead_lettered);
+    metrics.messages_dropped.inc_by(&queue.name, given_up.len() as u64 - dead_lettered);
     metrics.leases_expired.inc_by(given_up.len() as u64);
     Ok(())
 }

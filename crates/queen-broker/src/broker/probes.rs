@@ -58,7 +58,7 @@ pub async fn refresh_metrics(broker: &Broker) {
     let Ok(Some(lags)) = tokio::time::timeout(PROBE_TIMEOUT, lags).await else { return };
     let mut totals: BTreeMap<(&str, &str), (i64, f64)> = BTreeMap::new();
     for cursor in &lags {
-        let total = totals.entry((&cursor.queue, &cursor.group)).or_default();
+        let total = totals.entry((metrics.queue_label(&cursor.queue), &cursor.group)).or_default();
         total.0 += cursor.lag_messages;
         total.1 = total.1.max(cursor.lag_seconds);
     }

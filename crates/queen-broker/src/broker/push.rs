@@ -191,9 +191,9 @@ async fn write_capped(
     }
     tx.commit().await.map_err(StoreError::from)?;
     let metrics = &broker.metrics;
-    metrics.messages_pushed.with_label_values(&[&queue.name]).inc_by(adding as u64);
+    metrics.messages_pushed.inc_by(&queue.name, adding as u64);
     let total: usize = outcomes.iter().map(Vec::len).sum();
-    metrics.duplicates.with_label_values(&[&queue.name]).inc_by((total - adding) as u64);
+    metrics.duplicates.inc_by(&queue.name, (total - adding) as u64);
     for (&partition_id, appended) in partition_ids.iter().zip(&outcomes) {
         if queued(appended) > 0 {
             let name = Arc::from(queue.name.as_str());

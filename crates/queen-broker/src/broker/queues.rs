@@ -50,11 +50,15 @@ pub async fn describe(broker: &Broker, name: &str) -> Result<Option<(Arc<Queue>,
     Ok(Some((queue, size)))
 }
 
-/// Deletes the queue and everything of it; whether it existed.
+/// Deletes the queue and everything of it, and its metric series; whether it existed. (Other
+/// brokers remove its series when they hear of the deletion.)
 pub async fn delete(broker: &Broker, name: &str) -> Result<bool, ApiError> {
     let mut client = broker.pool.get().await.map_err(StoreError::from)?;
     let existed = queues::delete_queue(&mut client, name).await?;
     broker.names.forget_queue(name);
+    if existed {
+        broker.metrics.forget_queue(name);
+    }
     let queue = name.to_owned();
     // The queue's registrations went with it; forget that they were written.
     let _ = broker.registered.invalidate_entries_if(move |(registered_queue, _), _| *registered_queue == queue);

@@ -164,7 +164,7 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
     tx.commit().await.map_err(StoreError::from)?;
     for (item, pushed) in items.iter().zip(&pushed) {
         if let Some(Pushed { outcome: Appended::Queued { .. }, .. }) = pushed {
-            broker.metrics.messages_pushed.with_label_values(&[&item.queue]).inc();
+            broker.metrics.messages_pushed.inc(&item.queue);
         }
     }
 

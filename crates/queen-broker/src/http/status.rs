@@ -242,19 +242,15 @@ pub async fn queue_status(broker: web::Data<Broker>, req: HttpRequest) -> Result
 pub async fn analytics(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
     let (overview, maintenance) = stats::with_maintenance(&broker, 24.0).await?;
     let metrics = &broker.metrics;
-    let sum = |family: &prometheus::IntCounterVec| -> u64 {
-        use prometheus::core::Collector;
-        family.collect().iter().flat_map(|f| f.get_metric()).map(|m| m.get_counter().get_value() as u64).sum()
-    };
     Ok(HttpResponse::Ok().json(serde_json::json!({
         "broker": {
             "id": broker.broker_id,
             "uptimeSeconds": STARTED.elapsed().as_secs_f64(),
-            "messagesPushed": sum(&metrics.messages_pushed),
-            "messagesDelivered": sum(&metrics.messages_delivered),
-            "messagesAcked": sum(&metrics.messages_acked),
-            "messagesFailed": sum(&metrics.messages_failed),
-            "messagesDeadLettered": sum(&metrics.messages_dead_lettered),
+            "messagesPushed": metrics.messages_pushed.total(),
+            "messagesDelivered": metrics.messages_delivered.total(),
+            "messagesAcked": metrics.messages_acked.total(),
+            "messagesFailed": metrics.messages_failed.total(),
+            "messagesDeadLettered": metrics.messages_dead_lettered.total(),
             "segmentsWritten": metrics.segments_written.get(),
         },
         "totals": OverviewJson::from(overview),

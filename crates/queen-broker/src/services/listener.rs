@@ -38,10 +38,21 @@ impl FleetListeners {
             }
             Event::QueueChanged { queue, .. } => {
                 self.names.forget_queue(&queue);
-                self.coordinator.do_send(WakeQueue(Arc::from(queue)));
+                self.coordinator.do_send(WakeQueue(Arc::from(queue.as_str())));
+                self.forget_if_deleted(queue);
             }
             Event::ModesChanged(modes) => self.maintenance.apply(modes),
         }
+    }
+
+    /// Removes the metric series of a queue that was configured or deleted, if it is gone.
+    fn forget_if_deleted(&self, queue: String) {
+        let (names, pool, metrics) = (Arc::clone(&self.names), self.pool.clone(), Arc::clone(&self.metrics));
+        actix::spawn(async move {
+            if let Ok(None) = names.queue(&pool, &queue).await {
+                metrics.forget_queue(&queue);
+            }
+        });
     }
 
     /// LISTEN is in effect again: whatever was announced while it was down may have been missed,

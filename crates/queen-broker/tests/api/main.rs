@@ -20,6 +20,7 @@ mod messages;
 mod namespaces;
 mod operations;
 mod queue_options;
+mod queue_series;
 mod request_ids;
 mod retention;
 mod seek;
