@@ -173,8 +173,9 @@ impl SegmentCache {
                     at = end_offset + 1;
                 }
                 _ => {
-                    let next_held = bases.range(at + 1..=span.last).next().map(|(&base, _)| base);
-                    let last = next_held.map_or(span.last, |base| base - 1);
+                    // (`range` refuses an empty range.)
+                    let after = (at < span.last).then(|| bases.range(at + 1..=span.last).next()).flatten();
+                    let last = after.map_or(span.last, |(&base, _)| base - 1);
                     pieces.push(Piece::Missing(Span { partition_id: span.partition_id, first: at, last }));
                     at = last + 1;
                 }
@@ -253,6 +254,9 @@ mod tests {
             ["held 1-10", "missing 11-20", "held 21-30", "missing 31-35"]
         );
         assert_eq!(described(cache.pieces(&span(12, 25))), ["missing 12-20", "held 21-30"]);
+        assert_eq!(described(cache.pieces(&span(11, 11))), ["missing 11-11"]);
+        assert_eq!(described(cache.pieces(&span(20, 21))), ["missing 20-20", "held 21-30"]);
+        assert_eq!(described(cache.pieces(&span(31, 31))), ["missing 31-31"]);
         assert_eq!(described(cache.pieces(&Span { partition_id: 8, first: 1, last: 5 })), ["missing 1-5"]);
     }
 

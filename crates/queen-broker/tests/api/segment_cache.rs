@@ -53,6 +53,18 @@ async fn without_the_cache_pops_of_one_serve_the_same_reading_the_segment_each_t
 }
 
 #[actix_web::test]
+async fn pops_of_one_go_from_segment_to_segment() {
+    let app = TestApp::spawn().await;
+    for label in ["a", "b", "c"] {
+        segment(&app, "steps", label, 10).await;
+    }
+    // Each pop at the start of a segment finds the previous one held and this one not.
+    assert_eq!(pop_all(&app, "steps", 1).await, (0..30).map(|i| i % 10).collect::<Vec<_>>());
+    assert_eq!(app.metric(MISSES).await, 3.0);
+    assert_eq!(app.metric(HITS).await, 27.0);
+}
+
+#[actix_web::test]
 async fn spans_across_segment_boundaries_are_served_whole_and_in_order() {
     let app = TestApp::spawn().await;
     for label in ["a", "b", "c"] {
