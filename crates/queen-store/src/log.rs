@@ -385,7 +385,8 @@ pub struct Span {
 
 /// Reads the segments that cover the spans, in span order then offset order, opening sealed ones
 /// with `keys`. The walk for each span starts at the segment holding `first`, found through the
-/// primary key, so the cost does not grow with the partition's history.
+/// primary key, so the cost does not grow with the partition's history. Reads outside a
+/// transaction go through [`crate::segment_cache::SegmentCache::read`] instead.
 pub async fn read_spans(
     client: &impl GenericClient,
     spans: &[Span],
