@@ -66,6 +66,7 @@ impl Application {
             n => n,
         };
         let shutdown_timeout = config.http.shutdown_timeout_seconds;
+        let max_connections = config.http.max_connections;
         let pg = database.pg_config.clone();
         let broker = web::Data::new(Broker::new(pool, pg, Arc::new(config), broker_id, modes, journal, cipher));
         // Replays what the journal holds whenever push maintenance is off (now, if a previous run
@@ -79,6 +80,8 @@ impl Application {
                 .configure(http::routes)
         })
         .workers(workers)
+        // The HTTP server counts connections per worker.
+        .max_connections(max_connections.div_ceil(workers))
         // Signals are ours to handle: the broker has to answer parked long polls first.
         .disable_signals()
         .shutdown_timeout(shutdown_timeout)

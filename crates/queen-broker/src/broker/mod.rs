@@ -16,16 +16,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use actix::Addr;
 use moka::sync::Cache;
 use queen_store::Pool;
 
-use crate::actors::coordinator::{Coordinator, CoordinatorSettings, WakeAll};
+use crate::actors::coordinator::{Coordinator, CoordinatorMailbox, CoordinatorSettings};
 use crate::actors::group_leases::Groups;
 use crate::actors::partition_writer::{WriterDeps, WriterLimits, Writers};
 use crate::actors::push_journal::{FoundJournal, Journal, PushJournal, PushRoute};
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::pressure::{Bound, Limited};
 use crate::services::listener::{FleetListeners, keep_listening};
 use crate::services::maintenance::{Maintenance, MaintenanceSettings};
 use maintenance_mode::MaintenanceMode;
@@ -43,8 +43,12 @@ pub struct Broker {
     pub registered: Cache<(String, String), ()>,
     pub writers: Writers,
     pub groups: Groups,
-    pub coordinator: Addr<Coordinator>,
+    pub coordinator: CoordinatorMailbox,
     pub metrics: Arc<Metrics>,
+    /// Bytes of request bodies held across the broker (`limits.body_bytes_in_flight`).
+    pub body_bytes: Arc<Bound>,
+    /// Long polls parked across the broker (`limits.parked_long_polls`).
+    pub long_polls: Arc<Bound>,
     pub maintenance: Arc<MaintenanceMode>,
     /// The key of encrypted queues (`encryption.key`), when configured.
     pub cipher: Option<Arc<Cipher>>,
@@ -70,7 +74,7 @@ impl Broker {
     /// Starts the graceful shutdown: parked long polls are woken and answer empty.
     pub fn begin_shutdown(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
-        self.coordinator.do_send(WakeAll);
+        self.coordinator.wake_all();
         self.maintenance.release_held_pops();
     }
 
@@ -108,7 +112,12 @@ impl Broker {
         let maintenance_mode = Arc::new(MaintenanceMode::new(modes, route, Arc::clone(&metrics)));
         let view_max_age = Duration::from_secs(config.pop.scan_refresh_seconds.max(1));
         let settings = CoordinatorSettings { hot_list: config.pop.hot_list, view_max_age };
-        let coordinator = actix::Actor::start(Coordinator::new(settings, Arc::clone(&metrics)));
+        let limits = &config.limits;
+        let coordinator = CoordinatorMailbox::start(
+            Coordinator::new(settings, Arc::clone(&metrics)),
+            limits.coordinator_messages,
+            &metrics,
+        );
         let names = Arc::new(NamesCache::new());
         let listeners = FleetListeners {
             coordinator: coordinator.clone(),
@@ -130,7 +139,16 @@ impl Broker {
             coordinator: coordinator.clone(),
             metrics: Arc::clone(&metrics),
         });
-        let groups = Groups::new(pool.clone(), coordinator.clone(), idle, Arc::clone(&metrics), cipher.clone());
+        let groups = Groups::new(
+            pool.clone(),
+            coordinator.clone(),
+            idle,
+            limits.group_ack_calls,
+            Arc::clone(&metrics),
+            cipher.clone(),
+        );
+        let body_bytes = Bound::new(Limited::BodyBytes, limits.body_bytes_in_flight, &metrics);
+        let long_polls = Bound::new(Limited::LongPolls, limits.parked_long_polls, &metrics);
         let registered = Cache::builder()
             .max_capacity(100_000)
             .time_to_live(Duration::from_secs(60))
@@ -158,6 +176,8 @@ impl Broker {
             groups,
             coordinator,
             metrics,
+            body_bytes,
+            long_polls,
             maintenance: maintenance_mode,
             cipher,
             journal,

@@ -18,6 +18,7 @@ mod maintenance_mode;
 mod messages;
 mod namespaces;
 mod operations;
+mod overload;
 mod queue_options;
 mod retention;
 mod seek;
