@@ -153,6 +153,11 @@ impl Groups {
         .start()
     }
 
+    /// Whether no group actor holds an ack call.
+    pub fn is_idle(&self) -> bool {
+        self.registry.is_idle()
+    }
+
     /// Applies one acknowledgement call whose items all belong to `group`.
     pub async fn acknowledge(&self, group: &str, call: Vec<AckRequest>) -> Result<Vec<AckOutcome>, WorkError> {
         let group: Arc<str> = group.into();

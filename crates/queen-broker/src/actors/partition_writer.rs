@@ -193,6 +193,11 @@ impl Writers {
         .start()
     }
 
+    /// Whether no writer holds a request.
+    pub fn is_idle(&self) -> bool {
+        self.registry.is_idle()
+    }
+
     /// Takes a place for one request with the partition's writer; refused when the writer holds
     /// `push.writer_mailbox` requests.
     pub fn reserve(&self, target: &WriteTarget) -> Result<Reserved<'_>, WorkError> {

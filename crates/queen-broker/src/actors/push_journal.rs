@@ -578,6 +578,11 @@ impl Journal {
         Self { addr: journal.start(), dir, appends }
     }
 
+    /// Whether no push request waits for the journal.
+    pub fn is_idle(&self) -> bool {
+        self.appends.held() == 0
+    }
+
     /// Journals one push request's record; `Ok` once it is durable.
     pub async fn append(&self, record: Record) -> Result<(), JournalError> {
         let place = self.appends.hold(1)?;

@@ -84,6 +84,12 @@ impl<K: Eq + Hash + Clone, A: Actor> Registry<K, A> {
         Err(message)
     }
 
+    /// Whether no actor holds any request.
+    pub fn is_idle(&self) -> bool {
+        let actors = self.actors.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        actors.values().all(|entry| entry.load.held() == 0)
+    }
+
     /// Forgets `addr` for `key`, unless another actor has replaced it since.
     pub fn remove(&self, key: &K, addr: &Addr<A>) {
         let mut actors = self.actors.lock().unwrap_or_else(|poisoned| poisoned.into_inner());

@@ -13,7 +13,7 @@ pub mod queues;
 pub mod transaction;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use moka::sync::Cache;
@@ -56,13 +56,25 @@ pub struct Broker {
     pub journal: Journal,
     /// Identifies this broker in the leases it grants.
     pub broker_id: String,
-    /// Where the database is, for connections that must not come from the pool.
-    pg_config: tokio_postgres::Config,
     /// When `/metrics` last read consumer lag from the database.
     pub lag_refreshed_at: std::sync::Mutex<Option<std::time::Instant>>,
     /// Namespace pops so far: queues of equal priority take turns at being served first.
     pub namespace_pops: AtomicU64,
     shutting_down: AtomicBool,
+    /// API requests under way, which a graceful shutdown waits for.
+    requests_under_way: AtomicUsize,
+}
+
+/// How often a graceful shutdown looks whether the work under way is done.
+const DRAIN_POLL: Duration = Duration::from_millis(10);
+
+/// One API request under way, counted until dropped.
+pub struct UnderWay<'a>(&'a AtomicUsize);
+
+impl Drop for UnderWay<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Broker {
@@ -71,27 +83,40 @@ impl Broker {
         self.shutting_down.load(Ordering::SeqCst)
     }
 
-    /// Starts the graceful shutdown: parked long polls are woken and answer empty.
+    /// Starts the graceful shutdown: the broker is no longer ready, new API requests are refused
+    /// (`http::gate`), and parked long polls are woken and answer empty.
     pub fn begin_shutdown(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
         self.coordinator.wake_all();
         self.maintenance.release_held_pops();
     }
 
-    /// Releases the live leases this broker granted, announcing the partitions, so that other
-    /// brokers' consumers take the work at once instead of after the lease time. How many.
-    ///
-    /// Runs at shutdown over a connection of its own, opened on the calling runtime: the shared
-    /// pool's connections opened by HTTP workers are driven by the workers' runtimes, which are
-    /// stopping by then, and may close under the statement.
-    pub async fn release_leases(&self) -> Result<u64, queen_store::StoreError> {
-        let settings = queen_store::pool::PoolSettings { max_size: 1, ..self.config.database.pool_settings() };
-        let pool = queen_store::pool::build_pool(self.pg_config.clone(), &settings)?;
-        let mut client = pool.get().await?;
-        let tx = client.transaction().await?;
-        let released = queen_store::cursors::release_leases_of(&tx, &self.broker_id).await?;
-        tx.commit().await?;
-        Ok(released)
+    /// Counts an API request as under way until the returned guard is dropped. Counted before
+    /// the request looks at [`Broker::is_shutting_down`], so a shutdown either waits for it or
+    /// is seen by it.
+    pub fn request_under_way(&self) -> UnderWay<'_> {
+        self.requests_under_way.fetch_add(1, Ordering::SeqCst);
+        UnderWay(&self.requests_under_way)
+    }
+
+    /// Waits, at most `limit`, until no API request is under way and no partition writer, group
+    /// actor or the journal holds work (a request whose client went away leaves its work queued
+    /// there). Whether everything finished.
+    pub async fn drain(&self, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let idle = self.requests_under_way.load(Ordering::SeqCst) == 0
+                && self.writers.is_idle()
+                && self.groups.is_idle()
+                && self.journal.is_idle();
+            if idle {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(DRAIN_POLL).await;
+        }
     }
 
     /// Wires the actors and starts the LISTEN connection (on `pg`), with the maintenance switches
@@ -182,10 +207,10 @@ impl Broker {
             cipher,
             journal,
             broker_id,
-            pg_config: pg,
             lag_refreshed_at: std::sync::Mutex::new(None),
             namespace_pops: AtomicU64::new(0),
             shutting_down: AtomicBool::new(false),
+            requests_under_way: AtomicUsize::new(0),
         }
     }
 }

@@ -171,6 +171,10 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, ApiE
         for (queue, seen) in seen {
             woken.push(broker.coordinator.park(queue, seen)?);
         }
+        // A shutdown that began before the pop parked may have woken the parked pops already.
+        if broker.is_shutting_down() {
+            return Ok(Delivery::default());
+        }
         // Woken (by any of the queues), or the time came: either way, look again (or give up past
         // the deadline).
         if woken.is_empty() {
