@@ -256,7 +256,7 @@ async fn balanced(
     unreachable!("the loop returns or fails")
 }
 
-const ROLLING_MESSAGES: usize = 900;
+const ROLLING_MESSAGES: usize = 600;
 const ROLLING_GROUPS: [&str; 2] = ["a", "b"];
 
 /// What the consumers of one group saw.
@@ -274,7 +274,13 @@ async fn a_rolling_restart_under_steady_consumption_redelivers_nothing() {
     let db = TestDatabase::create("e2e_rolling").await;
     let mut brokers = start_brokers(&db, 3).await;
     let rotation = Rotation(Arc::new(std::sync::RwLock::new(brokers.iter().map(|b| Some(b.url())).collect())));
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("a client");
+    // No idle connections kept: a broker that got SIGTERM is done as soon as its requests are
+    // answered, while consumers still work on what it leased them.
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .pool_max_idle_per_host(0)
+        .build()
+        .expect("a client");
     let configure = json!({"queue": "rolling", "options": {"leaseTime": 60}});
     let configured =
         balanced(&http, &rotation, 0, |http, base| http.post(format!("{base}/api/v1/configure")).json(&configure));
@@ -303,12 +309,12 @@ async fn a_rolling_restart_under_steady_consumption_redelivers_nothing() {
 
     let mut consumers = Vec::new();
     for (g, group) in ROLLING_GROUPS.into_iter().enumerate() {
-        for c in 0..3 {
+        for c in 0..4 {
             let (http, rotation, ledger, produced) =
                 (http.clone(), rotation.clone(), Arc::clone(&ledger), Arc::clone(&produced));
             consumers.push(tokio::spawn(async move {
                 let deadline = Instant::now() + Duration::from_secs(120);
-                let mut turn = g * 3 + c;
+                let mut turn = g * 4 + c;
                 loop {
                     let acked = ledger.lock().await.get(group).map_or(0, |l| l.acked.len());
                     if produced.load(Ordering::SeqCst) && acked == ROLLING_MESSAGES {
@@ -316,7 +322,7 @@ async fn a_rolling_restart_under_steady_consumption_redelivers_nothing() {
                     }
                     assert!(Instant::now() < deadline, "group {group} did not finish: {acked} acked");
                     turn += 1;
-                    let query = format!("batch=5&wait=true&timeout=1000&consumerGroup={group}");
+                    let query = format!("batch=50&wait=true&timeout=1000&consumerGroup={group}");
                     let popped = balanced(&http, &rotation, turn, |http, base| {
                         http.get(format!("{base}/api/v1/pop/queue/rolling?{query}"))
                     })
@@ -335,9 +341,9 @@ async fn a_rolling_restart_under_steady_consumption_redelivers_nothing() {
                             deliveries.entry(id).or_default().push(m["deliveryAttempt"].as_i64().unwrap_or(0));
                         }
                     }
-                    // The consumer's work: long enough that a broker is often stopped while a
-                    // consumer holds a lease it granted.
-                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    // The consumer's work, longer than a broker takes to stop: when one stops, some
+                    // consumer almost always holds a lease it granted.
+                    tokio::time::sleep(Duration::from_secs(4)).await;
                     let ack = ack_all(&messages, group);
                     let acked = balanced(&http, &rotation, turn + 1, |http, base| {
                         http.post(format!("{base}/api/v1/ack/batch")).json(&ack)
