@@ -2,5 +2,6 @@
 
 mod fleet;
 mod maintenance;
+mod overload;
 mod process;
 mod support;

@@ -20,6 +20,7 @@ pub struct Config {
     pub pop: PopConfig,
     pub maintenance: MaintenanceConfig,
     pub buffer: BufferConfig,
+    pub limits: LimitsConfig,
     pub encryption: EncryptionConfig,
     pub metrics: MetricsConfig,
     pub log: LogConfig,
@@ -36,6 +37,9 @@ pub struct HttpConfig {
     pub max_body_bytes: usize,
     /// On SIGTERM, how long in-flight requests may take to finish before the broker exits.
     pub shutdown_timeout_seconds: u64,
+    /// Connections open at once, across workers; more wait to be accepted. Each may hold up to
+    /// about 160 KiB of the request it is reading, besides what `limits` bounds.
+    pub max_connections: usize,
 }
 
 impl Default for HttpConfig {
@@ -46,6 +50,7 @@ impl Default for HttpConfig {
             workers: 0,
             max_body_bytes: 16 * 1024 * 1024,
             shutdown_timeout_seconds: 30,
+            max_connections: 16 * 1024,
         }
     }
 }
@@ -119,7 +124,8 @@ pub struct PushConfig {
     pub max_segment_messages: usize,
     /// Most payload bytes fused into one segment.
     pub max_segment_bytes: usize,
-    /// Push requests one partition writer queues before refusing more with 503.
+    /// Push requests one partition writer holds (queued or being written) before refusing more
+    /// with 429.
     pub writer_mailbox: usize,
     /// A partition writer with nothing to do for this long stops.
     pub writer_idle_seconds: u64,
@@ -211,6 +217,32 @@ pub struct BufferConfig {
 impl Default for BufferConfig {
     fn default() -> Self {
         Self { dir: PathBuf::from("queen-data/buffer"), drain_batch_messages: 1000, file_max_bytes: 64 * 1024 * 1024 }
+    }
+}
+
+/// How much work the broker holds at once; past a bound it refuses work (`crate::pressure`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Bytes of request bodies held at once, across every request; past it, 503. At least
+    /// `http.max_body_bytes`, so that any request the broker accepts can be held alone.
+    pub body_bytes_in_flight: usize,
+    /// Long-polling pops parked at once; a pop that would park past it is answered 503.
+    pub parked_long_polls: usize,
+    /// Ack calls one consumer group's actor holds (queued or being committed); past it, 429.
+    pub group_ack_calls: usize,
+    /// Messages waiting for the coordinator; past it, pops are answered 503.
+    pub coordinator_messages: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            body_bytes_in_flight: 64 * 1024 * 1024,
+            parked_long_polls: 10_000,
+            group_ack_calls: 4096,
+            coordinator_messages: 16 * 1024,
+        }
     }
 }
 
@@ -348,6 +380,9 @@ impl Config {
         if self.http.max_body_bytes < 1024 {
             return Err(invalid("http.max_body_bytes", "must be at least 1024"));
         }
+        if self.http.max_connections == 0 {
+            return Err(invalid("http.max_connections", "must be at least 1"));
+        }
         let push = &self.push;
         if push.max_items == 0 || push.max_segment_messages == 0 || push.max_segment_bytes == 0 {
             return Err(invalid("push", "max_items, max_segment_messages and max_segment_bytes must be positive"));
@@ -378,6 +413,19 @@ impl Config {
         }
         if self.buffer.file_max_bytes < 4096 {
             return Err(invalid("buffer.file_max_bytes", "must be at least 4096"));
+        }
+        let limits = &self.limits;
+        if limits.body_bytes_in_flight < self.http.max_body_bytes {
+            return Err(invalid("limits.body_bytes_in_flight", "must be at least http.max_body_bytes"));
+        }
+        for (name, value) in [
+            ("limits.parked_long_polls", limits.parked_long_polls),
+            ("limits.group_ack_calls", limits.group_ack_calls),
+            ("limits.coordinator_messages", limits.coordinator_messages),
+        ] {
+            if value == 0 {
+                return Err(invalid(name, "must be at least 1"));
+            }
         }
         self.encryption.cipher()?;
         if !matches!(self.log.format.as_str(), "text" | "json") {

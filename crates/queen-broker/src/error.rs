@@ -7,6 +7,8 @@ use actix_web::{HttpResponse, ResponseError};
 use queen_store::StoreError;
 use serde::Serialize;
 
+use crate::pressure::Refused;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     /// The request is malformed or names something invalid; nothing was written.
@@ -24,10 +26,14 @@ pub enum ApiError {
         "queue {queue:?} is full: {depth} messages are unconsumed, its maxSize is {max_size}, and the push adds {adding}"
     )]
     QueueFull { queue: String, depth: i64, max_size: i64, adding: i64 },
-    /// PostgreSQL is unreachable or the broker is saturated: retry later. The text is the
-    /// broker's own words, shown to the client.
+    /// PostgreSQL is unreachable: retry later. The text is the broker's own words, shown to the
+    /// client.
     #[error("{0}")]
     Unavailable(String),
+    /// A bound of what the broker holds at once was reached; nothing was written. Retry later
+    /// (503: on another broker too; 429: the bound is one partition's or group's).
+    #[error(transparent)]
+    Overloaded(#[from] Refused),
     /// A fault of the broker or the database it did not expect. The text is the detail for the
     /// log; the client is told only that it happened, and the request id.
     #[error("internal error: {0}")]
@@ -53,6 +59,7 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::QueueFull { .. } => "queue_full",
             ApiError::Unavailable(_) => "unavailable",
+            ApiError::Overloaded(_) => "overloaded",
             ApiError::Internal(_) => "internal",
         }
     }
@@ -90,6 +97,8 @@ impl ResponseError for ApiError {
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Overloaded(refused) if refused.limited.is_broker_wide() => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -104,7 +113,7 @@ impl ResponseError for ApiError {
             other => other.to_string(),
         };
         let mut response = HttpResponse::build(self.status_code());
-        if matches!(self, ApiError::Unavailable(_) | ApiError::QueueFull { .. }) {
+        if matches!(self, ApiError::Unavailable(_) | ApiError::QueueFull { .. } | ApiError::Overloaded(_)) {
             response.insert_header(("Retry-After", "1"));
         }
         let details = match self {

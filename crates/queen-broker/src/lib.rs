@@ -10,6 +10,7 @@ pub mod error;
 pub mod http;
 pub mod metrics;
 pub mod names;
+pub mod pressure;
 pub mod services;
 pub mod startup;
 pub mod telemetry;

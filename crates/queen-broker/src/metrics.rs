@@ -54,6 +54,8 @@ pub struct Metrics {
     // Actors.
     pub actors: IntGaugeVec,
     pub actor_queued: IntGaugeVec,
+    // Overload.
+    pub overload_refusals: IntCounterVec,
     // The fleet.
     pub notices_received: IntCounter,
     pub pop_scans: IntCounterVec,
@@ -227,6 +229,12 @@ impl Metrics {
                 "queen_actor_queued_requests",
                 "Requests waiting in actors for the next write.",
                 &["actor"],
+            ),
+            overload_refusals: counter_vec(
+                &r,
+                "queen_overload_refusals_total",
+                "Requests refused because a bound of what the broker holds at once was reached, by bound.",
+                &["bound"],
             ),
             notices_received: counter(
                 &r,

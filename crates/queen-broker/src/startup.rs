@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::dev::Server;
-use actix_web::middleware::{NormalizePath, TrailingSlash};
+use actix_web::middleware::{NormalizePath, TrailingSlash, from_fn};
 use actix_web::{App, HttpServer, web};
 use queen_store::StoreError;
 
@@ -19,6 +19,10 @@ use crate::http;
 
 /// How long start-up keeps retrying PostgreSQL before giving up.
 const DATABASE_STARTUP_ATTEMPTS: u32 = 30;
+
+/// How long connections left open after a graceful shutdown's drain (idle ones, or ones just
+/// answered with a refusal) get to close before they are dropped.
+const CLOSE_CONNECTIONS_SECONDS: u64 = 1;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -65,7 +69,7 @@ impl Application {
             0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
             n => n,
         };
-        let shutdown_timeout = config.http.shutdown_timeout_seconds;
+        let max_connections = config.http.max_connections;
         let pg = database.pg_config.clone();
         let broker = web::Data::new(Broker::new(pool, pg, Arc::new(config), broker_id, modes, journal, cipher));
         // Replays what the journal holds whenever push maintenance is off (now, if a previous run
@@ -75,14 +79,17 @@ impl Application {
         let server = HttpServer::new(move || {
             App::new()
                 .app_data(app_broker.clone())
+                .wrap(from_fn(http::gate::admit))
                 .wrap(NormalizePath::new(TrailingSlash::MergeOnly))
                 .wrap(actix_web::middleware::from_fn(http::request_id::assign))
                 .configure(http::routes)
         })
         .workers(workers)
-        // Signals are ours to handle: the broker has to answer parked long polls first.
+        // The HTTP server counts connections per worker.
+        .max_connections(max_connections.div_ceil(workers))
+        // Signals are ours to handle: the broker drains its work before the server stops.
         .disable_signals()
-        .shutdown_timeout(shutdown_timeout)
+        .shutdown_timeout(CLOSE_CONNECTIONS_SECONDS)
         .listen(listener)
         .map_err(|source| StartError::Bind { address: format!("port {port}"), source })?
         .run();
@@ -95,25 +102,27 @@ impl Application {
         self.port
     }
 
-    /// Serves until SIGINT or SIGTERM, then shuts down gracefully: stops accepting connections,
-    /// answers parked long polls (empty), lets in-flight requests finish (at most
-    /// `http.shutdown_timeout_seconds`), releases the leases this broker granted, and stops the
-    /// embedded database if this broker runs one.
+    /// Serves until SIGINT or SIGTERM, then shuts down gracefully: refuses new API requests,
+    /// answers parked long polls (empty), lets the requests under way finish and the partition
+    /// writers and group actors empty (at most `http.shutdown_timeout_seconds`), stops the
+    /// server, and stops the embedded database if this broker runs one. The leases this broker
+    /// granted are left alone: they live in PostgreSQL, and their consumers acknowledge through
+    /// any other broker.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         let Application { server, broker, database, .. } = self;
         let handle = server.handle();
         let stopper = broker.clone();
+        let limit = Duration::from_secs(broker.config.http.shutdown_timeout_seconds);
         actix_web::rt::spawn(async move {
             wait_for_signal().await;
-            tracing::info!("shutting down: answering long polls and finishing in-flight requests");
+            tracing::info!("shutting down: answering long polls and finishing the requests under way");
             stopper.begin_shutdown();
+            if !stopper.drain(limit).await {
+                tracing::warn!("work still under way after http.shutdown_timeout_seconds is cut short");
+            }
             handle.stop(true).await;
         });
         let served = server.await;
-        match broker.release_leases().await {
-            Ok(released) => tracing::info!(released, "released the leases this broker granted"),
-            Err(e) => tracing::warn!(error = %e, "could not release this broker's leases; they will expire"),
-        }
         database.close().await;
         served
     }

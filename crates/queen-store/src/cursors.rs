@@ -952,22 +952,3 @@ struct DeadLetterRows<'a> {
     retry_counts: Vec<i32>,
     created_at: Vec<Option<DateTime<Utc>>>,
 }
-
-/// Releases the live leases `broker` granted (it is shutting down) and announces the partitions
-/// that have messages left, inside the caller's transaction. How many leases were released.
-pub async fn release_leases_of(tx: &deadpool_postgres::Transaction<'_>, broker: &str) -> Result<u64, StoreError> {
-    let rows = tx
-        .query(
-            "UPDATE queen.log_consumers c SET lease_expires_at = NULL
-               FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
-              WHERE c.lease_broker = $1 AND c.lease_expires_at > now() AND p.id = c.partition_id
-          RETURNING q.id, p.id, q.name, p.last_offset > c.committed",
-            &[&broker],
-        )
-        .await?;
-    for row in rows.iter().filter(|row| row.get::<_, bool>(3)) {
-        events::publish(tx, &Event::Available { queue_id: row.get(0), partition_id: row.get(1), queue: row.get(2) })
-            .await?;
-    }
-    Ok(rows.len() as u64)
-}

@@ -74,6 +74,11 @@ impl BrokerProcess {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// The process id, while the process runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     /// Every line the broker has logged so far.
     pub fn log(&self) -> Vec<String> {
         self.log.lock().unwrap_or_else(|p| p.into_inner()).clone()

@@ -24,16 +24,26 @@
 //! ([`Forget`], from a local call or a fleet notice). While the LISTEN connection is down no view
 //! is trusted; when it comes back, views are dropped and every parked pop looks again, since
 //! notices may have been missed: each group's next pop scans committed state.
+//!
+//! **Bound.** The broker reaches the coordinator through [`CoordinatorMailbox`]: at most
+//! `limits.coordinator_messages` messages wait for it. A pop that finds no room is refused (503);
+//! a report of a pop's findings is dropped (the view just learns less); an announcement is
+//! dropped too, and then, when the coordinator catches up, it starts over as after a lost LISTEN
+//! connection: every view is dropped and every parked pop looks again. The few control messages
+//! (wake-ups, forgets, the LISTEN connection's state) always go through.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use queen_store::cursors::ReleasedWork;
 use tokio::sync::oneshot;
 
+use super::WorkError;
 use crate::metrics::Metrics;
+use crate::pressure::{Bound, Held, Limited};
 
 /// How often stale views, forgotten scans and closed waiters are swept away.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
@@ -48,9 +58,10 @@ pub struct CoordinatorSettings {
 
 /// The queue's current sequence number.
 #[derive(Message)]
-#[rtype(result = "u64")]
+#[rtype(result = "()")]
 pub struct Observe {
     pub queue: Arc<str>,
+    pub reply: oneshot::Sender<u64>,
 }
 
 /// Wakes `wake` once the queue's sequence number differs from `seen`.
@@ -121,12 +132,13 @@ pub enum PopPlan {
 }
 
 #[derive(Message)]
-#[rtype(result = "PopPlan")]
+#[rtype(result = "()")]
 pub struct PlanPop {
     pub queue_id: i64,
     pub group: Arc<str>,
     /// Most partitions to check.
     pub limit: usize,
+    pub reply: oneshot::Sender<PopPlan>,
 }
 
 /// The full scan `scan` found work in `pending` (leased or not).
@@ -209,6 +221,11 @@ pub struct Coordinator {
     /// Sequence numbers are unique across queues and never 0, so a queue forgotten by the sweep
     /// and seen again can never repeat a number a waiter holds.
     last_seq: u64,
+    /// Every queue's number is at least this: raised when the coordinator starts over, so a pop
+    /// that observed a queue before and parks after is woken at once.
+    epoch: u64,
+    /// Set by the mailbox when an announcement found no room.
+    missed: Arc<AtomicBool>,
     /// Per queue id, per group.
     views: HashMap<i64, HashMap<Arc<str>, GroupView>>,
     scans: HashMap<u64, Scan>,
@@ -229,6 +246,8 @@ impl Coordinator {
             settings,
             waiters: HashMap::new(),
             last_seq: 0,
+            epoch: 0,
+            missed: Arc::new(AtomicBool::new(false)),
             views: HashMap::new(),
             scans: HashMap::new(),
             last_scan: 0,
@@ -259,6 +278,21 @@ impl Coordinator {
         for queue in queues {
             self.wake(queue);
         }
+    }
+
+    /// The queue's sequence number as pops see it.
+    fn seq_of(&self, queue: &str) -> u64 {
+        self.waiters.get(queue).map_or(0, |q| q.seq).max(self.epoch)
+    }
+
+    /// Announcements may have been missed: trust no view, and have every pop look again, parked
+    /// now or about to park after looking.
+    fn start_over(&mut self) {
+        self.ticket += 1;
+        self.views.clear();
+        self.last_seq += 1;
+        self.epoch = self.last_seq;
+        self.wake_all();
     }
 
     /// Messages became available in the partition: it is pending for every group viewing the
@@ -355,16 +389,48 @@ impl Actor for Coordinator {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        ctx.set_mailbox_capacity(16 * 1024);
         ctx.run_interval(SWEEP_INTERVAL, |coordinator, _| coordinator.sweep());
     }
 }
 
-impl Handler<Observe> for Coordinator {
-    type Result = u64;
+/// The messages that count against the coordinator's bound.
+enum Counted {
+    Observe(Observe),
+    Park(Park),
+    PlanPop(PlanPop),
+    ScanDone(ScanDone),
+    Checked(Checked),
+    DataAvailable(DataAvailable),
+}
 
-    fn handle(&mut self, msg: Observe, _: &mut Self::Context) -> u64 {
-        self.waiters.get(&msg.queue).map_or(0, |q| q.seq)
+/// A message holding its place in the coordinator's bound until it is handled.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Queued(Counted, Held);
+
+impl Handler<Queued> for Coordinator {
+    type Result = ();
+
+    fn handle(&mut self, Queued(msg, _place): Queued, ctx: &mut Self::Context) {
+        if self.missed.swap(false, Ordering::SeqCst) {
+            self.start_over();
+        }
+        match msg {
+            Counted::Observe(msg) => self.handle(msg, ctx),
+            Counted::Park(msg) => self.handle(msg, ctx),
+            Counted::PlanPop(msg) => self.handle(msg, ctx),
+            Counted::ScanDone(msg) => self.handle(msg, ctx),
+            Counted::Checked(msg) => self.handle(msg, ctx),
+            Counted::DataAvailable(msg) => self.handle(msg, ctx),
+        }
+    }
+}
+
+impl Handler<Observe> for Coordinator {
+    type Result = ();
+
+    fn handle(&mut self, msg: Observe, _: &mut Self::Context) {
+        let _ = msg.reply.send(self.seq_of(&msg.queue));
     }
 }
 
@@ -372,12 +438,11 @@ impl Handler<Park> for Coordinator {
     type Result = ();
 
     fn handle(&mut self, msg: Park, _: &mut Self::Context) {
-        let waiters = self.waiters.entry(msg.queue).or_default();
-        if waiters.seq != msg.seen {
+        if self.seq_of(&msg.queue) != msg.seen {
             let _ = msg.wake.send(());
             return;
         }
-        waiters.parked.push(msg.wake);
+        self.waiters.entry(msg.queue).or_default().parked.push(msg.wake);
         self.update_gauge();
     }
 }
@@ -422,9 +487,7 @@ impl Handler<ListenRestored> for Coordinator {
 
     fn handle(&mut self, _: ListenRestored, _: &mut Self::Context) {
         self.listening = true;
-        self.ticket += 1;
-        self.views.clear();
-        self.wake_all();
+        self.start_over();
     }
 }
 
@@ -441,9 +504,9 @@ impl Handler<Forget> for Coordinator {
 }
 
 impl Handler<PlanPop> for Coordinator {
-    type Result = MessageResult<PlanPop>;
+    type Result = ();
 
-    fn handle(&mut self, msg: PlanPop, _: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, msg: PlanPop, _: &mut Self::Context) {
         let plan = self.plan(msg.queue_id, &msg.group, msg.limit);
         let kind = match &plan {
             PopPlan::Full { .. } => "full",
@@ -451,7 +514,7 @@ impl Handler<PlanPop> for Coordinator {
             PopPlan::Candidates { .. } => "candidates",
         };
         self.metrics.pop_scans.with_label_values(&[kind]).inc();
-        MessageResult(plan)
+        let _ = msg.reply.send(plan);
     }
 }
 
@@ -468,6 +531,105 @@ impl Handler<Checked> for Coordinator {
 
     fn handle(&mut self, msg: Checked, _: &mut Self::Context) {
         self.apply_check(msg);
+    }
+}
+
+/// The coordinator as the rest of the broker reaches it, within its bound.
+#[derive(Clone)]
+pub struct CoordinatorMailbox {
+    addr: Addr<Coordinator>,
+    /// Messages sent and not handled yet.
+    waiting: Arc<Bound>,
+    /// Set when an announcement found no room; the coordinator starts over when it catches up.
+    missed: Arc<AtomicBool>,
+}
+
+fn coordinator_gone() -> WorkError {
+    WorkError::Failed("the coordinator did not answer".into())
+}
+
+impl CoordinatorMailbox {
+    /// Starts the coordinator, with at most `limit` messages waiting for it.
+    pub fn start(coordinator: Coordinator, limit: usize, metrics: &Metrics) -> Self {
+        let missed = Arc::clone(&coordinator.missed);
+        let waiting = Bound::new(Limited::Coordinator, limit, metrics);
+        Self { addr: coordinator.start(), waiting, missed }
+    }
+
+    fn send(&self, msg: Counted, place: Held) {
+        self.addr.do_send(Queued(msg, place));
+    }
+
+    /// The queue's current sequence number (for [`CoordinatorMailbox::park`]); refused when the
+    /// coordinator is full.
+    pub async fn observe(&self, queue: Arc<str>) -> Result<u64, WorkError> {
+        let place = self.waiting.hold(1)?;
+        let (reply, seq) = oneshot::channel();
+        self.send(Counted::Observe(Observe { queue, reply }), place);
+        seq.await.map_err(|_| coordinator_gone())
+    }
+
+    /// Parks until the queue's number differs from `seen` (at once if it already does): the
+    /// returned receiver fires then. Refused when the coordinator is full.
+    pub fn park(&self, queue: Arc<str>, seen: u64) -> Result<oneshot::Receiver<()>, WorkError> {
+        let place = self.waiting.hold(1)?;
+        let (wake, woken) = oneshot::channel();
+        self.send(Counted::Park(Park { queue, seen, wake }), place);
+        Ok(woken)
+    }
+
+    /// Where a queue-wide pop of the group should look; refused when the coordinator is full.
+    pub async fn plan(&self, queue_id: i64, group: Arc<str>, limit: usize) -> Result<PopPlan, WorkError> {
+        let place = self.waiting.hold(1)?;
+        let (reply, plan) = oneshot::channel();
+        self.send(Counted::PlanPop(PlanPop { queue_id, group, limit, reply }), place);
+        plan.await.map_err(|_| coordinator_gone())
+    }
+
+    /// Reports a full scan's findings; dropped when the coordinator is full.
+    pub fn scanned(&self, report: ScanDone) {
+        if let Some(place) = self.waiting.try_hold(1) {
+            self.send(Counted::ScanDone(report), place);
+        }
+    }
+
+    /// Reports what a check of candidates found; dropped when the coordinator is full.
+    pub fn checked(&self, report: Checked) {
+        if let Some(place) = self.waiting.try_hold(1) {
+            self.send(Counted::Checked(report), place);
+        }
+    }
+
+    /// Announces messages available on a partition. When the coordinator is full the
+    /// announcement is dropped, and the coordinator starts over once it catches up.
+    pub fn announce(&self, available: DataAvailable) {
+        match self.waiting.try_hold(1) {
+            Some(place) => self.send(Counted::DataAvailable(available), place),
+            None => self.missed.store(true, Ordering::SeqCst),
+        }
+    }
+
+    /// Wakes every parked pop (the broker is shutting down).
+    pub fn wake_all(&self) {
+        self.addr.do_send(WakeAll);
+    }
+
+    /// Wakes the queue's parked pops (its options changed).
+    pub fn wake_queue(&self, queue: Arc<str>) {
+        self.addr.do_send(WakeQueue(queue));
+    }
+
+    /// Forgets a group's views (see [`Forget`]).
+    pub fn forget(&self, forget: Forget) {
+        self.addr.do_send(forget);
+    }
+
+    pub fn listen_lost(&self) {
+        self.addr.do_send(ListenLost);
+    }
+
+    pub fn listen_restored(&self) {
+        self.addr.do_send(ListenRestored);
     }
 }
 
@@ -578,5 +740,25 @@ mod tests {
         c.scans.get_mut(&scan).expect("the scan").planned_at = long_ago;
         c.sweep();
         assert!(c.scans.is_empty());
+    }
+
+    #[actix_rt::test]
+    async fn past_its_bound_the_mailbox_refuses_pops_and_drops_announcements_then_starts_over() {
+        let settings = CoordinatorSettings { plan_from_views: true, view_max_age: Duration::from_secs(30) };
+        let metrics = Metrics::new(10);
+        let mailbox = CoordinatorMailbox::start(Coordinator::new(settings, Arc::new(Metrics::new(10))), 2, &metrics);
+        let queue: Arc<str> = Arc::from("q");
+        let seen = mailbox.observe(Arc::clone(&queue)).await.expect("room");
+        // The coordinator handles nothing until the test awaits: two messages fill its mailbox.
+        let mut parked = mailbox.park(Arc::clone(&queue), seen).expect("room");
+        let _other = mailbox.park(Arc::from("other"), 0).expect("room");
+        assert!(matches!(mailbox.park(Arc::clone(&queue), seen), Err(WorkError::Overloaded(_))));
+        // A push to the queue announced now finds no room: the pop parked with the number it saw
+        // before it must still be woken.
+        mailbox.announce(DataAvailable { queue: Arc::clone(&queue), queue_id: 1, partition_id: 7 });
+        let woken = tokio::time::timeout(Duration::from_secs(5), &mut parked).await;
+        assert!(matches!(woken, Ok(Ok(()))), "the parked pop was woken by the coordinator starting over");
+        assert_eq!(metrics.overload_refusals.with_label_values(&["coordinator"]).get(), 1, "only the park was refused");
+        mailbox.park(queue, seen).expect("room again once the coordinator caught up");
     }
 }

@@ -1,14 +1,21 @@
 //! The queue behind a fusing actor: requests that arrive while one write is in flight wait, and
 //! go out together as the next write. Each request gets back exactly its own results.
+//!
+//! Each request carries its place in the actor's bound (taken by the sender before it sent), and
+//! gives it back when it is answered: the bound counts what the actor holds, whether the requester
+//! is still waiting or went away.
 
 use std::collections::VecDeque;
 
 use tokio::sync::oneshot;
 
-/// One request: its items and where its results go.
+use crate::pressure::Held;
+
+/// One request: its items, where its results go, and its place in the actor's bound.
 pub struct Pending<I, O, E> {
     pub items: Vec<I>,
     pub reply: Reply<O, E>,
+    pub place: Held,
 }
 
 /// Requests taken together for one write: their items, and how to answer each.
@@ -20,8 +27,9 @@ pub struct Batch<I, O, E> {
 /// Where one request's results go.
 type Reply<O, E> = oneshot::Sender<Result<Vec<O>, E>>;
 
-/// Where the results of a batch go: each request's item count and reply channel.
-pub struct Replies<O, E>(Vec<(usize, Reply<O, E>)>);
+/// Where the results of a batch go: each request's item count, reply channel and place, given
+/// back once answered.
+pub struct Replies<O, E>(Vec<(usize, Reply<O, E>, Held)>);
 
 impl<O, E> Replies<O, E> {
     /// How many requests the batch answers.
@@ -38,7 +46,7 @@ impl<O, E: Clone> Replies<O, E> {
             Ok(mut outputs) => {
                 // Split from the back so each request takes its own tail off the vector.
                 let mut end = outputs.len();
-                for (len, reply) in self.0.into_iter().rev() {
+                for (len, reply, _place) in self.0.into_iter().rev() {
                     let start = end.saturating_sub(len);
                     let own = outputs.split_off(start);
                     end = start;
@@ -47,7 +55,7 @@ impl<O, E: Clone> Replies<O, E> {
                 }
             }
             Err(error) => {
-                for (_, reply) in self.0 {
+                for (_, reply, _place) in self.0 {
                     let _ = reply.send(Err(error.clone()));
                 }
             }
@@ -89,8 +97,8 @@ impl<I, O, E> FusionQueue<I, O, E> {
             if !replies.is_empty() && !fits(&items, &next.items) {
                 break;
             }
-            let Some(Pending { items: mut own, reply }) = self.pending.pop_front() else { break };
-            replies.push((own.len(), reply));
+            let Some(Pending { items: mut own, reply, place }) = self.pending.pop_front() else { break };
+            replies.push((own.len(), reply, place));
             items.append(&mut own);
         }
         self.in_flight = true;
@@ -106,19 +114,29 @@ impl<I, O, E> FusionQueue<I, O, E> {
 mod tests {
     use super::*;
 
+    use std::sync::Arc;
+
+    use crate::metrics::Metrics;
+    use crate::pressure::{Bound, Limited};
+
     type Answer = oneshot::Receiver<Result<Vec<u32>, String>>;
 
-    fn request(items: Vec<u32>) -> (Pending<u32, u32, String>, Answer) {
+    fn bound() -> Arc<Bound> {
+        Bound::new(Limited::PartitionWriter, 10, &Metrics::new(10))
+    }
+
+    fn request(bound: &Arc<Bound>, items: Vec<u32>) -> (Pending<u32, u32, String>, Answer) {
         let (reply, rx) = oneshot::channel();
-        (Pending { items, reply }, rx)
+        (Pending { items, reply, place: bound.hold(1).expect("room") }, rx)
     }
 
     #[test]
     fn queued_requests_go_out_together_and_get_their_own_results() {
         let mut queue = FusionQueue::default();
-        let (a, mut rx_a) = request(vec![1, 2]);
-        let (b, mut rx_b) = request(vec![3]);
-        let (c, mut rx_c) = request(vec![4, 5, 6]);
+        let bound = bound();
+        let (a, mut rx_a) = request(&bound, vec![1, 2]);
+        let (b, mut rx_b) = request(&bound, vec![3]);
+        let (c, mut rx_c) = request(&bound, vec![4, 5, 6]);
         queue.push(a);
         queue.push(b);
         queue.push(c);
@@ -128,17 +146,19 @@ mod tests {
         batch.replies.answer(Ok(vec![10, 20, 30]));
         assert_eq!(rx_a.try_recv().unwrap(), Ok(vec![10, 20]));
         assert_eq!(rx_b.try_recv().unwrap(), Ok(vec![30]));
+        assert_eq!(bound.held(), 1, "answered requests gave their places back");
         queue.done();
         let batch = queue.next_batch(|_, _| true).unwrap();
         assert_eq!(batch.items, vec![4, 5, 6]);
         batch.replies.answer(Err("down".into()));
         assert_eq!(rx_c.try_recv().unwrap(), Err("down".into()));
+        assert_eq!(bound.held(), 0);
     }
 
     #[test]
     fn an_oversized_request_still_goes_alone() {
         let mut queue = FusionQueue::default();
-        let (a, _rx) = request(vec![1, 2, 3, 4]);
+        let (a, _rx) = request(&bound(), vec![1, 2, 3, 4]);
         queue.push(a);
         let batch = queue.next_batch(|so_far, next| so_far.len() + next.len() <= 2).unwrap();
         assert_eq!(batch.items.len(), 4);

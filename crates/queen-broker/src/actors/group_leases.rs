@@ -1,6 +1,7 @@
 //! GroupLeases: one per consumer group. Acknowledgement calls for the group that arrive while
 //! one batch is being committed are applied together in the next transaction, one call after
-//! the other, so a busy group pays one commit per batch rather than one per call.
+//! the other, so a busy group pays one commit per batch rather than one per call. One group's
+//! actor holds at most `limits.group_ack_calls` calls; past that, a call is refused at once.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,10 +13,11 @@ use queen_store::cursors::{AckOutcome, AckRequest};
 use tokio::sync::oneshot;
 
 use super::WorkError;
-use super::coordinator::{Coordinator, DataAvailable};
+use super::coordinator::{CoordinatorMailbox, DataAvailable};
 use super::fusion::{FusionQueue, Pending};
 use super::registry::Registry;
 use crate::metrics::Metrics;
+use crate::pressure::{Bound, Held, Limited};
 
 /// This actor's label in the metrics.
 const ACTOR: &str = "group_leases";
@@ -29,6 +31,7 @@ const MAX_ACKS_PER_BATCH: usize = 10_000;
 pub struct Acknowledge {
     pub call: Vec<AckRequest>,
     pub reply: oneshot::Sender<Result<Vec<Vec<AckOutcome>>, WorkError>>,
+    pub place: Held,
 }
 
 pub struct GroupLeases {
@@ -38,7 +41,7 @@ pub struct GroupLeases {
     last_activity: Instant,
     idle: Duration,
     registry: Registry<Arc<str>, GroupLeases>,
-    coordinator: Addr<Coordinator>,
+    coordinator: CoordinatorMailbox,
     metrics: Arc<Metrics>,
     /// Opens sealed segments for the dead letters an ack writes.
     keys: Option<Arc<Cipher>>,
@@ -67,7 +70,7 @@ impl GroupLeases {
             match result {
                 Ok(batch) => {
                     for work in batch.released {
-                        leases.coordinator.do_send(DataAvailable::from(work));
+                        leases.coordinator.announce(DataAvailable::from(work));
                     }
                     replies.answer(Ok(batch.outcomes));
                 }
@@ -85,7 +88,6 @@ impl Actor for GroupLeases {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         self.metrics.actors.with_label_values(&[ACTOR]).inc();
-        ctx.set_mailbox_capacity(4096);
         let idle = self.idle;
         ctx.run_interval(idle / 2, move |leases, ctx| {
             if leases.queue.is_idle() && leases.last_activity.elapsed() >= idle {
@@ -106,7 +108,7 @@ impl Handler<Acknowledge> for GroupLeases {
     fn handle(&mut self, msg: Acknowledge, ctx: &mut Self::Context) {
         self.last_activity = Instant::now();
         self.metrics.actor_queued.with_label_values(&[ACTOR]).inc();
-        self.queue.push(Pending { items: vec![msg.call], reply: msg.reply });
+        self.queue.push(Pending { items: vec![msg.call], reply: msg.reply, place: msg.place });
         self.commit_next(ctx);
     }
 }
@@ -116,21 +118,24 @@ impl Handler<Acknowledge> for GroupLeases {
 pub struct Groups {
     registry: Registry<Arc<str>, GroupLeases>,
     pool: Pool,
-    coordinator: Addr<Coordinator>,
+    coordinator: CoordinatorMailbox,
     idle: Duration,
     metrics: Arc<Metrics>,
     keys: Option<Arc<Cipher>>,
 }
 
 impl Groups {
+    /// The group actors, each holding at most `max_calls` ack calls.
     pub fn new(
         pool: Pool,
-        coordinator: Addr<Coordinator>,
+        coordinator: CoordinatorMailbox,
         idle: Duration,
+        max_calls: usize,
         metrics: Arc<Metrics>,
         keys: Option<Arc<Cipher>>,
     ) -> Self {
-        Self { registry: Registry::default(), pool, coordinator, idle, metrics, keys }
+        let registry = Registry::new(Bound::new(Limited::GroupLeases, max_calls, &metrics));
+        Self { registry, pool, coordinator, idle, metrics, keys }
     }
 
     fn start(&self, group: &Arc<str>) -> Addr<GroupLeases> {
@@ -148,20 +153,21 @@ impl Groups {
         .start()
     }
 
+    /// Whether no group actor holds an ack call.
+    pub fn is_idle(&self) -> bool {
+        self.registry.is_idle()
+    }
+
     /// Applies one acknowledgement call whose items all belong to `group`.
     pub async fn acknowledge(&self, group: &str, call: Vec<AckRequest>) -> Result<Vec<AckOutcome>, WorkError> {
         let group: Arc<str> = group.into();
+        let place = self.registry.hold(&group, || self.start(&group))?;
         let (reply, answer) = oneshot::channel();
-        match self.registry.try_send(&group, || self.start(&group), Acknowledge { call, reply }) {
-            Ok(()) => {
-                let mut calls =
-                    answer.await.unwrap_or_else(|_| Err(WorkError::Failed("the group's ack actor stopped".into())))?;
-                Ok(calls.pop().unwrap_or_default())
-            }
-            Err(SendError::Full(_)) => {
-                Err(WorkError::Overloaded(format!("too many acknowledgements queued for group {group}")))
-            }
-            Err(SendError::Closed(_)) => Err(WorkError::Failed("the group's ack actor could not be started".into())),
+        if self.registry.send(&group, || self.start(&group), Acknowledge { call, reply, place }).is_err() {
+            return Err(WorkError::Failed("the group's ack actor could not be started".into()));
         }
+        let mut calls =
+            answer.await.unwrap_or_else(|_| Err(WorkError::Failed("the group's ack actor stopped".into())))?;
+        Ok(calls.pop().unwrap_or_default())
     }
 }

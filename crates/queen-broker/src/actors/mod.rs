@@ -1,4 +1,5 @@
-//! The broker's actors. Each owns its state and is reached through a bounded mailbox:
+//! The broker's actors. Each owns its state and holds a bounded amount of work
+//! ([`crate::pressure`]):
 //! - [`partition_writer::PartitionWriter`], one per active partition: push fusion;
 //! - [`group_leases::GroupLeases`], one per consumer group: coalesces acknowledgements;
 //! - [`coordinator::Coordinator`], one per broker: parks long polls and wakes them;
@@ -15,6 +16,7 @@ mod registry;
 use queen_store::StoreError;
 
 use crate::error::ApiError;
+use crate::pressure::Refused;
 
 /// Why an actor could not do a request's work. Cloneable, so one failed write can answer every
 /// request fused into it.
@@ -26,8 +28,9 @@ pub enum WorkError {
     /// The queue or partition was deleted while the request was under way.
     #[error("the {0} no longer exists")]
     Gone(&'static str),
-    #[error("{0}")]
-    Overloaded(String),
+    /// A bound of what the actor holds was reached; nothing was done.
+    #[error(transparent)]
+    Overloaded(#[from] Refused),
     #[error("{0}")]
     Failed(String),
 }
@@ -48,7 +51,8 @@ impl From<StoreError> for WorkError {
 impl From<WorkError> for ApiError {
     fn from(e: WorkError) -> Self {
         match e {
-            WorkError::Unavailable | WorkError::Overloaded(_) => ApiError::Unavailable(e.to_string()),
+            WorkError::Unavailable => ApiError::Unavailable(e.to_string()),
+            WorkError::Overloaded(refused) => ApiError::Overloaded(refused),
             WorkError::Gone(_) => ApiError::Unavailable(format!("{e}; retry the request")),
             WorkError::Failed(_) => ApiError::Internal(e.to_string()),
         }

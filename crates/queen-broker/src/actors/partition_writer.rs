@@ -2,7 +2,9 @@
 //!
 //! While one append is in flight, later pushes to the same partition queue up here; when it
 //! commits, everything queued goes out as the next segment, in one transaction. Each waiting
-//! request then gets its own per-item results.
+//! request then gets its own per-item results. A writer holds at most `push.writer_mailbox`
+//! requests: a push first takes a place with the writer of every partition it writes
+//! ([`Writers::reserve`]), so one refused place refuses the push before anything is written.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,10 +15,11 @@ use queen_store::log::{AppendPolicy, Appended, Destination, NewMessage};
 use tokio::sync::oneshot;
 
 use super::WorkError;
-use super::coordinator::{Coordinator, DataAvailable};
+use super::coordinator::{CoordinatorMailbox, DataAvailable};
 use super::fusion::{FusionQueue, Pending};
 use super::registry::Registry;
 use crate::metrics::Metrics;
+use crate::pressure::{Bound, Held, Limited};
 
 /// This actor's label in the metrics.
 const ACTOR: &str = "partition_writer";
@@ -45,6 +48,7 @@ pub struct Append {
     pub messages: Vec<NewMessage>,
     pub policy: AppendPolicy,
     pub reply: oneshot::Sender<Result<Vec<Appended>, WorkError>>,
+    pub place: Held,
 }
 
 pub struct PartitionWriter {
@@ -56,7 +60,7 @@ pub struct PartitionWriter {
     policy: AppendPolicy,
     last_activity: Instant,
     registry: Registry<i64, PartitionWriter>,
-    coordinator: Addr<Coordinator>,
+    coordinator: CoordinatorMailbox,
     metrics: Arc<Metrics>,
 }
 
@@ -65,7 +69,7 @@ pub struct PartitionWriter {
 pub struct WriterDeps {
     pub pool: Pool,
     pub limits: WriterLimits,
-    pub coordinator: Addr<Coordinator>,
+    pub coordinator: CoordinatorMailbox,
     pub metrics: Arc<Metrics>,
 }
 
@@ -103,7 +107,7 @@ impl PartitionWriter {
                         let target = &writer.target;
                         let (queue, queue_id, partition_id) =
                             (target.queue.clone(), target.queue_id, target.partition_id);
-                        writer.coordinator.do_send(DataAvailable { queue, queue_id, partition_id });
+                        writer.coordinator.announce(DataAvailable { queue, queue_id, partition_id });
                     }
                     replies.answer(Ok(result.outcomes));
                 }
@@ -134,7 +138,6 @@ impl Actor for PartitionWriter {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         self.metrics.actors.with_label_values(&[ACTOR]).inc();
-        ctx.set_mailbox_capacity(self.limits.mailbox);
         let idle = self.limits.idle;
         ctx.run_interval(idle / 2, move |writer, ctx| {
             if writer.queue.is_idle() && writer.last_activity.elapsed() >= idle {
@@ -156,7 +159,7 @@ impl Handler<Append> for PartitionWriter {
         self.last_activity = Instant::now();
         self.metrics.actor_queued.with_label_values(&[ACTOR]).inc();
         self.policy = msg.policy;
-        self.queue.push(Pending { items: msg.messages, reply: msg.reply });
+        self.queue.push(Pending { items: msg.messages, reply: msg.reply, place: msg.place });
         self.write_next(ctx);
     }
 }
@@ -170,7 +173,8 @@ pub struct Writers {
 
 impl Writers {
     pub fn new(deps: WriterDeps) -> Self {
-        Self { registry: Registry::default(), deps }
+        let bound = Bound::new(Limited::PartitionWriter, deps.limits.mailbox, &deps.metrics);
+        Self { registry: Registry::new(bound), deps }
     }
 
     fn start(&self, target: &WriteTarget) -> Addr<PartitionWriter> {
@@ -189,22 +193,39 @@ impl Writers {
         .start()
     }
 
-    /// Appends one request's messages to the partition and waits for their outcomes.
-    pub async fn append(
-        &self,
-        target: &WriteTarget,
-        messages: Vec<NewMessage>,
-        policy: AppendPolicy,
-    ) -> Result<Vec<Appended>, WorkError> {
+    /// Whether no writer holds a request.
+    pub fn is_idle(&self) -> bool {
+        self.registry.is_idle()
+    }
+
+    /// Takes a place for one request with the partition's writer; refused when the writer holds
+    /// `push.writer_mailbox` requests.
+    pub fn reserve(&self, target: &WriteTarget) -> Result<Reserved<'_>, WorkError> {
+        let place = self.registry.hold(&target.partition_id, || self.start(target))?;
+        Ok(Reserved { writers: self, target: target.clone(), place })
+    }
+}
+
+/// A place taken with a partition's writer, for one request.
+pub struct Reserved<'a> {
+    writers: &'a Writers,
+    target: WriteTarget,
+    place: Held,
+}
+
+impl Reserved<'_> {
+    pub fn partition_id(&self) -> i64 {
+        self.target.partition_id
+    }
+
+    /// Appends the request's messages to the partition and waits for their outcomes.
+    pub async fn append(self, messages: Vec<NewMessage>, policy: AppendPolicy) -> Result<Vec<Appended>, WorkError> {
+        let Reserved { writers, target, place } = self;
         let (reply, answer) = oneshot::channel();
-        let append = Append { messages, policy, reply };
-        match self.registry.try_send(&target.partition_id, || self.start(target), append) {
-            Ok(()) => answer.await.unwrap_or_else(|_| Err(WorkError::Failed("the partition writer stopped".into()))),
-            Err(SendError::Full(_)) => Err(WorkError::Overloaded(format!(
-                "too many pushes queued for partition {}; retry later",
-                target.partition_id
-            ))),
-            Err(SendError::Closed(_)) => Err(WorkError::Failed("the partition writer could not be started".into())),
+        let append = Append { messages, policy, reply, place };
+        if writers.registry.send(&target.partition_id, || writers.start(&target), append).is_err() {
+            return Err(WorkError::Failed("the partition writer could not be started".into()));
         }
+        answer.await.unwrap_or_else(|_| Err(WorkError::Failed("the partition writer stopped".into())))
     }
 }

@@ -37,10 +37,12 @@ use tokio::sync::oneshot;
 use super::fusion::{FusionQueue, Pending};
 use crate::config::BufferConfig;
 use crate::metrics::Metrics;
+use crate::pressure::{Bound, Held, Limited, Refused};
 
 /// This actor's label in the metrics.
 const ACTOR: &str = "push_journal";
-const MAILBOX: usize = 16 * 1024;
+/// Most push requests the journal holds (queued or being written) before it refuses more.
+const MAX_APPENDS: usize = 16 * 1024;
 /// Most bytes of queued appends taken into one write (a larger single record still goes alone).
 const MAX_WRITE_BYTES: usize = 8 * 1024 * 1024;
 const FILE_SUFFIX: &str = ".journal";
@@ -88,9 +90,12 @@ pub enum JournalError {
     /// Push maintenance is off and the journal is empty: the push belongs in the log.
     #[error("the journal is not taking pushes")]
     Declined,
-    /// The disk refused the write, or the journal is overloaded; nothing of the push was kept.
+    /// The disk refused the write; nothing of the push was kept.
     #[error("cannot journal the push: {0}")]
     Unavailable(String),
+    /// The journal holds as many pushes as it may; nothing of the push was kept.
+    #[error(transparent)]
+    Overloaded(#[from] Refused),
 }
 
 /// One push request's items, encoded as a journal record.
@@ -106,6 +111,7 @@ pub struct Record {
 pub struct Append {
     pub record: Record,
     pub reply: oneshot::Sender<Result<Vec<()>, JournalError>>,
+    pub place: Held,
 }
 
 /// What the drain does next.
@@ -471,7 +477,9 @@ impl Actor for PushJournal {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         self.metrics.actors.with_label_values(&[ACTOR]).inc();
-        ctx.set_mailbox_capacity(MAILBOX);
+        // Appends are bounded before they are sent (`Journal::append`); actix's own capacity is
+        // off, so that the drain's and the status's requests never wait behind it.
+        ctx.set_mailbox_capacity(0);
     }
 }
 
@@ -485,7 +493,7 @@ impl Handler<Append> for PushJournal {
         }
         self.route.set_holding(true);
         self.metrics.actor_queued.with_label_values(&[ACTOR]).inc();
-        self.queue.push(Pending { items: vec![msg.record], reply: msg.reply });
+        self.queue.push(Pending { items: vec![msg.record], reply: msg.reply, place: msg.place });
         self.write_next(ctx);
     }
 }
@@ -555,6 +563,8 @@ impl Handler<Status> for PushJournal {
 pub struct Journal {
     addr: Addr<PushJournal>,
     pub dir: PathBuf,
+    /// The push requests the journal holds.
+    appends: Arc<Bound>,
 }
 
 fn gone(e: impl std::fmt::Display) -> JournalError {
@@ -564,18 +574,20 @@ fn gone(e: impl std::fmt::Display) -> JournalError {
 impl Journal {
     pub fn start(journal: PushJournal) -> Self {
         let dir = journal.dir.clone();
-        Self { addr: journal.start(), dir }
+        let appends = Bound::new(Limited::Journal, MAX_APPENDS, &journal.metrics);
+        Self { addr: journal.start(), dir, appends }
+    }
+
+    /// Whether no push request waits for the journal.
+    pub fn is_idle(&self) -> bool {
+        self.appends.held() == 0
     }
 
     /// Journals one push request's record; `Ok` once it is durable.
     pub async fn append(&self, record: Record) -> Result<(), JournalError> {
+        let place = self.appends.hold(1)?;
         let (reply, answer) = oneshot::channel();
-        self.addr.try_send(Append { record, reply }).map_err(|e| match e {
-            SendError::Full(_) => {
-                JournalError::Unavailable("too many pushes waiting for the journal; retry later".into())
-            }
-            SendError::Closed(_) => gone("stopped"),
-        })?;
+        self.addr.do_send(Append { record, reply, place });
         answer.await.map_err(gone)?.map(drop)
     }
 

@@ -44,7 +44,7 @@ async fn forget(
     queue: Option<&str>,
     group: &str,
 ) -> Result<(), ApiError> {
-    broker.coordinator.do_send(Forget { queue_id, queue: queue.map(Arc::from), group: Arc::from(group) });
+    broker.coordinator.forget(Forget { queue_id, queue: queue.map(Arc::from), group: Arc::from(group) });
     events::publish(client, &Event::Reset { queue_id, group: group.to_owned() }).await?;
     Ok(())
 }

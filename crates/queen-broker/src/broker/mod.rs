@@ -16,19 +16,19 @@ pub mod stats;
 pub mod transaction;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use actix::Addr;
 use moka::sync::Cache;
 use queen_store::Pool;
 
-use crate::actors::coordinator::{Coordinator, CoordinatorSettings, WakeAll};
+use crate::actors::coordinator::{Coordinator, CoordinatorMailbox, CoordinatorSettings};
 use crate::actors::group_leases::Groups;
 use crate::actors::partition_writer::{WriterDeps, WriterLimits, Writers};
 use crate::actors::push_journal::{FoundJournal, Journal, PushJournal, PushRoute};
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::pressure::{Bound, Limited};
 use crate::services::listener::{FleetListeners, keep_listening};
 use crate::services::maintenance::{Maintenance, MaintenanceSettings};
 use maintenance_mode::MaintenanceMode;
@@ -47,8 +47,12 @@ pub struct Broker {
     pub registered: Cache<(String, String), ()>,
     pub writers: Writers,
     pub groups: Groups,
-    pub coordinator: Addr<Coordinator>,
+    pub coordinator: CoordinatorMailbox,
     pub metrics: Arc<Metrics>,
+    /// Bytes of request bodies held across the broker (`limits.body_bytes_in_flight`).
+    pub body_bytes: Arc<Bound>,
+    /// Long polls parked across the broker (`limits.parked_long_polls`).
+    pub long_polls: Arc<Bound>,
     pub maintenance: Arc<MaintenanceMode>,
     /// The key of encrypted queues (`encryption.key`), when configured.
     pub cipher: Option<Arc<Cipher>>,
@@ -58,13 +62,25 @@ pub struct Broker {
     pub journal: Journal,
     /// Identifies this broker in the leases it grants.
     pub broker_id: String,
-    /// Where the database is, for connections that must not come from the pool.
-    pg_config: tokio_postgres::Config,
     /// When `/metrics` last read consumer lag from the database.
     pub lag_refreshed_at: std::sync::Mutex<Option<std::time::Instant>>,
     /// Namespace pops so far: queues of equal priority take turns at being served first.
     pub namespace_pops: AtomicU64,
     shutting_down: AtomicBool,
+    /// API requests under way, which a graceful shutdown waits for.
+    requests_under_way: AtomicUsize,
+}
+
+/// How often a graceful shutdown looks whether the work under way is done.
+const DRAIN_POLL: Duration = Duration::from_millis(10);
+
+/// One API request under way, counted until dropped.
+pub struct UnderWay<'a>(&'a AtomicUsize);
+
+impl Drop for UnderWay<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Broker {
@@ -73,27 +89,40 @@ impl Broker {
         self.shutting_down.load(Ordering::SeqCst)
     }
 
-    /// Starts the graceful shutdown: parked long polls are woken and answer empty.
+    /// Starts the graceful shutdown: the broker is no longer ready, new API requests are refused
+    /// (`http::gate`), and parked long polls are woken and answer empty.
     pub fn begin_shutdown(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
-        self.coordinator.do_send(WakeAll);
+        self.coordinator.wake_all();
         self.maintenance.release_held_pops();
     }
 
-    /// Releases the live leases this broker granted, announcing the partitions, so that other
-    /// brokers' consumers take the work at once instead of after the lease time. How many.
-    ///
-    /// Runs at shutdown over a connection of its own, opened on the calling runtime: the shared
-    /// pool's connections opened by HTTP workers are driven by the workers' runtimes, which are
-    /// stopping by then, and may close under the statement.
-    pub async fn release_leases(&self) -> Result<u64, queen_store::StoreError> {
-        let settings = queen_store::pool::PoolSettings { max_size: 1, ..self.config.database.pool_settings() };
-        let pool = queen_store::pool::build_pool(self.pg_config.clone(), &settings)?;
-        let mut client = pool.get().await?;
-        let tx = client.transaction().await?;
-        let released = queen_store::cursors::release_leases_of(&tx, &self.broker_id).await?;
-        tx.commit().await?;
-        Ok(released)
+    /// Counts an API request as under way until the returned guard is dropped. Counted before
+    /// the request looks at [`Broker::is_shutting_down`], so a shutdown either waits for it or
+    /// is seen by it.
+    pub fn request_under_way(&self) -> UnderWay<'_> {
+        self.requests_under_way.fetch_add(1, Ordering::SeqCst);
+        UnderWay(&self.requests_under_way)
+    }
+
+    /// Waits, at most `limit`, until no API request is under way and no partition writer, group
+    /// actor or the journal holds work (a request whose client went away leaves its work queued
+    /// there). Whether everything finished.
+    pub async fn drain(&self, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let idle = self.requests_under_way.load(Ordering::SeqCst) == 0
+                && self.writers.is_idle()
+                && self.groups.is_idle()
+                && self.journal.is_idle();
+            if idle {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(DRAIN_POLL).await;
+        }
     }
 
     /// Wires the actors and starts the LISTEN connection (on `pg`), with the maintenance switches
@@ -114,7 +143,12 @@ impl Broker {
         let maintenance_mode = Arc::new(MaintenanceMode::new(modes, route, Arc::clone(&metrics)));
         let view_max_age = Duration::from_secs(config.pop.scan_refresh_seconds.max(1));
         let settings = CoordinatorSettings { plan_from_views: config.pop.plan_from_views, view_max_age };
-        let coordinator = actix::Actor::start(Coordinator::new(settings, Arc::clone(&metrics)));
+        let limits = &config.limits;
+        let coordinator = CoordinatorMailbox::start(
+            Coordinator::new(settings, Arc::clone(&metrics)),
+            limits.coordinator_messages,
+            &metrics,
+        );
         let names = Arc::new(NamesCache::new());
         let segments = Arc::new(SegmentCache::new(config.pop.segment_cache_bytes));
         let listeners = FleetListeners {
@@ -138,7 +172,16 @@ impl Broker {
             coordinator: coordinator.clone(),
             metrics: Arc::clone(&metrics),
         });
-        let groups = Groups::new(pool.clone(), coordinator.clone(), idle, Arc::clone(&metrics), cipher.clone());
+        let groups = Groups::new(
+            pool.clone(),
+            coordinator.clone(),
+            idle,
+            limits.group_ack_calls,
+            Arc::clone(&metrics),
+            cipher.clone(),
+        );
+        let body_bytes = Bound::new(Limited::BodyBytes, limits.body_bytes_in_flight, &metrics);
+        let long_polls = Bound::new(Limited::LongPolls, limits.parked_long_polls, &metrics);
         let registered = Cache::builder()
             .max_capacity(100_000)
             .time_to_live(Duration::from_secs(60))
@@ -166,15 +209,17 @@ impl Broker {
             groups,
             coordinator,
             metrics,
+            body_bytes,
+            long_polls,
             maintenance: maintenance_mode,
             cipher,
             segments,
             journal,
             broker_id,
-            pg_config: pg,
             lag_refreshed_at: std::sync::Mutex::new(None),
             namespace_pops: AtomicU64::new(0),
             shutting_down: AtomicBool::new(false),
+            requests_under_way: AtomicUsize::new(0),
         }
     }
 }

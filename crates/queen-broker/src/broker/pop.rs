@@ -1,6 +1,7 @@
 //! Pop: find partitions with messages for the group, claim them under one lease, read the
 //! claimed spans from their segments, and, for a long poll, park until a push or a released
-//! lease may have made messages available, or until a pending one becomes visible.
+//! lease may have made messages available, or until a pending one becomes visible. At most
+//! `limits.parked_long_polls` pops are parked at once: one that would park past it is refused.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,12 +13,12 @@ use queen_store::cursors::{self, ClaimRequest, Claimed, CursorSeed, Expiry, Scop
 use queen_store::log::Span;
 use queen_store::queues::{self, Queue};
 use serde_json::value::RawValue;
-use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use super::Broker;
-use crate::actors::coordinator::{Checked, Observe, Park, PlanPop, PopPlan, ScanDone};
+use crate::actors::coordinator::{Checked, PopPlan, ScanDone};
 use crate::error::ApiError;
+use crate::pressure::Held;
 
 /// Where a pop takes messages from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,7 +101,9 @@ const NAMESPACE_RESCAN: Duration = Duration::from_secs(1);
 pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, ApiError> {
     let deadline = Instant::now() + request.timeout;
     let paused = || Ok(Delivery { paused: true, ..Delivery::default() });
-    if held_by_pop_maintenance(broker, request, deadline).await {
+    // This pop's place among the parked ones, taken when it first waits.
+    let mut parked = None;
+    if held_by_pop_maintenance(broker, request, deadline, &mut parked).await? {
         return paused();
     }
     // One lease for whatever the pop claims, on every queue.
@@ -112,14 +115,14 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, ApiE
         if broker.is_shutting_down() {
             return Ok(Delivery::default());
         }
-        if held_by_pop_maintenance(broker, request, deadline).await {
+        if held_by_pop_maintenance(broker, request, deadline, &mut parked).await? {
             return paused();
         }
         let (names, queues) = sources(broker, request).await?;
         let mut seen = Vec::new();
         if request.wait {
             for name in &names {
-                seen.push((Arc::clone(name), observe(broker, name).await?));
+                seen.push((Arc::clone(name), broker.coordinator.observe(Arc::clone(name)).await?));
             }
         }
         let mut delivery = Delivery::default();
@@ -132,13 +135,20 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, ApiE
             if budget.messages == 0 || budget.partitions == 0 {
                 break;
             }
-            match pop_queue(broker, request, queue, budget, lease_id).await? {
-                Attempt::Delivered(more) => {
+            match pop_queue(broker, request, queue, budget, lease_id).await {
+                Ok(Attempt::Delivered(more)) => {
                     delivery.partitions_claimed += more.partitions_claimed;
                     delivery.messages.extend(more.messages);
                     delivery.lease_id = more.lease_id;
                 }
-                Attempt::Empty { retry_at: at } => retry_at = retry_at.into_iter().chain(at).min(),
+                Ok(Attempt::Empty { retry_at: at }) => retry_at = retry_at.into_iter().chain(at).min(),
+                // What earlier queues of a namespace pop claimed is delivered rather than left
+                // leased to nobody.
+                Err(e) if delivery.messages.is_empty() => return Err(e),
+                Err(e) => {
+                    tracing::warn!(error = %e, queue = %queue.name, "a namespace pop delivers what it claimed before");
+                    break;
+                }
             }
         }
         if !delivery.messages.is_empty() || !request.wait {
@@ -154,11 +164,16 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, ApiE
         if matches!(request.source, PopSource::Namespace { .. }) {
             wake_at = wake_at.min(now + NAMESPACE_RESCAN);
         }
+        if parked.is_none() {
+            parked = Some(broker.long_polls.hold(1)?);
+        }
         let mut woken = Vec::with_capacity(seen.len());
         for (queue, seen) in seen {
-            let (wake, on_wake) = oneshot::channel();
-            broker.coordinator.send(Park { queue, seen, wake }).await.map_err(coordinator_gone)?;
-            woken.push(on_wake);
+            woken.push(broker.coordinator.park(queue, seen)?);
+        }
+        // A shutdown that began before the pop parked may have woken the parked pops already.
+        if broker.is_shutting_down() {
+            return Ok(Delivery::default());
         }
         // Woken (by any of the queues), or the time came: either way, look again (or give up past
         // the deadline).
@@ -198,19 +213,26 @@ async fn sources(broker: &Broker, request: &PopRequest) -> Result<(Vec<Arc<str>>
     }
 }
 
-/// Whether pop maintenance keeps the pop from popping: a long poll waits for it to end, at most
-/// until its deadline; without a database call either way.
-async fn held_by_pop_maintenance(broker: &Broker, request: &PopRequest, deadline: Instant) -> bool {
+/// Whether pop maintenance keeps the pop from popping: a long poll waits for it to end (parked,
+/// taking its place among the parked pops if it has none yet), at most until its deadline;
+/// without a database call either way.
+async fn held_by_pop_maintenance(
+    broker: &Broker,
+    request: &PopRequest,
+    deadline: Instant,
+    parked: &mut Option<Held>,
+) -> Result<bool, ApiError> {
     let maintenance = &broker.maintenance;
-    maintenance.pops_paused() && !(request.wait && maintenance.pops_resume_by(deadline).await)
-}
-
-async fn observe(broker: &Broker, queue: &Arc<str>) -> Result<u64, ApiError> {
-    broker.coordinator.send(Observe { queue: Arc::clone(queue) }).await.map_err(coordinator_gone)
-}
-
-fn coordinator_gone(e: actix::MailboxError) -> ApiError {
-    ApiError::Internal(format!("the coordinator did not answer: {e}"))
+    if !maintenance.pops_paused() {
+        return Ok(false);
+    }
+    if !request.wait {
+        return Ok(true);
+    }
+    if parked.is_none() {
+        *parked = Some(broker.long_polls.hold(1)?);
+    }
+    Ok(!maintenance.pops_resume_by(deadline).await)
 }
 
 /// Pops once from one queue, within the budget, claiming under `lease_id`.
@@ -407,8 +429,8 @@ async fn planned_candidates(
     visibility: Visibility,
     limit: usize,
 ) -> Result<Option<(deadpool_postgres::Object, Vec<cursors::Candidate>)>, ApiError> {
-    let plan_pop = || broker.coordinator.send(PlanPop { queue_id, group: Arc::clone(group), limit });
-    let mut plan = plan_pop().await.map_err(coordinator_gone)?;
+    let plan_pop = || broker.coordinator.plan(queue_id, Arc::clone(group), limit);
+    let mut plan = plan_pop().await?;
     let budget = match &plan {
         PopPlan::Candidates { partitions, .. } if partitions.is_empty() => return Ok(None),
         PopPlan::Candidates { view_size, .. } => *view_size,
@@ -421,7 +443,7 @@ async fn planned_candidates(
             PopPlan::Full { ticket, scan } => {
                 let scanned = cursors::candidates(&client, queue_id, Scope::All, group, visibility).await?;
                 let pending = scanned.iter().map(|c| c.partition_id).collect();
-                broker.coordinator.do_send(ScanDone { ticket, scan, group: Arc::clone(group), pending });
+                broker.coordinator.scanned(ScanDone { ticket, scan, group: Arc::clone(group), pending });
                 return Ok(Some((client, scanned)));
             }
             PopPlan::Candidates { ticket, as_of, partitions, .. } => {
@@ -431,14 +453,14 @@ async fn planned_candidates(
                 let any_free = checked.iter().any(|c| c.not_before.is_none());
                 looked += partitions.len();
                 let group = Arc::clone(group);
-                broker.coordinator.do_send(Checked { ticket, as_of, queue_id, group, checked: partitions, pending });
+                broker.coordinator.checked(Checked { ticket, as_of, queue_id, group, checked: partitions, pending });
                 found.extend(checked);
                 if any_free || looked >= budget {
                     return Ok(Some((client, found)));
                 }
             }
         }
-        plan = plan_pop().await.map_err(coordinator_gone)?;
+        plan = plan_pop().await?;
         if matches!(&plan, PopPlan::Candidates { partitions, .. } if partitions.is_empty()) {
             return Ok(Some((client, found)));
         }

@@ -13,7 +13,7 @@ use uuid::Uuid;
 use super::Broker;
 use crate::actors::WorkError;
 use crate::actors::coordinator::DataAvailable;
-use crate::actors::partition_writer::WriteTarget;
+use crate::actors::partition_writer::{Reserved, WriteTarget};
 use crate::error::ApiError;
 
 /// One validated push item.
@@ -80,31 +80,58 @@ pub enum Admission {
 /// Items of one queue, by partition, each with the indices of its items in the request.
 type QueueShare = (String, Vec<(String, Vec<usize>)>);
 
+/// How one queue's share is written.
+enum Route<'a> {
+    /// Through the partition writers, with a place taken with each partition's (in the share's
+    /// order).
+    Writers(Vec<Reserved<'a>>),
+    /// In one transaction under the queue's capacity lock (a queue with a `maxSize`).
+    Capped,
+}
+
 /// Writes the items to the log. Items of one partition keep their order and land in one segment
-/// (or, when other pushes to the partition are fused with them, in one segment with those). Any
-/// storage failure fails the whole request: a client retry is safe, since the items already
-/// written come back as duplicates of themselves. Under [`Admission::Checked`], a queue with a
-/// `maxSize` takes its share of the request whole or not at all ([`ApiError::QueueFull`]).
+/// (or, when other pushes to the partition are fused with them, in one segment with those). A
+/// place is taken with the writer of every partition before anything is written, so a push that
+/// one writer cannot take is refused whole ([`ApiError::Overloaded`]). Any storage failure fails
+/// the whole request: a client retry is safe, since the items already written come back as
+/// duplicates of themselves. Under [`Admission::Checked`], a queue with a `maxSize` takes its
+/// share of the request whole or not at all ([`ApiError::QueueFull`]).
 pub async fn write(broker: &Broker, items: &[PushItem], admission: Admission) -> Result<Vec<Pushed>, ApiError> {
-    let mut shares: Vec<QueueShare> = Vec::new();
-    let mut place: HashMap<(&str, &str), (usize, usize)> = HashMap::new();
-    for (index, item) in items.iter().enumerate() {
-        let key = (item.queue.as_str(), item.partition.as_str());
-        let (queue, partition) = *place.entry(key).or_insert_with(|| {
-            let queue = match shares.iter().position(|(name, _)| *name == item.queue) {
-                Some(queue) => queue,
-                None => {
-                    shares.push((item.queue.clone(), Vec::new()));
-                    shares.len() - 1
-                }
-            };
-            shares[queue].1.push((item.partition.clone(), Vec::new()));
-            (queue, shares[queue].1.len() - 1)
-        });
-        shares[queue].1[partition].1.push(index);
+    let shares = shares_of(items);
+    let resolving = shares.iter().map(|(queue, partitions)| resolve(broker, queue, partitions));
+    let resolved = futures::future::try_join_all(resolving).await?;
+    let mut routes = Vec::with_capacity(shares.len());
+    for (queue, partition_ids) in &resolved {
+        let route = if queue.options.max_size > 0 && admission == Admission::Checked {
+            Route::Capped
+        } else {
+            let name: Arc<str> = Arc::from(queue.name.as_str());
+            let target = |partition_id| WriteTarget { queue_id: queue.id, queue: Arc::clone(&name), partition_id };
+            let places = partition_ids.iter().map(|&id| broker.writers.reserve(&target(id)));
+            Route::Writers(places.collect::<Result<_, _>>()?)
+        };
+        routes.push((append_policy(broker, queue)?, route));
     }
 
-    let writes = shares.iter().map(|(queue, partitions)| write_queue(broker, queue, partitions, items, admission));
+    let messages = |indices: &[usize]| -> Vec<NewMessage> { indices.iter().map(|&i| items[i].to_message()).collect() };
+    let writes = shares.iter().zip(&resolved).zip(routes).map(|(((_, partitions), (queue, ids)), (policy, route))| {
+        let messages = &messages;
+        async move {
+            match route {
+                Route::Capped => {
+                    let shares =
+                        partitions.iter().zip(ids).map(|((name, indices), &id)| (name.as_str(), id, messages(indices)));
+                    write_capped(broker, queue, shares.collect(), &policy).await
+                }
+                Route::Writers(places) => {
+                    let appends = places.into_iter().zip(partitions).map(|(place, (partition, indices))| {
+                        write_partition(broker, queue, partition, place, messages(indices), policy.clone())
+                    });
+                    futures::future::try_join_all(appends).await
+                }
+            }
+        }
+    });
     let written = futures::future::try_join_all(writes).await?;
 
     let mut results: Vec<Option<Pushed>> = vec![None; items.len()];
@@ -123,27 +150,53 @@ pub async fn write(broker: &Broker, items: &[PushItem], admission: Admission) ->
         .collect()
 }
 
-/// Writes one queue's share: through the partition writers (fusing with other pushes), or, for a
-/// queue with a `maxSize`, in one transaction under its capacity lock. Outcomes per partition, in
-/// the share's order.
-async fn write_queue(
+/// The request's items grouped by queue, then by partition, in order of first appearance.
+fn shares_of(items: &[PushItem]) -> Vec<QueueShare> {
+    let mut shares: Vec<QueueShare> = Vec::new();
+    let mut place: HashMap<(&str, &str), (usize, usize)> = HashMap::new();
+    for (index, item) in items.iter().enumerate() {
+        let key = (item.queue.as_str(), item.partition.as_str());
+        let (queue, partition) = *place.entry(key).or_insert_with(|| {
+            let queue = match shares.iter().position(|(name, _)| *name == item.queue) {
+                Some(queue) => queue,
+                None => {
+                    shares.push((item.queue.clone(), Vec::new()));
+                    shares.len() - 1
+                }
+            };
+            shares[queue].1.push((item.partition.clone(), Vec::new()));
+            (queue, shares[queue].1.len() - 1)
+        });
+        shares[queue].1[partition].1.push(index);
+    }
+    shares
+}
+
+/// The queue and the ids of the share's partitions, creating them on first use. A queue deleted
+/// since it was cached is resolved (and so created) again, once.
+async fn resolve(
     broker: &Broker,
     queue: &str,
     partitions: &[(String, Vec<usize>)],
-    items: &[PushItem],
-    admission: Admission,
-) -> Result<Vec<(i64, Vec<Appended>)>, ApiError> {
-    let messages = |indices: &[usize]| -> Vec<NewMessage> { indices.iter().map(|&i| items[i].to_message()).collect() };
-    let settings = broker.names.ensure_queue(&broker.pool, queue).await?;
-    if settings.options.max_size > 0 && admission == Admission::Checked {
-        let shares: Vec<(&str, Vec<NewMessage>)> =
-            partitions.iter().map(|(partition, indices)| (partition.as_str(), messages(indices))).collect();
-        return write_capped(broker, &settings, shares).await;
+) -> Result<(Arc<Queue>, Vec<i64>), ApiError> {
+    let names = &broker.names;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let settings = names.ensure_queue(&broker.pool, queue).await?;
+        let mut ids = Vec::with_capacity(partitions.len());
+        for (partition, _) in partitions {
+            match names.ensure_partition(&broker.pool, settings.id, partition).await {
+                Ok(id) => ids.push(id),
+                Err(StoreError::Missing(_)) if attempt == 1 => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if ids.len() == partitions.len() {
+            return Ok((settings, ids));
+        }
+        names.forget_queue(queue);
     }
-    let writes = partitions
-        .iter()
-        .map(|(partition, indices)| write_partition(broker, Arc::clone(&settings), partition, messages(indices)));
-    futures::future::try_join_all(writes).await
 }
 
 /// Appends to a queue with a `maxSize`, in one transaction under the queue's capacity lock:
@@ -152,28 +205,25 @@ async fn write_queue(
 async fn write_capped(
     broker: &Broker,
     queue: &Queue,
-    shares: Vec<(&str, Vec<NewMessage>)>,
+    shares: Vec<(&str, i64, Vec<NewMessage>)>,
+    policy: &AppendPolicy,
 ) -> Result<Vec<(i64, Vec<Appended>)>, ApiError> {
-    let mut partition_ids = Vec::with_capacity(shares.len());
-    for (partition, _) in &shares {
-        partition_ids.push(broker.names.ensure_partition(&broker.pool, queue.id, partition).await?);
-    }
-    let policy = append_policy(broker, queue)?;
     let mut client = broker.pool.get().await.map_err(StoreError::from)?;
     let tx = client.transaction().await.map_err(StoreError::from)?;
     queues::lock_capacity(&tx, queue.id).await?;
     let depth = queues::unconsumed_depth(&tx, queue).await?;
     // Partition locks in id order, as every transaction that takes several does.
     let mut order: Vec<usize> = (0..shares.len()).collect();
-    order.sort_by_key(|&i| partition_ids[i]);
+    order.sort_by_key(|&i| shares[i].1);
     let mut outcomes = vec![Vec::new(); shares.len()];
     for i in order {
-        let destination = Destination { queue_id: queue.id, queue: &queue.name, partition_id: partition_ids[i] };
-        match append_in_transaction(&tx, destination, &shares[i].1, &policy).await {
+        let (partition, partition_id, messages) = &shares[i];
+        let destination = Destination { queue_id: queue.id, queue: &queue.name, partition_id: *partition_id };
+        match append_in_transaction(&tx, destination, messages, policy).await {
             Ok(appended) => outcomes[i] = appended.outcomes,
             Err(StoreError::Missing(_)) => {
-                broker.names.forget_partition(queue.id, shares[i].0);
-                return Err(ApiError::Unavailable(format!("partition {:?} was deleted; retry the push", shares[i].0)));
+                broker.names.forget_partition(queue.id, partition);
+                return Err(ApiError::Unavailable(format!("partition {partition:?} was deleted; retry the push")));
             }
             Err(e) => return Err(e.into()),
         }
@@ -194,13 +244,13 @@ async fn write_capped(
     metrics.messages_pushed.inc_by(&queue.name, adding as u64);
     let total: usize = outcomes.iter().map(Vec::len).sum();
     metrics.duplicates.inc_by(&queue.name, (total - adding) as u64);
-    for (&partition_id, appended) in partition_ids.iter().zip(&outcomes) {
+    for ((_, partition_id, _), appended) in shares.iter().zip(&outcomes) {
         if queued(appended) > 0 {
             let name = Arc::from(queue.name.as_str());
-            broker.coordinator.do_send(DataAvailable { queue: name, queue_id: queue.id, partition_id });
+            broker.coordinator.announce(DataAvailable { queue: name, queue_id: queue.id, partition_id: *partition_id });
         }
     }
-    Ok(partition_ids.into_iter().zip(outcomes).collect())
+    Ok(shares.iter().map(|(_, partition_id, _)| *partition_id).zip(outcomes).collect())
 }
 
 /// How appends to the queue treat what they write: its dedup window, and its key when it is
@@ -216,32 +266,24 @@ pub fn append_policy(broker: &Broker, queue: &Queue) -> Result<AppendPolicy, Api
     Ok(AppendPolicy { dedup_window_seconds: queue.options.dedup_window_seconds, seal })
 }
 
-/// Appends to one partition of the queue (as the request resolved it). A queue deleted since it
-/// was cached is resolved (and so created) again once; one deleted while the append was queued
-/// fails the request with a 503, which the client retries.
+/// Appends to one partition of the queue through its writer, where the push holds a place. A
+/// queue or partition deleted while the append was queued fails the request with a 503, which
+/// the client retries.
 async fn write_partition(
     broker: &Broker,
-    mut settings: Arc<Queue>,
+    queue: &Queue,
     partition: &str,
+    place: Reserved<'_>,
     messages: Vec<NewMessage>,
+    policy: AppendPolicy,
 ) -> Result<(i64, Vec<Appended>), ApiError> {
-    let queue: Arc<str> = Arc::from(settings.name.as_str());
-    let partition_id = match broker.names.ensure_partition(&broker.pool, settings.id, partition).await {
-        Err(StoreError::Missing(_)) => {
-            broker.names.forget_queue(&queue);
-            settings = broker.names.ensure_queue(&broker.pool, &queue).await?;
-            broker.names.ensure_partition(&broker.pool, settings.id, partition).await?
-        }
-        other => other?,
-    };
-    let queue_id = settings.id;
-    let target = WriteTarget { queue_id, queue: Arc::clone(&queue), partition_id };
-    match broker.writers.append(&target, messages, append_policy(broker, &settings)?).await {
+    let partition_id = place.partition_id();
+    match place.append(messages, policy).await {
         Ok(outcomes) => Ok((partition_id, outcomes)),
         Err(e) => {
             if matches!(e, WorkError::Gone(_)) {
-                broker.names.forget_queue(&queue);
-                broker.names.forget_partition(queue_id, partition);
+                broker.names.forget_queue(&queue.name);
+                broker.names.forget_partition(queue.id, partition);
             }
             Err(e.into())
         }

@@ -29,6 +29,7 @@ pub async fn journal(broker: &Broker, items: &[PushItem]) -> Result<bool, ApiErr
         Ok(()) => Ok(true),
         Err(JournalError::Declined) => Ok(false),
         Err(e @ JournalError::Unavailable(_)) => Err(ApiError::Unavailable(e.to_string())),
+        Err(JournalError::Overloaded(refused)) => Err(refused.into()),
     }
 }
 

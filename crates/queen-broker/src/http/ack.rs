@@ -13,7 +13,7 @@ use crate::error::ApiError;
 use crate::names::{self, NameKind};
 
 pub async fn single(broker: web::Data<Broker>, payload: web::Payload) -> Result<HttpResponse, ApiError> {
-    let body = read_body(payload, broker.config.http.max_body_bytes).await?;
+    let body = read_body(payload, broker.config.http.max_body_bytes, &broker.body_bytes).await?;
     let body = JsonObject::parse_body(&body, false)?;
     let group = group_of(&body)?;
     let request = parse_ack(&body, &group)?;
@@ -21,7 +21,7 @@ pub async fn single(broker: web::Data<Broker>, payload: web::Payload) -> Result<
 }
 
 pub async fn batch(broker: web::Data<Broker>, payload: web::Payload) -> Result<HttpResponse, ApiError> {
-    let body = read_body(payload, broker.config.http.max_body_bytes).await?;
+    let body = read_body(payload, broker.config.http.max_body_bytes, &broker.body_bytes).await?;
     let body = JsonObject::parse_body(&body, false)?;
     let group = group_of(&body)?;
     let items = body.objects("acknowledgments")?.ok_or_else(|| ApiError::bad_request("acknowledgments is required"))?;

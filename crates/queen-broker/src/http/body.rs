@@ -2,6 +2,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use actix_web::web::{Bytes, BytesMut, Payload};
 use futures::StreamExt;
@@ -9,18 +10,50 @@ use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 
 use crate::error::ApiError;
+use crate::pressure::{Bound, Held};
 
-/// Reads the whole body, refusing (413) one larger than `limit` bytes.
-pub async fn read_body(mut payload: Payload, limit: usize) -> Result<Bytes, ApiError> {
+/// A request body, holding its bytes' place in the broker's bound on bodies in flight until the
+/// request is done with it.
+pub struct Body {
+    bytes: Bytes,
+    _place: Held,
+}
+
+impl std::ops::Deref for Body {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+/// Reads the whole body, refusing (413) one larger than `limit` bytes, and (503) one whose bytes
+/// would take the broker past `in_flight`, the bound on body bytes held across requests. Bytes
+/// are counted as they arrive; a refused body is read to its end without being kept, so that the
+/// client gets the answer (the server would otherwise close the connection on a body left unread,
+/// and the client could see the connection reset instead).
+pub async fn read_body(mut payload: Payload, limit: usize, in_flight: &Arc<Bound>) -> Result<Body, ApiError> {
     let mut body = BytesMut::new();
+    let mut place = in_flight.hold(0)?;
     while let Some(chunk) = payload.next().await {
         let chunk = chunk.map_err(|e| ApiError::bad_request(format!("could not read the request body: {e}")))?;
         if body.len() + chunk.len() > limit {
             return Err(ApiError::PayloadTooLarge(format!("the request body exceeds the limit of {limit} bytes")));
         }
+        if let Err(refused) = place.grow(chunk.len()) {
+            let mut read = body.len() + chunk.len();
+            drop((body, place));
+            while let Some(Ok(chunk)) = payload.next().await {
+                read += chunk.len();
+                if read > limit {
+                    break;
+                }
+            }
+            return Err(refused.into());
+        }
         body.extend_from_slice(&chunk);
     }
-    Ok(body.freeze())
+    Ok(Body { bytes: body.freeze(), _place: place })
 }
 
 /// A JSON object whose members are kept as raw JSON, so each can be checked (and payloads kept

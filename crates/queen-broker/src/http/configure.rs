@@ -12,7 +12,7 @@ use crate::error::ApiError;
 use crate::names::{self, NameKind};
 
 pub async fn handle(broker: web::Data<Broker>, payload: web::Payload) -> Result<HttpResponse, ApiError> {
-    let body = read_body(payload, broker.config.http.max_body_bytes).await?;
+    let body = read_body(payload, broker.config.http.max_body_bytes, &broker.body_bytes).await?;
     let body = JsonObject::parse_body(&body, false)?;
     let queue = body.required_string("queue")?;
     names::check(NameKind::Queue, "queue", &queue).map_err(ApiError::BadRequest)?;

@@ -67,7 +67,7 @@ async fn seek(
 ) -> Result<HttpResponse, ApiError> {
     let group = path_name(req, "group", NameKind::ConsumerGroup)?;
     let queue = path_name(req, "queue", NameKind::Queue)?;
-    let body = read_body(payload, broker.config.http.max_body_bytes).await?;
+    let body = read_body(payload, broker.config.http.max_body_bytes, &broker.body_bytes).await?;
     let target = seek_target(&body, partition_id.is_some())?;
     let Some(moved) = groups::seek(broker, &queue, partition_id, &group, target).await? else {
         return Err(ApiError::NotFound(match partition_id {
@@ -135,7 +135,7 @@ pub async fn update_subscription(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let group = path_name(&req, "group", NameKind::ConsumerGroup)?;
-    let body = read_body(payload, broker.config.http.max_body_bytes).await?;
+    let body = read_body(payload, broker.config.http.max_body_bytes, &broker.body_bytes).await?;
     let body = JsonObject::parse_body(&body, false)?;
     let at = parse_time("subscriptionTimestamp", &body.required_string("subscriptionTimestamp")?)?;
     let queues = groups::update_subscription(&broker, &group, at).await?;

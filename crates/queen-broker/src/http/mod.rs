@@ -6,6 +6,7 @@ mod body;
 mod configure;
 mod consumer_groups;
 mod dlq;
+pub mod gate;
 mod health;
 mod lease;
 mod messages;

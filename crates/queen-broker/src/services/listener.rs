@@ -4,12 +4,11 @@
 
 use std::sync::Arc;
 
-use actix::Addr;
 use queen_store::events::Event;
 use queen_store::listen::listen;
 use queen_store::segment_cache::SegmentCache;
 
-use crate::actors::coordinator::{Coordinator, DataAvailable, Forget, ListenLost, ListenRestored, WakeQueue};
+use crate::actors::coordinator::{CoordinatorMailbox, DataAvailable, Forget};
 use crate::backoff::Backoff;
 use crate::broker::NamesCache;
 use crate::broker::maintenance_mode::MaintenanceMode;
@@ -17,7 +16,7 @@ use crate::metrics::Metrics;
 
 /// Who acts on fleet events.
 pub struct FleetListeners {
-    pub coordinator: Addr<Coordinator>,
+    pub coordinator: CoordinatorMailbox,
     pub names: Arc<NamesCache>,
     pub segments: Arc<SegmentCache>,
     pub metrics: Arc<Metrics>,
@@ -31,14 +30,14 @@ impl FleetListeners {
         self.metrics.notices_received.inc();
         match event {
             Event::Available { queue_id, partition_id, queue } => {
-                self.coordinator.do_send(DataAvailable { queue: Arc::from(queue), queue_id, partition_id });
+                self.coordinator.announce(DataAvailable { queue: Arc::from(queue), queue_id, partition_id });
             }
             Event::Reset { queue_id, group } => {
-                self.coordinator.do_send(Forget { queue_id, queue: None, group: Arc::from(group) });
+                self.coordinator.forget(Forget { queue_id, queue: None, group: Arc::from(group) });
             }
             Event::QueueChanged { queue, .. } => {
                 self.names.forget_queue(&queue);
-                self.coordinator.do_send(WakeQueue(Arc::from(queue.as_str())));
+                self.coordinator.wake_queue(Arc::from(queue.as_str()));
                 self.forget_if_deleted(queue);
             }
             Event::ModesChanged(modes) => self.maintenance.apply(modes),
@@ -61,7 +60,7 @@ impl FleetListeners {
     fn restored(&self) {
         self.names.forget_queues();
         self.segments.clear();
-        self.coordinator.do_send(ListenRestored);
+        self.coordinator.listen_restored();
         let (maintenance, pool) = (Arc::clone(&self.maintenance), self.pool.clone());
         actix::spawn(async move { maintenance.refresh(&pool).await });
     }
@@ -81,7 +80,7 @@ pub async fn keep_listening(pg: tokio_postgres::Config, listeners: FleetListener
                     listeners.deliver(event);
                 }
                 tracing::warn!("lost the LISTEN connection; reconnecting");
-                listeners.coordinator.do_send(ListenLost);
+                listeners.coordinator.listen_lost();
             }
             Err(e) => tracing::warn!(error = %e, "cannot open the LISTEN connection; retrying"),
         }

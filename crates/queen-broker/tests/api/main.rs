@@ -19,6 +19,7 @@ mod maintenance_mode;
 mod messages;
 mod namespaces;
 mod operations;
+mod overload;
 mod queue_options;
 mod queue_series;
 mod request_ids;

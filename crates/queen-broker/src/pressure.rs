@@ -1,0 +1,182 @@
+//! Overload bounds: how much of each kind of work the broker holds at once.
+//!
+//! Under overload the broker refuses work rather than queue it: a request takes its place in a
+//! [`Bound`] before anything of it is done, and one that does not fit is answered at once, having
+//! written nothing, with `Retry-After`. A bound of the whole broker answers 503 (another broker of
+//! the fleet may have room, and the official client tries the next one); a bound of one partition
+//! or one consumer group answers 429 (the excess is that partition's producers' or that group's
+//! consumers', and the client retries in place without giving up on the broker). Every refusal is
+//! counted in `queen_overload_refusals_total{bound}`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use prometheus::IntCounter;
+
+use crate::metrics::Metrics;
+
+/// What a bound limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limited {
+    /// Bytes of request bodies held across the broker (`limits.body_bytes_in_flight`).
+    BodyBytes,
+    /// Long polls parked across the broker (`limits.parked_long_polls`).
+    LongPolls,
+    /// Messages waiting for the coordinator (`limits.coordinator_messages`).
+    Coordinator,
+    /// Push requests waiting for the push journal.
+    Journal,
+    /// Push requests one partition writer holds, queued or being written (`push.writer_mailbox`).
+    PartitionWriter,
+    /// Ack calls one consumer group's actor holds, queued or being committed
+    /// (`limits.group_ack_calls`).
+    GroupLeases,
+}
+
+impl Limited {
+    /// The `bound` label of refusals.
+    pub fn label(self) -> &'static str {
+        match self {
+            Limited::BodyBytes => "body_bytes",
+            Limited::LongPolls => "long_polls",
+            Limited::Coordinator => "coordinator",
+            Limited::Journal => "push_journal",
+            Limited::PartitionWriter => "partition_writer",
+            Limited::GroupLeases => "group_leases",
+        }
+    }
+
+    /// Whether the bound is the whole broker's rather than one partition's or one group's.
+    pub fn is_broker_wide(self) -> bool {
+        !matches!(self, Limited::PartitionWriter | Limited::GroupLeases)
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            Limited::BodyBytes => "bytes of request bodies are held by the broker",
+            Limited::LongPolls => "long polls are parked on the broker",
+            Limited::Coordinator => "messages wait for the broker's coordinator",
+            Limited::Journal => "pushes wait for the push journal",
+            Limited::PartitionWriter => "pushes wait for this partition",
+            Limited::GroupLeases => "ack calls wait for this consumer group",
+        }
+    }
+}
+
+/// Work refused because a bound was reached; nothing of it was done.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("overloaded: {limit} {}, the most allowed; retry later", limited.what())]
+pub struct Refused {
+    pub limited: Limited,
+    pub limit: usize,
+}
+
+/// A limit on how much of one kind of work is held at once.
+#[derive(Debug)]
+pub struct Bound {
+    limited: Limited,
+    limit: usize,
+    held: AtomicUsize,
+    refusals: IntCounter,
+}
+
+impl Bound {
+    pub fn new(limited: Limited, limit: usize, metrics: &Metrics) -> Arc<Self> {
+        let refusals = metrics.overload_refusals.with_label_values(&[limited.label()]);
+        Arc::new(Self { limited, limit, held: AtomicUsize::new(0), refusals })
+    }
+
+    /// Another bound like this one, holding nothing (one per actor of a kind).
+    pub fn sibling(&self) -> Arc<Self> {
+        let Bound { limited, limit, refusals, .. } = self;
+        Arc::new(Self { limited: *limited, limit: *limit, held: AtomicUsize::new(0), refusals: refusals.clone() })
+    }
+
+    /// Holds `amount` more until the returned [`Held`] is dropped; refused (and counted) when
+    /// that would pass the limit.
+    pub fn hold(self: &Arc<Self>, amount: usize) -> Result<Held, Refused> {
+        self.take(amount)?;
+        Ok(Held { bound: Arc::clone(self), amount })
+    }
+
+    /// Holds `amount` more if it fits, for work the caller may leave undone (not a refusal).
+    pub fn try_hold(self: &Arc<Self>, amount: usize) -> Option<Held> {
+        self.fit(amount).then(|| Held { bound: Arc::clone(self), amount })
+    }
+
+    /// How much is held now.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::SeqCst)
+    }
+
+    fn take(&self, amount: usize) -> Result<(), Refused> {
+        if self.fit(amount) {
+            return Ok(());
+        }
+        self.refusals.inc();
+        Err(Refused { limited: self.limited, limit: self.limit })
+    }
+
+    /// Adds `amount` to what is held if the total stays within the limit.
+    fn fit(&self, amount: usize) -> bool {
+        let fits = |held: usize| held.checked_add(amount).filter(|&total| total <= self.limit);
+        self.held.fetch_update(Ordering::SeqCst, Ordering::SeqCst, fits).is_ok()
+    }
+}
+
+/// A share of a [`Bound`], given back when dropped.
+#[derive(Debug)]
+pub struct Held {
+    bound: Arc<Bound>,
+    amount: usize,
+}
+
+impl Held {
+    /// Holds `amount` more of the same bound.
+    pub fn grow(&mut self, amount: usize) -> Result<(), Refused> {
+        self.bound.take(amount)?;
+        self.amount += amount;
+        Ok(())
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.bound.held.fetch_sub(self.amount, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bound_refuses_past_its_limit_and_takes_more_once_holds_are_dropped() {
+        let metrics = Metrics::new(10);
+        let bound = Bound::new(Limited::BodyBytes, 10, &metrics);
+        let mut first = bound.hold(4).expect("fits");
+        first.grow(4).expect("still fits");
+        assert_eq!(bound.hold(3).unwrap_err(), Refused { limited: Limited::BodyBytes, limit: 10 });
+        assert!(first.grow(3).is_err(), "growing counts against the same limit");
+        let second = bound.hold(2).expect("exactly the limit");
+        assert_eq!(bound.held(), 10);
+        drop(first);
+        assert_eq!(bound.held(), 2);
+        bound.hold(8).expect("room again");
+        assert!(bound.try_hold(9).is_none(), "too much");
+        assert!(bound.try_hold(8).is_some(), "room");
+        drop(second);
+        assert_eq!(metrics.overload_refusals.with_label_values(&["body_bytes"]).get(), 2, "try_hold refuses nothing");
+    }
+
+    #[test]
+    fn siblings_count_apart_and_refusals_together() {
+        let metrics = Metrics::new(10);
+        let first = Bound::new(Limited::PartitionWriter, 1, &metrics);
+        let second = first.sibling();
+        let _a = first.hold(1).expect("fits");
+        let _b = second.hold(1).expect("a sibling has a limit of its own");
+        assert!(first.hold(1).is_err() && second.hold(1).is_err());
+        assert_eq!(metrics.overload_refusals.with_label_values(&["partition_writer"]).get(), 2);
+    }
+}
