@@ -15,7 +15,6 @@ mod registry;
 
 use queen_store::StoreError;
 
-use crate::error::ApiError;
 use crate::pressure::Refused;
 
 /// Why an actor could not do a request's work. Cloneable, so one failed write can answer every
@@ -23,7 +22,7 @@ use crate::pressure::Refused;
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum WorkError {
     /// The database could not be reached (the cause is logged where it happened).
-    #[error("{}", crate::error::DATABASE_UNAVAILABLE)]
+    #[error("{}", crate::broker::DATABASE_UNAVAILABLE)]
     Unavailable,
     /// The queue or partition was deleted while the request was under way.
     #[error("the {0} no longer exists")]
@@ -44,17 +43,6 @@ impl From<StoreError> for WorkError {
                 WorkError::Unavailable
             }
             e => WorkError::Failed(format!("database operation failed: {e}")),
-        }
-    }
-}
-
-impl From<WorkError> for ApiError {
-    fn from(e: WorkError) -> Self {
-        match e {
-            WorkError::Unavailable => ApiError::Unavailable(e.to_string()),
-            WorkError::Overloaded(refused) => ApiError::Overloaded(refused),
-            WorkError::Gone(_) => ApiError::Unavailable(format!("{e}; retry the request")),
-            WorkError::Failed(_) => ApiError::Internal(e.to_string()),
         }
     }
 }

@@ -4,11 +4,15 @@ use queen_store::ack_rules::{AckStatus, AckVerdict, Refusal};
 use queen_store::cursors::{AckOutcome, AckRequest};
 
 use super::Broker;
-use crate::error::ApiError;
+use super::BrokerError;
 use crate::metrics::Metrics;
 
 /// Applies one call's acknowledgements, all of `group`. Outcomes are aligned with `requests`.
-pub async fn acknowledge(broker: &Broker, group: &str, requests: Vec<AckRequest>) -> Result<Vec<AckOutcome>, ApiError> {
+pub async fn acknowledge(
+    broker: &Broker,
+    group: &str,
+    requests: Vec<AckRequest>,
+) -> Result<Vec<AckOutcome>, BrokerError> {
     let statuses: Vec<AckStatus> = requests.iter().map(|r| r.status).collect();
     let outcomes = broker.groups.acknowledge(group, requests).await?;
     record(&broker.metrics, &statuses, &outcomes);

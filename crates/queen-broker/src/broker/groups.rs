@@ -9,8 +9,8 @@ use queen_store::groups::{self, CursorLag, GroupDeleted, Registration, SeekTarge
 use super::Broker;
 use queen_store::events::{self, Event};
 
+use super::BrokerError;
 use crate::actors::coordinator::Forget;
-use crate::error::ApiError;
 use crate::names::QUEUE_MODE_GROUP;
 
 /// Records where a named group starts on a queue the first time this broker sees it pop there.
@@ -20,7 +20,7 @@ pub async fn register_on_first_pop(
     queue: &str,
     group: &str,
     seed: CursorSeed,
-) -> Result<(), ApiError> {
+) -> Result<(), BrokerError> {
     if group == QUEUE_MODE_GROUP {
         return Ok(());
     }
@@ -43,7 +43,7 @@ async fn forget(
     queue_id: i64,
     queue: Option<&str>,
     group: &str,
-) -> Result<(), ApiError> {
+) -> Result<(), BrokerError> {
     broker.coordinator.forget(Forget { queue_id, queue: queue.map(Arc::from), group: Arc::from(group) });
     events::publish(client, &Event::Reset { queue_id, group: group.to_owned() }).await?;
     Ok(())
@@ -57,7 +57,7 @@ pub async fn seek(
     partition_id: Option<i64>,
     group: &str,
     target: SeekTarget,
-) -> Result<Option<Vec<SeekedPartition>>, ApiError> {
+) -> Result<Option<Vec<SeekedPartition>>, BrokerError> {
     let Some(queue_id) = broker.names.queue(&broker.pool, queue).await?.map(|q| q.id) else { return Ok(None) };
     let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
     let moved = groups::seek(&client, queue_id, partition_id, group, target).await?;
@@ -73,7 +73,7 @@ pub async fn update_subscription(
     broker: &Broker,
     group: &str,
     from: chrono::DateTime<chrono::Utc>,
-) -> Result<Vec<String>, ApiError> {
+) -> Result<Vec<String>, BrokerError> {
     let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
     let queues = groups::update_subscription(&client, group, from).await?;
     if !queues.is_empty() {
@@ -89,7 +89,7 @@ pub async fn delete(
     group: &str,
     queue: Option<&str>,
     delete_metadata: bool,
-) -> Result<GroupDeleted, ApiError> {
+) -> Result<GroupDeleted, BrokerError> {
     let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
     let deleted = groups::delete_group(&client, group, queue, delete_metadata).await?;
     for queue in &deleted.queues {
@@ -104,7 +104,10 @@ pub async fn delete(
 }
 
 /// Every cursor (of one group) with its lag, and the registrations.
-pub async fn overview(broker: &Broker, group: Option<&str>) -> Result<(Vec<CursorLag>, Vec<Registration>), ApiError> {
+pub async fn overview(
+    broker: &Broker,
+    group: Option<&str>,
+) -> Result<(Vec<CursorLag>, Vec<Registration>), BrokerError> {
     let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
     let lags = groups::cursor_lags(&client, group).await?;
     let registrations = groups::registrations(&client, group).await?;

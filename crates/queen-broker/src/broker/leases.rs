@@ -5,11 +5,11 @@ use queen_store::cursors::{self, LeaseExtension};
 use uuid::Uuid;
 
 use super::Broker;
-use crate::error::ApiError;
+use super::BrokerError;
 
 /// Extends a live lease on every partition it covers, to `seconds` from now (the queue's lease
 /// time when `None`), never shortening it.
-pub async fn extend(broker: &Broker, lease_id: Uuid, seconds: Option<i32>) -> Result<LeaseExtension, ApiError> {
+pub async fn extend(broker: &Broker, lease_id: Uuid, seconds: Option<i32>) -> Result<LeaseExtension, BrokerError> {
     let client = broker.pool.get().await.map_err(StoreError::from)?;
     Ok(cursors::extend_lease(&client, lease_id, seconds).await?)
 }

@@ -22,9 +22,9 @@ use queen_store::{Pool, StoreError};
 use tokio::sync::watch;
 
 use super::Broker;
+use super::BrokerError;
 use crate::actors::push_journal::PushRoute;
 use crate::backoff::Backoff;
-use crate::error::ApiError;
 use crate::metrics::Metrics;
 
 /// The switches as this broker applies them.
@@ -158,8 +158,8 @@ pub struct MaintenanceStatus {
     pub buffer_directory: String,
 }
 
-pub async fn status(broker: &Broker) -> Result<MaintenanceStatus, ApiError> {
-    let journal = broker.journal.status().await.map_err(|e| ApiError::Internal(e.to_string()))?;
+pub async fn status(broker: &Broker) -> Result<MaintenanceStatus, BrokerError> {
+    let journal = broker.journal.status().await.map_err(|e| BrokerError::Internal(e.to_string()))?;
     Ok(MaintenanceStatus {
         modes: broker.maintenance.modes(),
         buffered_messages: journal.buffered_messages,
@@ -169,7 +169,7 @@ pub async fn status(broker: &Broker) -> Result<MaintenanceStatus, ApiError> {
 }
 
 /// Turns a switch on or off for the whole fleet; this broker applies it before answering.
-pub async fn set(broker: &Broker, mode: Mode, enabled: bool) -> Result<MaintenanceStatus, ApiError> {
+pub async fn set(broker: &Broker, mode: Mode, enabled: bool) -> Result<MaintenanceStatus, BrokerError> {
     let mut client = broker.pool.get().await.map_err(StoreError::from)?;
     let modes = system_state::set(&mut client, mode, enabled).await?;
     drop(client);

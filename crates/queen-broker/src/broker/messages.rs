@@ -9,12 +9,16 @@ use queen_store::dlq::{self, DeadLetter, DeadLetterFilter, Requeue};
 use queen_store::messages::{self, ListedMessage, StoredMessage};
 
 use super::Broker;
+use super::BrokerError;
 use crate::actors::coordinator::DataAvailable;
-use crate::error::ApiError;
 
 /// The message with every group's progress on it; `None` when the partition holds no such
 /// transaction id (or retention removed it).
-pub async fn find(broker: &Broker, partition_id: i64, transaction_id: &str) -> Result<Option<StoredMessage>, ApiError> {
+pub async fn find(
+    broker: &Broker,
+    partition_id: i64,
+    transaction_id: &str,
+) -> Result<Option<StoredMessage>, BrokerError> {
     let client = broker.pool.get().await.map_err(StoreError::from)?;
     Ok(messages::find(&client, partition_id, transaction_id, &broker.segments, broker.cipher.as_deref()).await?)
 }
@@ -25,20 +29,20 @@ pub async fn newest(
     queue: &str,
     partition: Option<&str>,
     limit: i64,
-) -> Result<Vec<ListedMessage>, ApiError> {
+) -> Result<Vec<ListedMessage>, BrokerError> {
     let client = broker.pool.get().await.map_err(StoreError::from)?;
     Ok(messages::newest(&client, queue, partition, limit, &broker.segments, broker.cipher.as_deref()).await?)
 }
 
 /// A page of dead letters and how many match in all.
-pub async fn dead_letters(broker: &Broker, filter: &DeadLetterFilter) -> Result<(Vec<DeadLetter>, i64), ApiError> {
+pub async fn dead_letters(broker: &Broker, filter: &DeadLetterFilter) -> Result<(Vec<DeadLetter>, i64), BrokerError> {
     let client = broker.pool.get().await.map_err(StoreError::from)?;
     Ok(dlq::list(&client, filter, broker.cipher.as_deref()).await?)
 }
 
 /// Moves the message's dead letters back into its partition as one new message, announced like
 /// a push.
-pub async fn requeue(broker: &Broker, partition_id: i64, transaction_id: &str) -> Result<Requeue, ApiError> {
+pub async fn requeue(broker: &Broker, partition_id: i64, transaction_id: &str) -> Result<Requeue, BrokerError> {
     let mut client = broker.pool.get().await.map_err(StoreError::from)?;
     let moved = dlq::requeue(&mut client, partition_id, transaction_id, broker.cipher.as_deref()).await?;
     if let Requeue::Moved(moved) = &moved {
@@ -53,7 +57,7 @@ pub async fn requeue(broker: &Broker, partition_id: i64, transaction_id: &str) -
 }
 
 /// Deletes the message's dead letters; how many there were.
-pub async fn delete_dead_letters(broker: &Broker, partition_id: i64, transaction_id: &str) -> Result<u64, ApiError> {
+pub async fn delete_dead_letters(broker: &Broker, partition_id: i64, transaction_id: &str) -> Result<u64, BrokerError> {
     let client = broker.pool.get().await.map_err(StoreError::from)?;
     Ok(dlq::delete(&client, partition_id, transaction_id).await?)
 }

@@ -1,6 +1,7 @@
 //! The broker's operations, between the HTTP edge and the store: push, pop, ack.
 
 pub mod ack;
+mod error;
 pub mod groups;
 pub mod leases;
 pub mod maintenance_mode;
@@ -36,6 +37,7 @@ use queen_log::Cipher;
 use queen_store::segment_cache::SegmentCache;
 use queen_store::system_state::Modes;
 
+pub use error::{BrokerError, DATABASE_UNAVAILABLE};
 pub use names_cache::NamesCache;
 
 /// Everything a request handler needs, shared by all HTTP workers.

@@ -16,8 +16,8 @@ use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use super::Broker;
+use super::BrokerError;
 use crate::actors::coordinator::{Checked, PopPlan, ScanDone};
-use crate::error::ApiError;
 use crate::pressure::Held;
 
 /// Where a pop takes messages from.
@@ -98,7 +98,7 @@ const NAMESPACE_RESCAN: Duration = Duration::from_secs(1);
 
 /// Pops once, or for a long poll until messages come or the timeout passes. A parked pop holds
 /// no database connection.
-pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, ApiError> {
+pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, BrokerError> {
     let deadline = Instant::now() + request.timeout;
     let paused = || Ok(Delivery { paused: true, ..Delivery::default() });
     // This pop's place among the parked ones, taken when it first waits.
@@ -188,7 +188,7 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, ApiE
 /// The queues a pop looks at, in serving order, with the names it parks on: the queue of a queue
 /// pop (by name even before it exists: its first push wakes the pop), or the queues of a
 /// namespace pop, registering the group on each the first time.
-async fn sources(broker: &Broker, request: &PopRequest) -> Result<(Vec<Arc<str>>, Vec<Arc<Queue>>), ApiError> {
+async fn sources(broker: &Broker, request: &PopRequest) -> Result<(Vec<Arc<str>>, Vec<Arc<Queue>>), BrokerError> {
     match &request.source {
         PopSource::Queue { queue, .. } => {
             let found = broker.names.queue(&broker.pool, queue).await?;
@@ -221,7 +221,7 @@ async fn held_by_pop_maintenance(
     request: &PopRequest,
     deadline: Instant,
     parked: &mut Option<Held>,
-) -> Result<bool, ApiError> {
+) -> Result<bool, BrokerError> {
     let maintenance = &broker.maintenance;
     if !maintenance.pops_paused() {
         return Ok(false);
@@ -242,7 +242,7 @@ async fn pop_queue(
     queue: &Queue,
     budget: Budget,
     lease_id: Uuid,
-) -> Result<Attempt, ApiError> {
+) -> Result<Attempt, BrokerError> {
     let names = &broker.names;
     let queue_id = queue.id;
     let group: Arc<str> = Arc::from(request.group.as_str());
@@ -340,9 +340,9 @@ async fn pop_queue(
         for (offset, frame) in segment.frames_in(first, last) {
             let frame = frame.map_err(|e| corrupt(segment.partition_id, segment.base_offset, e))?;
             let json = String::from_utf8(frame.payload.to_vec())
-                .map_err(|_| ApiError::Internal(format!("message at offset {offset} is not UTF-8 JSON")))?;
+                .map_err(|_| BrokerError::Internal(format!("message at offset {offset} is not UTF-8 JSON")))?;
             let data = RawValue::from_string(json)
-                .map_err(|e| ApiError::Internal(format!("message at offset {offset} is not JSON: {e}")))?;
+                .map_err(|e| BrokerError::Internal(format!("message at offset {offset} is not JSON: {e}")))?;
             messages.push(DeliveredMessage {
                 message_id: frame.message_id,
                 transaction_id: frame.transaction_id.to_owned(),
@@ -383,7 +383,7 @@ async fn expire_old_messages(
     queue: &Queue,
     group: &str,
     partition_ids: &[i64],
-) -> Result<(), ApiError> {
+) -> Result<(), BrokerError> {
     let options = &queue.options;
     let Some(max_age_seconds) = options.expiry_seconds() else { return Ok(()) };
     let option = if options.ttl_seconds == max_age_seconds { "ttl" } else { "maxWaitTimeSeconds" };
@@ -406,7 +406,7 @@ async fn give_up_exhausted_heads(
     queue: &Queue,
     group: &str,
     partition_ids: &[i64],
-) -> Result<(), ApiError> {
+) -> Result<(), BrokerError> {
     let given_up = cursors::give_up_exhausted_heads(client, group, partition_ids, broker.cipher.as_deref()).await?;
     let metrics = &broker.metrics;
     let dead_lettered = given_up.iter().filter(|g| g.dead_lettered).count() as u64;
@@ -428,7 +428,7 @@ async fn planned_candidates(
     group: &Arc<str>,
     visibility: Visibility,
     limit: usize,
-) -> Result<Option<(deadpool_postgres::Object, Vec<cursors::Candidate>)>, ApiError> {
+) -> Result<Option<(deadpool_postgres::Object, Vec<cursors::Candidate>)>, BrokerError> {
     let plan_pop = || broker.coordinator.plan(queue_id, Arc::clone(group), limit);
     let mut plan = plan_pop().await?;
     let budget = match &plan {
@@ -467,6 +467,6 @@ async fn planned_candidates(
     }
 }
 
-fn corrupt(partition_id: i64, base_offset: i64, source: queen_log::DecodeError) -> ApiError {
-    ApiError::from(queen_store::StoreError::CorruptSegment { partition_id, base_offset, source })
+fn corrupt(partition_id: i64, base_offset: i64, source: queen_log::DecodeError) -> BrokerError {
+    BrokerError::from(queen_store::StoreError::CorruptSegment { partition_id, base_offset, source })
 }

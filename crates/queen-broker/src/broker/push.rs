@@ -11,10 +11,10 @@ use queen_store::queues::{self, Queue};
 use uuid::Uuid;
 
 use super::Broker;
+use super::BrokerError;
 use crate::actors::WorkError;
 use crate::actors::coordinator::DataAvailable;
 use crate::actors::partition_writer::{Reserved, WriteTarget};
-use crate::error::ApiError;
 
 /// One validated push item.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,7 +57,7 @@ pub enum PushResults {
 }
 
 /// Pushes the items: to the journal while pushes go there, to the log otherwise.
-pub async fn push(broker: &Broker, items: Vec<PushItem>) -> Result<PushResults, ApiError> {
+pub async fn push(broker: &Broker, items: Vec<PushItem>) -> Result<PushResults, BrokerError> {
     if broker.maintenance.pushes_to_journal()
         && !items.is_empty()
         && super::push_buffer::journal(broker, &items).await?
@@ -92,11 +92,11 @@ enum Route<'a> {
 /// Writes the items to the log. Items of one partition keep their order and land in one segment
 /// (or, when other pushes to the partition are fused with them, in one segment with those). A
 /// place is taken with the writer of every partition before anything is written, so a push that
-/// one writer cannot take is refused whole ([`ApiError::Overloaded`]). Any storage failure fails
+/// one writer cannot take is refused whole ([`BrokerError::Overloaded`]). Any storage failure fails
 /// the whole request: a client retry is safe, since the items already written come back as
 /// duplicates of themselves. Under [`Admission::Checked`], a queue with a `maxSize` takes its
-/// share of the request whole or not at all ([`ApiError::QueueFull`]).
-pub async fn write(broker: &Broker, items: &[PushItem], admission: Admission) -> Result<Vec<Pushed>, ApiError> {
+/// share of the request whole or not at all ([`BrokerError::QueueFull`]).
+pub async fn write(broker: &Broker, items: &[PushItem], admission: Admission) -> Result<Vec<Pushed>, BrokerError> {
     let shares = shares_of(items);
     let resolving = shares.iter().map(|(queue, partitions)| resolve(broker, queue, partitions));
     let resolved = futures::future::try_join_all(resolving).await?;
@@ -146,7 +146,7 @@ pub async fn write(broker: &Broker, items: &[PushItem], admission: Admission) ->
     // items.
     results
         .into_iter()
-        .map(|r| r.ok_or_else(|| ApiError::Internal("a push item was left without an outcome".into())))
+        .map(|r| r.ok_or_else(|| BrokerError::Internal("a push item was left without an outcome".into())))
         .collect()
 }
 
@@ -178,7 +178,7 @@ async fn resolve(
     broker: &Broker,
     queue: &str,
     partitions: &[(String, Vec<usize>)],
-) -> Result<(Arc<Queue>, Vec<i64>), ApiError> {
+) -> Result<(Arc<Queue>, Vec<i64>), BrokerError> {
     let names = &broker.names;
     let mut attempt = 0;
     loop {
@@ -207,7 +207,7 @@ async fn write_capped(
     queue: &Queue,
     shares: Vec<(&str, i64, Vec<NewMessage>)>,
     policy: &AppendPolicy,
-) -> Result<Vec<(i64, Vec<Appended>)>, ApiError> {
+) -> Result<Vec<(i64, Vec<Appended>)>, BrokerError> {
     let mut client = broker.pool.get().await.map_err(StoreError::from)?;
     let tx = client.transaction().await.map_err(StoreError::from)?;
     queues::lock_capacity(&tx, queue.id).await?;
@@ -223,7 +223,7 @@ async fn write_capped(
             Ok(appended) => outcomes[i] = appended.outcomes,
             Err(StoreError::Missing(_)) => {
                 broker.names.forget_partition(queue.id, partition);
-                return Err(ApiError::Unavailable(format!("partition {partition:?} was deleted; retry the push")));
+                return Err(BrokerError::Unavailable(format!("partition {partition:?} was deleted; retry the push")));
             }
             Err(e) => return Err(e.into()),
         }
@@ -232,7 +232,7 @@ async fn write_capped(
     let adding: usize = outcomes.iter().map(|o| queued(o)).sum();
     if depth + adding as i64 > queue.options.max_size {
         // Dropping the transaction rolls it back: nothing of the push is written.
-        return Err(ApiError::QueueFull {
+        return Err(BrokerError::QueueFull {
             queue: queue.name.clone(),
             depth,
             max_size: queue.options.max_size,
@@ -255,7 +255,7 @@ async fn write_capped(
 
 /// How appends to the queue treat what they write: its dedup window, and its key when it is
 /// encrypted (a broker without the key refuses, rather than write plain text).
-pub fn append_policy(broker: &Broker, queue: &Queue) -> Result<AppendPolicy, ApiError> {
+pub fn append_policy(broker: &Broker, queue: &Queue) -> Result<AppendPolicy, BrokerError> {
     let seal = match (queue.options.encryption_enabled, &broker.cipher) {
         (false, _) => None,
         (true, Some(cipher)) => Some(Arc::clone(cipher)),
@@ -276,7 +276,7 @@ async fn write_partition(
     place: Reserved<'_>,
     messages: Vec<NewMessage>,
     policy: AppendPolicy,
-) -> Result<(i64, Vec<Appended>), ApiError> {
+) -> Result<(i64, Vec<Appended>), BrokerError> {
     let partition_id = place.partition_id();
     match place.append(messages, policy).await {
         Ok(outcomes) => Ok((partition_id, outcomes)),

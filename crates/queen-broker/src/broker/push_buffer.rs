@@ -17,18 +17,18 @@ use queen_log::{Cipher, Frame, JournalEntry};
 use queen_store::log::opened;
 
 use super::Broker;
+use super::BrokerError;
 use super::push::{Admission, PushItem, write};
 use crate::actors::push_journal::{DrainStep, JournalContents, JournalError, Record};
 use crate::backoff::Backoff;
-use crate::error::ApiError;
 
 /// Journals one push request: `true` once it is durable, `false` when the journal declined it
 /// (push maintenance ended and the journal is empty), so the push belongs in the log.
-pub async fn journal(broker: &Broker, items: &[PushItem]) -> Result<bool, ApiError> {
+pub async fn journal(broker: &Broker, items: &[PushItem]) -> Result<bool, BrokerError> {
     match broker.journal.append(record_of(items, broker.cipher.as_deref())?).await {
         Ok(()) => Ok(true),
         Err(JournalError::Declined) => Ok(false),
-        Err(e @ JournalError::Unavailable(_)) => Err(ApiError::Unavailable(e.to_string())),
+        Err(e @ JournalError::Unavailable(_)) => Err(BrokerError::Unavailable(e.to_string())),
         Err(JournalError::Overloaded(refused)) => Err(refused.into()),
     }
 }
@@ -36,8 +36,8 @@ pub async fn journal(broker: &Broker, items: &[PushItem]) -> Result<bool, ApiErr
 /// One push request as a journal record. With an encryption key configured, every payload is
 /// sealed on its own (the queues' settings may not be readable during maintenance), so no payload
 /// of an encrypted queue reaches the disk in plain text.
-fn record_of(items: &[PushItem], keys: Option<&Cipher>) -> Result<Record, ApiError> {
-    let cannot = |e: queen_log::EncodeError| ApiError::bad_request(format!("the push cannot be buffered: {e}"));
+fn record_of(items: &[PushItem], keys: Option<&Cipher>) -> Result<Record, BrokerError> {
+    let cannot = |e: queen_log::EncodeError| BrokerError::invalid(format!("the push cannot be buffered: {e}"));
     let payloads: Vec<Cow<'_, [u8]>> = items
         .iter()
         .map(|item| match keys {

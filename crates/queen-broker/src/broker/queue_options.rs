@@ -8,7 +8,7 @@
 use queen_store::queues::{Queue, QueueOptions, QueueOptionsPatch};
 use serde_json::{Map, Value};
 
-use crate::error::ApiError;
+use super::BrokerError;
 
 /// What an option takes.
 #[derive(Debug, Clone, Copy)]
@@ -67,7 +67,7 @@ const KNOWN: &[KnownOption] = &[
 
 /// The options of a configure request: the known ones checked into a patch (a `null` value
 /// leaves the stored one as it is), the unknown ones as they came.
-pub fn parse(options: &Map<String, Value>) -> Result<(QueueOptionsPatch, Map<String, Value>), ApiError> {
+pub fn parse(options: &Map<String, Value>) -> Result<(QueueOptionsPatch, Map<String, Value>), BrokerError> {
     let mut patch = QueueOptionsPatch::default();
     let mut unknown = Map::new();
     for (key, value) in options {
@@ -83,7 +83,7 @@ pub fn parse(options: &Map<String, Value>) -> Result<(QueueOptionsPatch, Map<Str
             Kind::Boolean => value.is_boolean(),
         };
         if !fits {
-            return Err(ApiError::bad_request(match known.kind {
+            return Err(BrokerError::invalid(match known.kind {
                 Kind::Integer { min, max } => format!("options.{key} must be an integer from {min} to {max}"),
                 Kind::Boolean => format!("options.{key} must be true or false"),
             }));
@@ -150,7 +150,7 @@ mod tests {
             (r#"{"deadLetterQueue": 1}"#, "options.deadLetterQueue"),
         ] {
             match parse(&options(json)) {
-                Err(ApiError::BadRequest(message)) => assert!(message.starts_with(field), "{message}"),
+                Err(BrokerError::Invalid(message)) => assert!(message.starts_with(field), "{message}"),
                 other => panic!("{json}: expected a 400, got {other:?}"),
             }
         }

@@ -6,8 +6,8 @@ use queen_store::StoreError;
 use queen_store::queues::{self, Queue, QueueSize};
 use serde_json::{Map, Value};
 
+use super::BrokerError;
 use super::{Broker, queue_options};
-use crate::error::ApiError;
 
 /// What a configure request names besides the queue.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -21,10 +21,10 @@ pub struct Configure {
 /// Creates the queue or merges options into it. Every broker forgets what it cached of the queue,
 /// so a changed option acts at once, on messages already stored too. Unknown options are stored
 /// and echoed; each is logged when a queue first gets it.
-pub async fn configure(broker: &Broker, name: &str, request: &Configure) -> Result<Queue, ApiError> {
+pub async fn configure(broker: &Broker, name: &str, request: &Configure) -> Result<Queue, BrokerError> {
     let (patch, unknown) = queue_options::parse(&request.options)?;
     if patch.encryption_enabled == Some(true) && broker.cipher.is_none() {
-        return Err(ApiError::bad_request(
+        return Err(BrokerError::invalid(
             "options.encryptionEnabled: this broker has no encryption key; set QUEEN_ENCRYPTION_KEY (or \
              encryption.key) to 64 hexadecimal characters, the same on every broker",
         ));
@@ -43,7 +43,7 @@ pub async fn configure(broker: &Broker, name: &str, request: &Configure) -> Resu
 }
 
 /// The queue with its size; `None` when it does not exist.
-pub async fn describe(broker: &Broker, name: &str) -> Result<Option<(Arc<Queue>, QueueSize)>, ApiError> {
+pub async fn describe(broker: &Broker, name: &str) -> Result<Option<(Arc<Queue>, QueueSize)>, BrokerError> {
     let Some(queue) = broker.names.queue(&broker.pool, name).await? else { return Ok(None) };
     let client = broker.pool.get().await.map_err(StoreError::from)?;
     let size = queues::queue_size(&client, queue.id).await?;
@@ -52,7 +52,7 @@ pub async fn describe(broker: &Broker, name: &str) -> Result<Option<(Arc<Queue>,
 
 /// Deletes the queue and everything of it, and its metric series; whether it existed. (Other
 /// brokers remove its series when they hear of the deletion.)
-pub async fn delete(broker: &Broker, name: &str) -> Result<bool, ApiError> {
+pub async fn delete(broker: &Broker, name: &str) -> Result<bool, BrokerError> {
     let mut client = broker.pool.get().await.map_err(StoreError::from)?;
     let existed = queues::delete_queue(&mut client, name).await?;
     broker.names.forget_queue(name);

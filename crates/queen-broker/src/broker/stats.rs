@@ -6,7 +6,7 @@ use queen_store::groups::{self, CursorLag};
 use queen_store::stats::{self, MaintenanceSummary, Overview, PartitionStats, QueueStats};
 
 use super::Broker;
-use crate::error::ApiError;
+use super::BrokerError;
 
 /// Which queues a listing shows, and which page of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,16 +24,16 @@ pub struct QueueStatus {
     pub lags: Vec<CursorLag>,
 }
 
-async fn client(broker: &Broker) -> Result<deadpool_postgres::Object, ApiError> {
+async fn client(broker: &Broker) -> Result<deadpool_postgres::Object, BrokerError> {
     Ok(broker.pool.get().await.map_err(StoreError::from)?)
 }
 
-pub async fn overview(broker: &Broker) -> Result<Overview, ApiError> {
+pub async fn overview(broker: &Broker) -> Result<Overview, BrokerError> {
     Ok(stats::overview(&client(broker).await?).await?)
 }
 
 /// A page of queues with their sizes.
-pub async fn queues(broker: &Broker, filter: &QueueFilter<'_>) -> Result<Vec<QueueStats>, ApiError> {
+pub async fn queues(broker: &Broker, filter: &QueueFilter<'_>) -> Result<Vec<QueueStats>, BrokerError> {
     let client = client(broker).await?;
     Ok(stats::queues(&client, None, filter.namespace, filter.task, filter.limit, filter.offset).await?)
 }
@@ -42,7 +42,7 @@ pub async fn queues(broker: &Broker, filter: &QueueFilter<'_>) -> Result<Vec<Que
 pub async fn queues_with_lag(
     broker: &Broker,
     filter: &QueueFilter<'_>,
-) -> Result<(Vec<QueueStats>, Vec<CursorLag>), ApiError> {
+) -> Result<(Vec<QueueStats>, Vec<CursorLag>), BrokerError> {
     let client = client(broker).await?;
     let queues = stats::queues(&client, None, filter.namespace, filter.task, filter.limit, filter.offset).await?;
     Ok((queues, groups::cursor_lags(&client, None).await?))
@@ -54,13 +54,17 @@ pub async fn partitions(
     queue: Option<&str>,
     limit: i64,
     offset: i64,
-) -> Result<Vec<PartitionStats>, ApiError> {
+) -> Result<Vec<PartitionStats>, BrokerError> {
     Ok(stats::partitions(&client(broker).await?, queue, limit, offset).await?)
 }
 
 /// The queue, up to `max_partitions` of its partitions, and its groups' lag; `None` when it does
 /// not exist.
-pub async fn queue_status(broker: &Broker, name: &str, max_partitions: i64) -> Result<Option<QueueStatus>, ApiError> {
+pub async fn queue_status(
+    broker: &Broker,
+    name: &str,
+    max_partitions: i64,
+) -> Result<Option<QueueStatus>, BrokerError> {
     let client = client(broker).await?;
     let Some(queue) = stats::queues(&client, Some(name), None, None, 1, 0).await?.pop() else { return Ok(None) };
     let partitions = stats::partitions(&client, Some(name), max_partitions, 0).await?;
@@ -69,7 +73,7 @@ pub async fn queue_status(broker: &Broker, name: &str, max_partitions: i64) -> R
 }
 
 /// The totals, and what maintenance did in the last `hours`.
-pub async fn with_maintenance(broker: &Broker, hours: f64) -> Result<(Overview, MaintenanceSummary), ApiError> {
+pub async fn with_maintenance(broker: &Broker, hours: f64) -> Result<(Overview, MaintenanceSummary), BrokerError> {
     let client = client(broker).await?;
     Ok((stats::overview(&client).await?, stats::maintenance(&client, hours).await?))
 }

@@ -11,10 +11,10 @@ use queen_store::log::{Appended, Destination, NewMessage, append_in_transaction}
 use queen_store::queues::{self, Queue};
 
 use super::Broker;
+use super::BrokerError;
 use super::ack::refusal_text;
 use super::push::{PushItem, Pushed, append_policy};
 use crate::actors::coordinator::DataAvailable;
-use crate::error::ApiError;
 
 /// One operation of a bundle, in the caller's order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,12 +45,12 @@ pub enum TransactionError {
     #[error("transaction rolled back: {0}")]
     RolledBack(String),
     #[error(transparent)]
-    Api(#[from] ApiError),
+    Failed(#[from] BrokerError),
 }
 
 impl From<StoreError> for TransactionError {
     fn from(e: StoreError) -> Self {
-        TransactionError::Api(e.into())
+        TransactionError::Failed(e.into())
     }
 }
 
@@ -58,7 +58,7 @@ impl From<StoreError> for TransactionError {
 /// pushes after, partition by partition in id order: the results do not depend on that order,
 /// and every transaction taking cursor locks before capacity locks before partition locks (in a
 /// fixed order each) keeps concurrent bundles from deadlocking. A bundle that would take a queue
-/// past its `maxSize` rolls back with [`ApiError::QueueFull`].
+/// past its `maxSize` rolls back with [`BrokerError::QueueFull`].
 pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, TransactionError> {
     let Bundle { operations, required_leases } = bundle;
     let mut acks = Vec::new();
@@ -82,7 +82,7 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
     // Its acks need the database, so the bundle cannot wait in the journal; and its pushes must
     // not overtake buffered ones.
     if !items.is_empty() && broker.maintenance.pushes_to_journal() {
-        return Err(ApiError::Unavailable(
+        return Err(BrokerError::Unavailable(
             "push maintenance is on: a transaction that pushes is refused until it ends and buffered pushes are \
              replayed; retry later"
                 .into(),
@@ -158,7 +158,7 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
         let queue = &queues_of_items[&queue_id];
         if depth + adding > queue.options.max_size {
             let (queue, max_size) = (queue.name.clone(), queue.options.max_size);
-            return Err(ApiError::QueueFull { queue, depth, max_size, adding }.into());
+            return Err(BrokerError::QueueFull { queue, depth, max_size, adding }.into());
         }
     }
     tx.commit().await.map_err(StoreError::from)?;
@@ -184,7 +184,7 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
             Entry::Ack(i) => acks[i].take().map(|(request, outcome)| Applied::Ack { request, outcome }),
             Entry::Item(i) => pushed[i].take().map(Applied::Push),
         })
-        .map(|applied| applied.ok_or_else(|| ApiError::Internal("a transaction entry has no outcome".into()).into()))
+        .map(|applied| applied.ok_or_else(|| BrokerError::Internal("a transaction entry has no outcome".into()).into()))
         .collect()
 }
 

@@ -43,7 +43,7 @@ pub async fn handle(
             error: format!("transaction rolled back: {reason}"),
             code: "rolled_back",
         })),
-        Err(TransactionError::Api(e)) => Err(e),
+        Err(TransactionError::Failed(e)) => Err(e.into()),
     }
 }
 
