@@ -81,7 +81,7 @@ impl Application {
                 .app_data(app_broker.clone())
                 .wrap(from_fn(http::gate::admit))
                 .wrap(NormalizePath::new(TrailingSlash::MergeOnly))
-                .wrap(actix_web::middleware::from_fn(http::request_id::assign))
+                .wrap(from_fn(http::request_id::assign))
                 .configure(http::routes)
         })
         .workers(workers)
