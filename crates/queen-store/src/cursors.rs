@@ -245,9 +245,9 @@ pub async fn claim(client: &impl GenericClient, request: &ClaimRequest<'_>) -> R
                         v.last_offset, c.lease_expires_at IS NOT NULL AS expired, q.lease_time_seconds,
                         -- The lease that ran out delivered the head message: a failed delivery.
                         c.lease_expires_at IS NOT NULL
-                            AND c.leased_until > GREATEST(c.committed, p.retained_from - 1) AS head_failed,
+                            AND COALESCE(c.leased_until, 0) > GREATEST(c.committed, p.retained_from - 1) AS head_failed,
                         c.lease_expires_at IS NOT NULL
-                            AND c.leased_until > GREATEST(c.committed, p.retained_from - 1)
+                            AND COALESCE(c.leased_until, 0) > GREATEST(c.committed, p.retained_from - 1)
                             AND c.retry_count + 1 > q.retry_limit AS exhausted
                    FROM unnest($2::bigint[]) WITH ORDINALITY AS x(partition_id, ord)
                    JOIN queen.log_consumers c ON c.partition_id = x.partition_id AND c.consumer_group = $1
