@@ -299,16 +299,14 @@ async fn pop_queue(
     };
     let Claimed { mut claims, exhausted } = cursors::claim(&client, &claim_request).await?;
     if !exhausted.is_empty() {
-        give_up_exhausted_heads(broker, &mut client, queue, &request.group, &exhausted).await?;
-        // Those partitions have moved past the message given up on: serve what follows it.
-        let taken: i64 = claims.iter().map(|c| c.last - c.first + 1).sum();
-        let rest = ClaimRequest {
-            partition_ids: &exhausted,
-            batch: claim_request.batch - taken,
-            max_partitions: claim_request.max_partitions - claims.len() as i64,
-            ..claim_request
-        };
-        claims.extend(cursors::claim(&client, &rest).await?.claims);
+        let past = serve_past_exhausted_heads(broker, &mut client, queue, &claim_request, &claims, &exhausted).await;
+        match past {
+            Ok(more) => claims.extend(more),
+            Err(e) if claims.is_empty() => return Err(e),
+            // What is claimed already is delivered rather than left leased to nobody (its lease
+            // running out would count against its messages); a later pop gives the heads up.
+            Err(e) => tracing::warn!(error = %e, queue = %queue.name, "exhausted heads left for a later pop"),
+        }
     }
     if claims.is_empty() {
         // A cursor made just now may start later than the candidate query assumed (a `new` or
@@ -399,21 +397,30 @@ async fn expire_old_messages(
 }
 
 /// Gives up on the head messages whose leases ran out once too often (see
-/// [`cursors::give_up_exhausted_heads`]), counting them.
-async fn give_up_exhausted_heads(
+/// [`cursors::give_up_exhausted_heads`]), counting them, then claims what follows them on those
+/// partitions within what is left of the pop's budget after `claimed`.
+async fn serve_past_exhausted_heads(
     broker: &Broker,
     client: &mut deadpool_postgres::Object,
     queue: &Queue,
-    group: &str,
-    partition_ids: &[i64],
-) -> Result<(), BrokerError> {
-    let given_up = cursors::give_up_exhausted_heads(client, group, partition_ids, broker.cipher.as_deref()).await?;
+    request: &ClaimRequest<'_>,
+    claimed: &[cursors::Claim],
+    exhausted: &[i64],
+) -> Result<Vec<cursors::Claim>, BrokerError> {
+    let given_up = cursors::give_up_exhausted_heads(client, request.group, exhausted, broker.cipher.as_deref()).await?;
     let metrics = &broker.metrics;
     let dead_lettered = given_up.iter().filter(|g| g.dead_lettered).count() as u64;
     metrics.messages_dead_lettered.inc_by(&queue.name, dead_lettered);
     metrics.messages_dropped.inc_by(&queue.name, given_up.len() as u64 - dead_lettered);
     metrics.leases_expired.inc_by(given_up.len() as u64);
-    Ok(())
+    let taken: i64 = claimed.iter().map(|c| c.last - c.first + 1).sum();
+    let rest = ClaimRequest {
+        partition_ids: exhausted,
+        batch: request.batch - taken,
+        max_partitions: request.max_partitions - claimed.len() as i64,
+        ..*request
+    };
+    Ok(cursors::claim(&*client, &rest).await?.claims)
 }
 
 /// The partitions with work for the group that a queue-wide pop considers, as the coordinator
