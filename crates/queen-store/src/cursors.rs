@@ -494,6 +494,36 @@ pub async fn expire(
     Ok(expired)
 }
 
+/// Gives back what a claim under `lease_id` took on these partitions when its messages could not
+/// be handed out (their segments could not be read): the leases are released and the delivery is
+/// not counted, so nothing waits for the lease to run out, which would count as a failure of the
+/// head message. Partitions with messages left are announced. How many were given back.
+pub async fn give_back_claims(
+    client: &impl GenericClient,
+    lease_id: Uuid,
+    partition_ids: &[i64],
+) -> Result<u64, StoreError> {
+    let rows = client
+        .query(
+            "UPDATE queen.log_consumers c
+                SET lease_expires_at = NULL, head_attempts = GREATEST(c.head_attempts - 1, 0)
+               FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+              WHERE c.lease_id = $1 AND c.partition_id = ANY($2) AND c.lease_expires_at > now()
+                AND p.id = c.partition_id
+          RETURNING q.id, p.id, q.name",
+            &[&lease_id, &partition_ids],
+        )
+        .await?;
+    for row in &rows {
+        events::publish(
+            client,
+            &Event::Available { queue_id: row.get(0), partition_id: row.get(1), queue: row.get(2) },
+        )
+        .await?;
+    }
+    Ok(rows.len() as u64)
+}
+
 /// Result of extending a lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LeaseExtension {

@@ -321,14 +321,52 @@ async fn pop_queue(
         };
         return Ok(Attempt::Empty { retry_at });
     }
-    let spans: Vec<Span> =
-        claims.iter().map(|c| Span { partition_id: c.partition_id, first: c.first, last: c.last }).collect();
-    let segments = broker.segments.read(&client, &spans, broker.cipher.as_deref()).await?;
-    drop(client);
-
-    let queue_name: Arc<str> = Arc::from(queue.name.as_str());
     let names_by_id: HashMap<i64, Arc<str>> =
         free.iter().map(|c| (c.partition_id, Arc::from(c.partition.as_str()))).collect();
+    let messages = match read_claimed(broker, &client, queue, &names_by_id, &claims).await {
+        Ok(messages) => messages,
+        Err(e) => {
+            // Handed to nobody: give the leases back now rather than let them run out, which
+            // would count against the messages as a failed delivery.
+            if !request.auto_ack {
+                let claimed: Vec<i64> = claims.iter().map(|c| c.partition_id).collect();
+                if let Err(back) = cursors::give_back_claims(&client, lease_id, &claimed).await {
+                    tracing::warn!(error = %back, "could not give back the claims of a failed pop");
+                }
+            }
+            return Err(e);
+        }
+    };
+    drop(client);
+
+    let metrics = &broker.metrics;
+    metrics.messages_delivered.inc_by(&queue.name, messages.len() as u64);
+    let bytes: usize = messages.iter().map(|m| m.data.get().len()).sum();
+    metrics.bytes_delivered.inc_by(&queue.name, bytes as u64);
+    if !request.auto_ack {
+        metrics.leases_granted.inc_by(claims.len() as u64);
+    }
+    metrics.leases_expired.inc_by(claims.iter().filter(|c| c.took_over_expired_lease).count() as u64);
+    Ok(Attempt::Delivered(Delivery {
+        lease_id: (!request.auto_ack).then_some(lease_id),
+        partitions_claimed: claims.len(),
+        messages,
+        paused: false,
+    }))
+}
+
+/// The claimed messages, read from their segments (through the segment cache).
+async fn read_claimed(
+    broker: &Broker,
+    client: &deadpool_postgres::Object,
+    queue: &Queue,
+    names_by_id: &HashMap<i64, Arc<str>>,
+    claims: &[cursors::Claim],
+) -> Result<Vec<DeliveredMessage>, BrokerError> {
+    let spans: Vec<Span> =
+        claims.iter().map(|c| Span { partition_id: c.partition_id, first: c.first, last: c.last }).collect();
+    let segments = broker.segments.read(client, &spans, broker.cipher.as_deref()).await?;
+    let queue_name: Arc<str> = Arc::from(queue.name.as_str());
     let attempts: HashMap<i64, (i64, i64, i32)> =
         claims.iter().map(|c| (c.partition_id, (c.first, c.last, c.delivery_attempt))).collect();
     let mut messages = Vec::new();
@@ -355,21 +393,7 @@ async fn pop_queue(
             });
         }
     }
-
-    let metrics = &broker.metrics;
-    metrics.messages_delivered.inc_by(&queue.name, messages.len() as u64);
-    let bytes: usize = messages.iter().map(|m| m.data.get().len()).sum();
-    metrics.bytes_delivered.inc_by(&queue.name, bytes as u64);
-    if !request.auto_ack {
-        metrics.leases_granted.inc_by(claims.len() as u64);
-    }
-    metrics.leases_expired.inc_by(claims.iter().filter(|c| c.took_over_expired_lease).count() as u64);
-    Ok(Attempt::Delivered(Delivery {
-        lease_id: (!request.auto_ack).then_some(lease_id),
-        partitions_claimed: claims.len(),
-        messages,
-        paused: false,
-    }))
+    Ok(messages)
 }
 
 /// Moves the group past the messages of these partitions that are older than the queue's `ttl`

@@ -120,3 +120,21 @@ async fn a_queue_that_does_not_dead_letter_drops_a_message_whose_leases_keep_exp
     assert_eq!(app.count("SELECT count(*) FROM queen.log_dlq").await, 0);
     assert_eq!(app.metric("queen_messages_dropped_total{queue=\"dropping\"}").await, 1.0);
 }
+
+#[actix_web::test]
+async fn a_pop_that_cannot_read_what_it_claimed_gives_the_lease_back_uncounted() {
+    let app = TestApp::spawn().await;
+    app.configure("unreadable", json!({"retryLimit": 0})).await;
+    push_n(&app, "unreadable", 2).await;
+    app.db.connect().await.batch_execute("UPDATE queen.log_segments SET body = '\\x00'").await.expect("corrupting");
+
+    let failed = app.pop("queue/unreadable", "batch=1&consumerGroup=g").await;
+    assert_eq!(failed.status, reqwest::StatusCode::INTERNAL_SERVER_ERROR, "{failed:?}");
+    let live_leases = "SELECT count(*) FROM queen.log_consumers WHERE lease_expires_at > now()";
+    assert_eq!(app.count(live_leases).await, 0, "nobody got the message: no lease holds the partition");
+    assert_eq!(app.count("SELECT head_attempts::bigint FROM queen.log_consumers").await, 0, "no delivery counted");
+    // The next consumer is not kept waiting for a lease: it meets the same fault at once.
+    let again = app.pop("queue/unreadable", "batch=1&consumerGroup=g").await;
+    assert_eq!(again.status, reqwest::StatusCode::INTERNAL_SERVER_ERROR, "{again:?}");
+    assert_eq!(app.count("SELECT count(*) FROM queen.log_dlq").await, 0, "nothing given up on");
+}
