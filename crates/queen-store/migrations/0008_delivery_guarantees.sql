@@ -5,6 +5,9 @@ ALTER TABLE queen.log_consumers
     ADD COLUMN delivered_until bigint  NOT NULL DEFAULT 0,  -- highest offset ever delivered to the group
     ADD COLUMN head_expiries   integer NOT NULL DEFAULT 0;  -- leases over the head message that ran out
 UPDATE queen.log_consumers SET delivered_until = GREATEST(committed, COALESCE(leased_until, 0));
+-- Which broker granted a lease mattered only to a shutdown that released its leases; a shutdown
+-- now leaves them to the fleet.
+ALTER TABLE queen.log_consumers DROP COLUMN lease_broker;
 
 -- A message can be given up on after retention removed its segment (the ack raced the trim): its
 -- dead letter is kept without what is gone, and says so, rather than not kept at all.

@@ -198,8 +198,6 @@ pub struct ClaimRequest<'a> {
     pub lease_seconds: Option<i32>,
     /// Commit at delivery: advance the cursor and take no lease.
     pub auto_ack: bool,
-    /// Which broker grants the lease.
-    pub broker_id: &'a str,
 }
 
 /// One partition a pop claimed, and the span it delivers.
@@ -284,7 +282,6 @@ pub async fn claim(client: &impl GenericClient, request: &ClaimRequest<'_>) -> R
                     lease_expires_at = CASE WHEN $7 THEN NULL
                         ELSE now() + COALESCE($6, ch.lease_time_seconds) * interval '1 second' END,
                     leased_until = CASE WHEN $7 THEN NULL ELSE ch.start_after + ch.take END,
-                    lease_broker = CASE WHEN $7 THEN NULL ELSE $8 END,
                     committed = CASE WHEN $7 THEN ch.start_after + ch.take ELSE c.committed END,
                     delivered_until = GREATEST(c.delivered_until, ch.start_after + ch.take),
                     head_attempts = CASE WHEN $7 THEN 0 ELSE c.head_attempts + 1 END,
@@ -315,7 +312,6 @@ pub async fn claim(client: &impl GenericClient, request: &ClaimRequest<'_>) -> R
                 &request.lease_id,
                 &request.lease_seconds,
                 &request.auto_ack,
-                &request.broker_id,
             ],
         )
         .await?;

@@ -86,7 +86,6 @@ pub async fn seek(
                     SET committed = EXCLUDED.committed,
                         lease_expires_at = NULL,
                         leased_until = NULL,
-                        lease_broker = NULL,
                         retry_count = 0,
                         redelivery_count = 0,
                         head_attempts = 0,

@@ -295,7 +295,6 @@ async fn pop_queue(
         lease_id,
         lease_seconds: request.lease_seconds,
         auto_ack: request.auto_ack,
-        broker_id: &broker.broker_id,
     };
     let Claimed { mut claims, exhausted } = cursors::claim(&client, &claim_request).await?;
     if !exhausted.is_empty() {
