@@ -50,19 +50,21 @@ if [ ! -x "$venv/bin/python" ] || ! cmp -s "$requirements" "$venv/requirements.t
 fi
 export QUEEN_COMPAT_PYTHON="$venv/bin/python"
 
-stop_test_cluster() {
-    local data="$target/queen-test-pg"
-    [ -f "$data/postmaster.pid" ] || return 0
-    local pg_ctl
+# The shared test cluster and the TLS-only one (tests of TLS to PostgreSQL).
+stop_test_clusters() {
+    local pg_ctl data
     pg_ctl=$(compgen -G "/usr/lib/postgresql/*/bin/pg_ctl" | sort -V | tail -n 1 || true)
     pg_ctl=${pg_ctl:-$(command -v pg_ctl)}
-    if [ "$(id -u)" -eq 0 ]; then
-        runuser -u "$(stat -c %U "$data")" -- "$pg_ctl" -D "$data" -m fast -w stop >/dev/null || true
-    else
-        "$pg_ctl" -D "$data" -m fast -w stop >/dev/null || true
-    fi
+    for data in "$target/queen-test-pg" "$target/queen-test-pg-tls/pg"; do
+        [ -f "$data/postmaster.pid" ] || continue
+        if [ "$(id -u)" -eq 0 ]; then
+            runuser -u "$(stat -c %U "$data")" -- "$pg_ctl" -D "$data" -m fast -w stop >/dev/null || true
+        else
+            "$pg_ctl" -D "$data" -m fast -w stop >/dev/null || true
+        fi
+    done
 }
-trap stop_test_cluster EXIT
+trap stop_test_clusters EXIT
 
 # Style and lints first, so that neither can drift.
 cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt

@@ -82,7 +82,7 @@ impl BrokerProcess {
     }
 
     async fn wait_ready(&mut self) -> Result<(), BrokerError> {
-        let client = QueenClient::new(&self.url).map_err(|e| BrokerError::NotReady {
+        let client = QueenClient::new(&self.url, None).map_err(|e| BrokerError::NotReady {
             last_error: e.to_string(),
             log: self.log.clone(),
             tail: String::new(),

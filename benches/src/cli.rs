@@ -63,6 +63,9 @@ pub struct RunArgs {
     /// Base URL of the broker
     #[arg(long, default_value = "http://127.0.0.1:6632", env = "QUEEN_BENCH_URL")]
     pub url: String,
+    /// A bearer token for a broker with auth on, sent on every request
+    #[arg(long, env = "QUEEN_BENCH_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
     /// The broker's process id, to report its CPU time and peak RSS (same machine only)
     #[arg(long)]
     pub broker_pid: Option<i32>,

@@ -119,10 +119,21 @@ pub struct AckRefusals {
 }
 
 impl QueenClient {
-    pub fn new(base_url: &str) -> Result<Self, ClientError> {
+    /// A client of the broker at `base_url`, sending `token` as a bearer token when given.
+    pub fn new(base_url: &str, token: Option<&str>) -> Result<Self, ClientError> {
         let base = base_url.trim_end_matches('/').to_owned();
+        // reqwest is built with rustls and no provider of its own.
+        queen_store::tls::install_crypto_provider();
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(token) = token {
+            let value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+                ClientError::Answer { url: base.clone(), reason: "the token is not a valid header value".into() }
+            })?;
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
         let http = reqwest::Client::builder()
             .tcp_nodelay(true)
+            .default_headers(headers)
             .build()
             .map_err(|source| ClientError::Transport { url: base.clone(), source })?;
         Ok(Self { http, base })

@@ -82,6 +82,7 @@ impl MessageGenerator {
             message_id: queen_log::new_message_id(),
             transaction_id: self.transaction_id(seq),
             trace_id: None,
+            producer: None,
             payload: self.payload(seq, self.now_us()).into_bytes(),
         }
     }

@@ -88,7 +88,7 @@ fn finish(report: &Report, out: &Path) -> ExitCode {
 }
 
 async fn run_one(args: RunArgs) -> Result<Report, Box<dyn Error>> {
-    let client = QueenClient::new(&args.url)?;
+    let client = QueenClient::new(&args.url, args.token.as_deref())?;
     client.ready().await.map_err(|e| format!("the broker at {} is not ready: {e}", args.url))?;
     let environment = Environment::collect(args.url.clone(), suite::load_flags(&args.load));
     let watched = Watched { broker: args.broker_pid, postgres: args.postgres_pid };

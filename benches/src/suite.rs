@@ -124,7 +124,7 @@ impl Suite<'_> {
             Ok(broker) => broker,
             Err(e) => return ScenarioReport::failed(scenario, e.to_string()),
         };
-        let client = match QueenClient::new(broker.url()) {
+        let client = match QueenClient::new(broker.url(), None) {
             Ok(client) => client,
             Err(e) => return ScenarioReport::failed(scenario, e.to_string()),
         };

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use queen_testkit::{BrokerProcess, TestDatabase, target_dir};
+use queen_testkit::{BrokerProcess, JsonServer, TestDatabase, target_dir};
 
 /// Names the Python interpreter to use instead of `<target dir>/compat-venv/bin/python`.
 const PYTHON_VAR: &str = "QUEEN_COMPAT_PYTHON";
@@ -48,7 +48,6 @@ fn python() -> PathBuf {
 
 #[tokio::test]
 async fn the_official_python_client_works_against_the_broker() {
-    let python = python();
     let db = TestDatabase::create("compat").await;
     // The maintenance test buffers pushes: a journal directory of this run's own.
     let buffer = target_dir().join(format!("compat-buffer-{}", std::process::id()));
@@ -57,12 +56,51 @@ async fn the_official_python_client_works_against_the_broker() {
     // The encryption test configures an encrypted queue, which needs the broker's key.
     let envs = [("QUEEN_ENCRYPTION_KEY", ENCRYPTION_KEY)];
     let broker = BrokerProcess::start(Path::new(env!("CARGO_BIN_EXE_queen")), &args, &envs).await;
+    // The auth tests need a broker of their own (below).
+    run_pytest(&broker, &["tests/compat", "--ignore=tests/compat/test_auth.py"], &[]).await;
+}
 
+/// The HS256 secret of the auth run, made up for the tests.
+const JWT_SECRET: &str = "compat-hs256-secret-0123456789abcdef";
+const RS256_KID: &str = "compat-rs256";
+
+#[tokio::test]
+async fn the_official_python_client_works_against_a_broker_with_jwt_auth() {
+    let fixtures = workspace_root().join("tests/fixtures/auth");
+    let private_key = fixtures.join("rs256-a.key");
+    let jwks = JsonServer::start("jwks.json", jwks_of(&private_key, RS256_KID)).await;
+    let db = TestDatabase::create("compat_auth").await;
+    let envs =
+        [("JWT_ENABLED", "true"), ("JWT_ALGORITHM", "auto"), ("JWT_SECRET", JWT_SECRET), ("JWT_JWKS_URL", jwks.url())];
+    let broker =
+        BrokerProcess::start(Path::new(env!("CARGO_BIN_EXE_queen")), &["--database-url", db.url()], &envs).await;
+    let key = private_key.to_string_lossy();
+    let settings =
+        [("QUEEN_AUTH_HS256_SECRET", JWT_SECRET), ("QUEEN_AUTH_RS256_KEY", &*key), ("QUEEN_AUTH_RS256_KID", RS256_KID)];
+    run_pytest(&broker, &["tests/compat/test_auth.py"], &settings).await;
+    assert!(jwks.requests() > 0, "the broker fetched the JWKS");
+}
+
+/// A JWKS with the public half of the RSA private key at `path`, under `kid`.
+fn jwks_of(path: &Path, kid: &str) -> String {
+    use jsonwebtoken::jwk::{Jwk, JwkSet};
+    let pem = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let key = jsonwebtoken::EncodingKey::from_rsa_pem(&pem).expect("an RSA private key");
+    let mut jwk = Jwk::from_encoding_key(&key, jsonwebtoken::Algorithm::RS256).expect("a JWK");
+    jwk.common.key_id = Some(kid.to_owned());
+    serde_json::to_string(&JwkSet { keys: vec![jwk] }).expect("JSON")
+}
+
+/// Runs pytest over `targets` against `broker`, failing with everything that helps when it fails.
+async fn run_pytest(broker: &BrokerProcess, targets: &[&str], envs: &[(&str, &str)]) {
+    let python = python();
     let started = Instant::now();
     let mut command = tokio::process::Command::new(&python);
     command
-        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/compat"])
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+        .args(targets)
         .current_dir(workspace_root())
+        .envs(envs.iter().copied())
         .env("QUEEN_URL", broker.url())
         // No __pycache__ directories in the source tree.
         .env("PYTHONDONTWRITEBYTECODE", "1")

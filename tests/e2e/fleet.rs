@@ -26,7 +26,7 @@ async fn a_pop_waiting_on_one_broker_is_answered_by_a_push_on_another() {
     let db = TestDatabase::create("e2e_cross_poll").await;
     let brokers = start_brokers(&db, 2).await;
     let (a, b) = (brokers[0].url(), brokers[1].url());
-    let http = reqwest::Client::new();
+    let http = queen_testkit::http().build().expect("an HTTP client");
     let waiting = http.get(format!("{b}/api/v1/pop/queue/cross?batch=1&wait=true&timeout=20000")).send();
     let push = async {
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -102,7 +102,7 @@ async fn three_brokers_lose_nothing_when_one_is_killed_mid_run() {
     let db = TestDatabase::create("e2e_fleet").await;
     let mut brokers = start_brokers(&db, 3).await;
     let bases: Vec<String> = brokers.iter().map(BrokerProcess::url).collect();
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("a client");
+    let http = queen_testkit::http().timeout(Duration::from_secs(10)).build().expect("a client");
     let configured = http
         .post(format!("{}/api/v1/configure", bases[0]))
         .json(&json!({"queue": "fleet", "options": {"leaseTime": 2}}))
@@ -276,11 +276,8 @@ async fn a_rolling_restart_under_steady_consumption_redelivers_nothing() {
     let rotation = Rotation(Arc::new(std::sync::RwLock::new(brokers.iter().map(|b| Some(b.url())).collect())));
     // No idle connections kept: a broker that got SIGTERM is done as soon as its requests are
     // answered, while consumers still work on what it leased them.
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .pool_max_idle_per_host(0)
-        .build()
-        .expect("a client");
+    let http =
+        queen_testkit::http().timeout(Duration::from_secs(10)).pool_max_idle_per_host(0).build().expect("a client");
     let configure = json!({"queue": "rolling", "options": {"leaseTime": 60}});
     let configured =
         balanced(&http, &rotation, 0, |http, base| http.post(format!("{base}/api/v1/configure")).json(&configure));

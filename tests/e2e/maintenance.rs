@@ -40,7 +40,7 @@ async fn a_broker_killed_while_buffering_loses_no_answered_push() {
     let buffer_arg = buffer.to_string_lossy().into_owned();
     let args = ["--database-url", db.url(), "--buffer-dir", &buffer_arg];
     let mut first = BrokerProcess::start(queen_binary(), &args, &[]).await;
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().expect("a client");
+    let http = queen_testkit::http().timeout(Duration::from_secs(30)).build().expect("a client");
     set_push_maintenance(&http, &first.url(), true).await;
 
     // Producers push until the kill cuts them off; only what was answered counts.

@@ -57,7 +57,7 @@ async fn a_broker_pushed_past_what_it_can_commit_refuses_work_and_stays_within_i
     ];
     let broker = BrokerProcess::start(queen_binary(), &["--database-url", db.url()], &settings).await;
     let (base, pid) = (broker.url(), broker.pid().expect("the broker runs"));
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(120)).build().expect("a client");
+    let http = queen_testkit::http().timeout(Duration::from_secs(120)).build().expect("a client");
     // Warm up (the first push creates the queue), then take the broker's size before the load.
     let first = json!({"items": [{"queue": "overload", "partition": "p0", "transactionId": "warm-up", "payload": 0}]});
     assert_eq!(http.post(format!("{base}/api/v1/push")).json(&first).send().await.expect("push").status(), 201);

@@ -13,8 +13,9 @@ use crate::support::{queen_binary, round_trip};
 async fn the_broker_serves_a_configured_database() {
     let db = TestDatabase::create("e2e_configured").await;
     let broker = BrokerProcess::start(queen_binary(), &["--database-url", db.url()], &[]).await;
+    let http = queen_testkit::http().build().expect("an HTTP client");
     for probe in ["/health", "/ready"] {
-        let answer = reqwest::get(format!("{}{probe}", broker.url())).await.expect(probe);
+        let answer = http.get(format!("{}{probe}", broker.url())).send().await.expect(probe);
         assert_eq!(answer.status(), StatusCode::OK, "{probe}");
     }
     round_trip(&broker.url(), "configured").await;
@@ -85,7 +86,7 @@ async fn the_broker_answers_503_while_postgresql_is_down_and_recovers_when_it_is
     round_trip(&broker.url(), "before").await;
 
     server.stop().await.expect("PostgreSQL stops");
-    let http = reqwest::Client::new();
+    let http = queen_testkit::http().build().expect("an HTTP client");
     let push = |txn: &'static str| {
         let body = serde_json::json!({"items": [{"queue": "outage", "transactionId": txn, "payload": 1}]});
         http.post(format!("{}/api/v1/push", broker.url())).json(&body).send()
@@ -98,9 +99,9 @@ async fn the_broker_answers_503_while_postgresql_is_down_and_recovers_when_it_is
     assert_eq!(error["code"], "unavailable", "{error}");
     assert_eq!(error["error"], "the database is unavailable; retry later", "the broker's words, not PostgreSQL's");
     assert_eq!(error["requestId"].as_str().map(str::as_bytes), Some(request_id.as_bytes()));
-    let health = reqwest::get(format!("{}/health", broker.url())).await.expect("health");
+    let health = http.get(format!("{}/health", broker.url())).send().await.expect("health");
     assert_eq!(health.status(), StatusCode::OK, "liveness does not fail because PostgreSQL is down");
-    let ready = reqwest::get(format!("{}/ready", broker.url())).await.expect("ready");
+    let ready = http.get(format!("{}/ready", broker.url())).send().await.expect("ready");
     assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
 
     let server = EmbeddedPostgres::start(EmbeddedOptions { port: Some(port), ..options() })
@@ -152,7 +153,7 @@ async fn sigterm_under_load_loses_no_acknowledged_push_and_exits_cleanly() {
     )
     .await;
     let base = broker.url();
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().expect("a client");
+    let http = queen_testkit::http().timeout(Duration::from_secs(30)).build().expect("a client");
 
     // A long poll parked on an empty queue, and a lease the broker granted.
     let parked = {

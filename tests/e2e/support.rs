@@ -12,7 +12,7 @@ pub fn queen_binary() -> &'static Path {
 
 /// Pushes one message and pops it back through the broker at `base`, checking both answers.
 pub async fn round_trip(base: &str, queue: &str) {
-    let http = reqwest::Client::new();
+    let http = queen_testkit::http().build().expect("an HTTP client");
     let pushed = http
         .post(format!("{base}/api/v1/push"))
         .json(&json!({"items": [{"queue": queue, "partition": "p", "transactionId": "e2e", "payload": {"ok": true}}]}))

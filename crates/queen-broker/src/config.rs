@@ -22,6 +22,7 @@ pub struct Config {
     pub buffer: BufferConfig,
     pub limits: LimitsConfig,
     pub encryption: EncryptionConfig,
+    pub auth: AuthConfig,
     pub metrics: MetricsConfig,
     pub log: LogConfig,
 }
@@ -40,6 +41,11 @@ pub struct HttpConfig {
     /// Connections open at once, across workers; more wait to be accepted. Each may hold up to
     /// about 160 KiB of the request it is reading, besides what `limits` bounds.
     pub max_connections: usize,
+    /// HTTPS: the certificate chain the listener serves, PEM (the server's certificate first);
+    /// set with `tls_key_file`, or neither for plain HTTP. Reloaded when it changes or on SIGHUP.
+    pub tls_cert_file: Option<PathBuf>,
+    /// HTTPS: the private key of `tls_cert_file`, PEM (PKCS#8, PKCS#1 or SEC1).
+    pub tls_key_file: Option<PathBuf>,
 }
 
 impl Default for HttpConfig {
@@ -51,7 +57,20 @@ impl Default for HttpConfig {
             max_body_bytes: 16 * 1024 * 1024,
             shutdown_timeout_seconds: 30,
             max_connections: 16 * 1024,
+            tls_cert_file: None,
+            tls_key_file: None,
         }
+    }
+}
+
+impl HttpConfig {
+    /// The certificate and key files of HTTPS, when the listener serves it (an empty path is
+    /// no path). `Config::validate` holds them together.
+    pub fn tls_files(&self) -> Option<(&Path, &Path)> {
+        fn set(path: &Option<PathBuf>) -> Option<&Path> {
+            path.as_deref().filter(|p| !p.as_os_str().is_empty())
+        }
+        set(&self.tls_cert_file).zip(set(&self.tls_key_file))
     }
 }
 
@@ -71,6 +90,22 @@ pub struct DatabaseConfig {
     pub connect_timeout_ms: u64,
     pub statement_timeout_ms: u64,
     pub lock_timeout_ms: u64,
+    /// TLS to the server, as libpq's `sslmode`: `disable`, `prefer` (the default), `require`,
+    /// `verify-ca`, `verify-full`. The URL's own `sslmode` wins; see [`DatabaseConfig::tls`].
+    pub sslmode: Option<String>,
+    /// The CA certificates (PEM) the server's certificate must chain to, the only ones trusted;
+    /// `system` for the platform's store (what `verify-full` uses without this).
+    pub sslrootcert: Option<PathBuf>,
+    /// A client certificate (PEM) to present, with `sslkey`.
+    pub sslcert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    pub sslkey: Option<PathBuf>,
+    /// Upstream's `PG_USE_SSL`, used when no `sslmode` is given: false is `disable`, true is
+    /// `require` (`verify-full` with `ssl_reject_unauthorized = true`).
+    pub use_ssl: Option<bool>,
+    /// Upstream's `PG_SSL_REJECT_UNAUTHORIZED`: with `use_ssl = true`, true is `verify-full` and
+    /// false is `require`; no effect otherwise.
+    pub ssl_reject_unauthorized: Option<bool>,
 }
 
 impl Default for DatabaseConfig {
@@ -87,6 +122,12 @@ impl Default for DatabaseConfig {
             connect_timeout_ms: 5000,
             statement_timeout_ms: 30_000,
             lock_timeout_ms: 10_000,
+            sslmode: None,
+            sslrootcert: None,
+            sslcert: None,
+            sslkey: None,
+            use_ssl: None,
+            ssl_reject_unauthorized: None,
         }
     }
 }
@@ -233,6 +274,32 @@ pub struct LimitsConfig {
     pub group_ack_calls: usize,
     /// Messages waiting for the coordinator; past it, pops are answered 503.
     pub coordinator_messages: usize,
+    /// Long polls one client address has parked on this broker at once; a pop that would park
+    /// past it is answered 429. 0 = no limit.
+    pub long_polls_per_client: usize,
+    /// The client address is the first one of `X-Forwarded-For` (when it has one) rather than
+    /// the TCP peer's. Only behind a proxy that sets the header: otherwise a client picks its own.
+    pub trust_forwarded_for: bool,
+    /// Queues the fleet will create, counted in PostgreSQL; past it a request that would create
+    /// one is answered 429 and creates nothing. 0 = no limit. The same on every broker.
+    pub max_queues: u64,
+    /// Partitions one queue will hold, the same way. 0 = no limit.
+    pub max_partitions_per_queue: u64,
+    /// Named consumer groups one queue will have (registered, or with cursors; queue mode does
+    /// not count), the same way. 0 = no limit.
+    pub max_groups_per_queue: u64,
+}
+
+impl LimitsConfig {
+    /// What the fleet creates at most, for the store (0 = no limit).
+    pub fn creation(&self) -> queen_store::queues::CreationLimits {
+        let limit = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
+        queen_store::queues::CreationLimits {
+            queues: limit(self.max_queues),
+            partitions_per_queue: limit(self.max_partitions_per_queue),
+            groups_per_queue: limit(self.max_groups_per_queue),
+        }
+    }
 }
 
 impl Default for LimitsConfig {
@@ -242,6 +309,11 @@ impl Default for LimitsConfig {
             parked_long_polls: 10_000,
             group_ack_calls: 4096,
             coordinator_messages: 16 * 1024,
+            long_polls_per_client: 1000,
+            trust_forwarded_for: false,
+            max_queues: 10_000,
+            max_partitions_per_queue: 100_000,
+            max_groups_per_queue: 1000,
         }
     }
 }
@@ -271,6 +343,91 @@ impl EncryptionConfig {
             .map(queen_log::Cipher::from_hex)
             .transpose()
             .map_err(|e| invalid("encryption.key", e.to_string()))
+    }
+}
+
+/// Who may call the API (`crate::auth`). Off unless JWTs are enabled or a tokens file is given;
+/// `/health` and `/ready` are always public.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Verify `Authorization: Bearer` JWTs (`JWT_ENABLED`).
+    pub jwt_enabled: bool,
+    /// `HS256`, `RS256`, `EdDSA`, or `auto` (the token's own `alg`, among the key material given).
+    pub jwt_algorithm: String,
+    /// The HMAC secret of HS256 tokens (`JWT_SECRET`).
+    pub jwt_secret: Option<String>,
+    /// A PEM public key for RS256 or EdDSA tokens (`JWT_PUBLIC_KEY`).
+    pub jwt_public_key: Option<String>,
+    /// A JWKS document to take RS256/EdDSA keys from, by `kid` (`JWT_JWKS_URL`).
+    pub jwt_jwks_url: Option<String>,
+    /// How often the JWKS is fetched again (`JWT_JWKS_REFRESH_INTERVAL`, seconds).
+    pub jwt_jwks_refresh_seconds: u64,
+    /// How long one JWKS fetch may take (`JWT_JWKS_TIMEOUT_MS`).
+    pub jwt_jwks_timeout_ms: u64,
+    /// A token signed with a key the JWKS does not hold makes the broker fetch it again, at most
+    /// this often (seconds), so a key rotation is picked up without waiting for the refresh.
+    pub jwt_jwks_min_refetch_seconds: u64,
+    /// Required `iss`, when set (`JWT_ISSUER`).
+    pub jwt_issuer: Option<String>,
+    /// Required `aud`, when set (`JWT_AUDIENCE`).
+    pub jwt_audience: Option<String>,
+    /// Leeway on `exp` and `nbf`, seconds (`JWT_CLOCK_SKEW`).
+    pub jwt_clock_skew_seconds: u64,
+    /// Paths served without a token, comma-separated: exact, or a prefix when ending in `/`
+    /// (`JWT_SKIP_PATHS`). `/health` and `/ready` are public whatever this says; `/metrics` is
+    /// public while listed here, and needs the read-only role otherwise.
+    pub jwt_skip_paths: String,
+    /// Claim holding one role name (`JWT_ROLES_CLAIM`).
+    pub jwt_roles_claim: String,
+    /// Claim holding an array of role names (`JWT_ROLES_ARRAY_CLAIM`).
+    pub jwt_roles_array_claim: String,
+    /// The role names tokens carry (`JWT_ROLE_ADMIN`, `JWT_ROLE_READ_WRITE`, `JWT_ROLE_READ_ONLY`).
+    pub role_admin: String,
+    pub role_read_write: String,
+    pub role_read_only: String,
+    /// Static API tokens, a TOML file of `[[token]]` entries (name, token or sha256, role, queues).
+    pub tokens_file: Option<PathBuf>,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            jwt_enabled: false,
+            jwt_algorithm: "HS256".into(),
+            jwt_secret: None,
+            jwt_public_key: None,
+            jwt_jwks_url: None,
+            jwt_jwks_refresh_seconds: 3600,
+            jwt_jwks_timeout_ms: 5000,
+            jwt_jwks_min_refetch_seconds: 10,
+            jwt_issuer: None,
+            jwt_audience: None,
+            jwt_clock_skew_seconds: 30,
+            jwt_skip_paths: "/health,/ready,/metrics".into(),
+            jwt_roles_claim: "role".into(),
+            jwt_roles_array_claim: "roles".into(),
+            role_admin: "admin".into(),
+            role_read_write: "read-write".into(),
+            role_read_only: "read-only".into(),
+            tokens_file: None,
+        }
+    }
+}
+
+/// Never shows the secret.
+impl std::fmt::Debug for AuthConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthConfig")
+            .field("jwt_enabled", &self.jwt_enabled)
+            .field("jwt_algorithm", &self.jwt_algorithm)
+            .field("jwt_secret", &self.jwt_secret.as_ref().map(|_| "<set>"))
+            .field("jwt_public_key", &self.jwt_public_key.is_some())
+            .field("jwt_jwks_url", &self.jwt_jwks_url)
+            .field("jwt_issuer", &self.jwt_issuer)
+            .field("jwt_audience", &self.jwt_audience)
+            .field("tokens_file", &self.tokens_file)
+            .finish_non_exhaustive()
     }
 }
 
@@ -316,6 +473,8 @@ pub const ENV_ALIASES: &[(&str, &str)] = &[
     ("DB_CONNECTION_TIMEOUT", "database.connect_timeout_ms"),
     ("DB_STATEMENT_TIMEOUT", "database.statement_timeout_ms"),
     ("DB_LOCK_TIMEOUT", "database.lock_timeout_ms"),
+    ("PG_USE_SSL", "database.use_ssl"),
+    ("PG_SSL_REJECT_UNAUTHORIZED", "database.ssl_reject_unauthorized"),
     ("DEFAULT_BATCH_SIZE", "pop.default_batch"),
     ("DEFAULT_TIMEOUT", "pop.default_timeout_ms"),
     ("LOG_LEVEL", "log.level"),
@@ -325,6 +484,22 @@ pub const ENV_ALIASES: &[(&str, &str)] = &[
     ("FILE_BUFFER_DIR", "buffer.dir"),
     ("QUEEN_ENCRYPTION_KEY", "encryption.key"),
     ("FILE_BUFFER_MAX_BATCH", "buffer.drain_batch_messages"),
+    ("JWT_ENABLED", "auth.jwt_enabled"),
+    ("JWT_ALGORITHM", "auth.jwt_algorithm"),
+    ("JWT_SECRET", "auth.jwt_secret"),
+    ("JWT_PUBLIC_KEY", "auth.jwt_public_key"),
+    ("JWT_JWKS_URL", "auth.jwt_jwks_url"),
+    ("JWT_JWKS_REFRESH_INTERVAL", "auth.jwt_jwks_refresh_seconds"),
+    ("JWT_JWKS_TIMEOUT_MS", "auth.jwt_jwks_timeout_ms"),
+    ("JWT_ISSUER", "auth.jwt_issuer"),
+    ("JWT_AUDIENCE", "auth.jwt_audience"),
+    ("JWT_CLOCK_SKEW", "auth.jwt_clock_skew_seconds"),
+    ("JWT_SKIP_PATHS", "auth.jwt_skip_paths"),
+    ("JWT_ROLES_CLAIM", "auth.jwt_roles_claim"),
+    ("JWT_ROLES_ARRAY_CLAIM", "auth.jwt_roles_array_claim"),
+    ("JWT_ROLE_ADMIN", "auth.role_admin"),
+    ("JWT_ROLE_READ_WRITE", "auth.role_read_write"),
+    ("JWT_ROLE_READ_ONLY", "auth.role_read_only"),
 ];
 
 /// A setting that cannot be used, named.
@@ -375,13 +550,21 @@ impl Config {
             return Err(invalid("database.pool_size", "must be at least 1"));
         }
         if let Some(url) = &db.url {
+            let (url, _) = queen_store::tls::split_tls_params(url);
             url.parse::<tokio_postgres::Config>().map_err(|e| invalid("database.url", e.to_string()))?;
         }
+        db.tls()?.connector().map_err(|e| invalid(&db.tls_setting(e.setting()), e.to_string()))?;
         if self.http.max_body_bytes < 1024 {
             return Err(invalid("http.max_body_bytes", "must be at least 1024"));
         }
         if self.http.max_connections == 0 {
             return Err(invalid("http.max_connections", "must be at least 1"));
+        }
+        let set = |path: &Option<PathBuf>| path.as_ref().is_some_and(|p| !p.as_os_str().is_empty());
+        match (set(&self.http.tls_cert_file), set(&self.http.tls_key_file)) {
+            (true, false) => return Err(invalid("http.tls_key_file", "must be set with http.tls_cert_file")),
+            (false, true) => return Err(invalid("http.tls_cert_file", "must be set with http.tls_key_file")),
+            _ => {}
         }
         let push = &self.push;
         if push.max_items == 0 || push.max_segment_messages == 0 || push.max_segment_bytes == 0 {
@@ -428,6 +611,7 @@ impl Config {
             }
         }
         self.encryption.cipher()?;
+        crate::auth::check(&self.auth)?;
         if !matches!(self.log.format.as_str(), "text" | "json") {
             return Err(invalid("log.format", "must be `text` or `json`"));
         }
@@ -437,11 +621,12 @@ impl Config {
 }
 
 impl DatabaseConfig {
-    /// The connection settings for an external server.
+    /// The connection settings for an external server (the URL without our TLS parameters:
+    /// [`DatabaseConfig::tls`] has them).
     pub fn pg_config(&self) -> tokio_postgres::Config {
         if let Some(url) = &self.url {
             // Checked by `Config::validate`.
-            if let Ok(config) = url.parse() {
+            if let Ok(config) = queen_store::tls::split_tls_params(url).0.parse() {
                 return config;
             }
         }
@@ -451,6 +636,54 @@ impl DatabaseConfig {
             config.password(password);
         }
         config
+    }
+
+    /// How the connections to an external server use TLS. Each of `sslmode`, `sslrootcert`,
+    /// `sslcert` and `sslkey` comes from the URL's query when it has it (as the URL's other parts
+    /// win over the separate settings), else from the setting of that name. The mode, in order:
+    /// the URL's `sslmode`; `sslmode`; upstream's `use_ssl` (`PG_USE_SSL`): false is `disable`,
+    /// true is `require`, or `verify-full` when `ssl_reject_unauthorized`
+    /// (`PG_SSL_REJECT_UNAUTHORIZED`) is true; else libpq's default, `prefer`. Empty values are
+    /// unset. The files are read by [`queen_store::tls::TlsSettings::connector`].
+    pub fn tls(&self) -> Result<queen_store::tls::TlsSettings, ConfigError> {
+        use queen_store::tls::{RootCert, SslMode, TlsSettings};
+        let from_url = self.url_tls();
+        let text = |from_url: &Option<String>, setting: &Option<String>| {
+            from_url.clone().or_else(|| setting.clone()).filter(|value| !value.is_empty())
+        };
+        let path = |path: &Option<PathBuf>| path.as_ref().map(|p| p.to_string_lossy().into_owned());
+        let mode = match text(&from_url.sslmode, &self.sslmode) {
+            Some(mode) => mode
+                .parse()
+                .map_err(|e: queen_store::tls::TlsError| invalid(&self.tls_setting("sslmode"), e.to_string()))?,
+            None => match (self.use_ssl, self.ssl_reject_unauthorized) {
+                (Some(false), _) => SslMode::Disable,
+                (Some(true), Some(true)) => SslMode::VerifyFull,
+                (Some(true), _) => SslMode::Require,
+                (None, _) => SslMode::Prefer,
+            },
+        };
+        Ok(TlsSettings {
+            mode,
+            root_cert: text(&from_url.sslrootcert, &path(&self.sslrootcert)).map(|value| RootCert::parse(&value)),
+            client_cert: text(&from_url.sslcert, &path(&self.sslcert)).map(PathBuf::from),
+            client_key: text(&from_url.sslkey, &path(&self.sslkey)).map(PathBuf::from),
+        })
+    }
+
+    /// The TLS parameters the URL carries.
+    fn url_tls(&self) -> queen_store::tls::ConnectionTls {
+        self.url.as_deref().map(|url| queen_store::tls::split_tls_params(url).1).unwrap_or_default()
+    }
+
+    /// The setting a TLS parameter came from: `database.url` when the URL has it, else
+    /// `database.<parameter>`.
+    fn tls_setting(&self, parameter: &str) -> String {
+        if parameter == "url" || self.url_tls().has(parameter) {
+            "database.url".into()
+        } else {
+            format!("database.{parameter}")
+        }
     }
 
     pub fn pool_settings(&self) -> queen_store::pool::PoolSettings {
@@ -486,6 +719,19 @@ mod tests {
         let mut config = Config::default();
         config.database.pool_size = 0;
         assert_eq!(config.validate().unwrap_err().setting, "database.pool_size");
+    }
+
+    #[test]
+    fn the_listeners_certificate_and_key_are_set_together_or_not_at_all() {
+        let mut config = Config::default();
+        assert_eq!(config.http.tls_files(), None, "plain HTTP by default");
+        config.http.tls_cert_file = Some("/etc/queen/tls/tls.crt".into());
+        assert_eq!(config.validate().unwrap_err().setting, "http.tls_key_file");
+        config.http.tls_key_file = Some("/etc/queen/tls/tls.key".into());
+        config.validate().expect("both set");
+        assert!(config.http.tls_files().is_some());
+        config.http.tls_cert_file = Some("".into());
+        assert_eq!(config.validate().unwrap_err().setting, "http.tls_cert_file", "an empty path is no path");
     }
 
     #[test]
@@ -542,10 +788,129 @@ mod tests {
         full.database.url = Some("postgres://localhost/queen".into());
         full.database.host = Some("db".into());
         full.database.password = Some("secret".into());
+        full.database.use_ssl = Some(true);
+        full.database.ssl_reject_unauthorized = Some(true);
         full.encryption.key = Some("00".repeat(32));
+        full.auth.jwt_secret = Some("secret".into());
+        full.auth.jwt_public_key = Some("pem".into());
+        full.auth.jwt_jwks_url = Some("http://127.0.0.1/jwks".into());
+        full.auth.jwt_issuer = Some("issuer".into());
+        full.auth.jwt_audience = Some("audience".into());
         let figment = Figment::from(Serialized::defaults(full));
         for (alias, path) in ENV_ALIASES {
             assert!(figment.find_value(path).is_ok(), "{alias} maps to {path}, which is not a setting");
         }
+    }
+
+    #[test]
+    fn tls_settings_come_from_the_url_then_the_settings_then_upstream_names() {
+        use queen_store::tls::{RootCert, SslMode};
+        let mode = |url: Option<&str>, sslmode: Option<&str>, use_ssl: Option<bool>, reject: Option<bool>| {
+            let db = DatabaseConfig {
+                url: url.map(Into::into),
+                sslmode: sslmode.map(Into::into),
+                use_ssl,
+                ssl_reject_unauthorized: reject,
+                ..DatabaseConfig::default()
+            };
+            db.tls().expect("valid settings").mode
+        };
+        assert_eq!(mode(None, None, None, None), SslMode::Prefer, "libpq's default");
+        assert_eq!(mode(Some("postgres://db/q"), None, None, None), SslMode::Prefer);
+        assert_eq!(mode(None, Some("verify-ca"), None, None), SslMode::VerifyCa);
+        assert_eq!(mode(None, Some(""), None, None), SslMode::Prefer, "empty is unset");
+        assert_eq!(mode(Some("postgres://db/q?sslmode=require"), Some("disable"), None, None), SslMode::Require);
+        assert_eq!(mode(Some("postgres://db/q"), Some("verify-full"), None, None), SslMode::VerifyFull);
+        // Upstream's names, when no sslmode is given.
+        assert_eq!(mode(None, None, Some(false), None), SslMode::Disable);
+        assert_eq!(mode(None, None, Some(false), Some(true)), SslMode::Disable);
+        assert_eq!(mode(None, None, Some(true), None), SslMode::Require, "upstream: PG_USE_SSL=true is require");
+        assert_eq!(mode(None, None, Some(true), Some(false)), SslMode::Require);
+        assert_eq!(mode(None, None, Some(true), Some(true)), SslMode::VerifyFull);
+        assert_eq!(mode(None, None, None, Some(true)), SslMode::Prefer, "no effect without PG_USE_SSL");
+        assert_eq!(mode(None, Some("disable"), Some(true), Some(true)), SslMode::Disable, "sslmode wins");
+        assert_eq!(mode(Some("postgres://db/q?sslmode=prefer"), None, Some(true), Some(true)), SslMode::Prefer);
+
+        let db = DatabaseConfig {
+            url: Some("postgres://db/q?sslrootcert=/from/url.pem&sslkey=system".into()),
+            sslrootcert: Some("/from/setting.pem".into()),
+            sslcert: Some("/c.pem".into()),
+            sslkey: Some("/k.pem".into()),
+            ..DatabaseConfig::default()
+        };
+        let tls = db.tls().expect("valid settings");
+        assert_eq!(tls.root_cert, Some(RootCert::File("/from/url.pem".into())));
+        assert_eq!(tls.client_cert.as_deref(), Some(Path::new("/c.pem")));
+        assert_eq!(tls.client_key.as_deref(), Some(Path::new("system")), "only sslrootcert knows `system`");
+        let system = DatabaseConfig { sslrootcert: Some("system".into()), ..DatabaseConfig::default() };
+        assert_eq!(system.tls().expect("valid").root_cert, Some(RootCert::System));
+        // tokio-postgres never sees our parameters.
+        let url = "postgres://u@db:6000/q?sslmode=verify-full&application_name=x&sslrootcert=/ca.pem";
+        let pg = DatabaseConfig { url: Some(url.into()), ..DatabaseConfig::default() }.pg_config();
+        assert_eq!((pg.get_hosts().len(), pg.get_ports(), pg.get_application_name()), (1, &[6000][..], Some("x")));
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err, reason = "figment::Jail's closures return figment's own error")]
+    fn upstream_ssl_variables_choose_the_mode() {
+        use queen_store::tls::SslMode;
+        figment::Jail::expect_with(|jail| {
+            let mode = || -> Result<SslMode, String> {
+                let config = Config::load(None, Figment::new()).map_err(|e| e.to_string())?;
+                config.database.tls().map(|tls| tls.mode).map_err(|e| e.to_string())
+            };
+            jail.set_env("PG_USE_SSL", "false");
+            assert_eq!(mode()?, SslMode::Disable);
+            jail.set_env("PG_USE_SSL", "true");
+            assert_eq!(mode()?, SslMode::Require);
+            jail.set_env("PG_SSL_REJECT_UNAUTHORIZED", "false");
+            assert_eq!(mode()?, SslMode::Require);
+            jail.set_env("PG_SSL_REJECT_UNAUTHORIZED", "true");
+            jail.create_file("ca.pem", &queen_testkit::tls_cluster::TestCertificates::generate().ca_pem)?;
+            jail.set_env("QUEEN_DATABASE__SSLROOTCERT", "ca.pem");
+            assert_eq!(mode()?, SslMode::VerifyFull);
+            jail.set_env("QUEEN_DATABASE__SSLMODE", "require");
+            jail.set_env("QUEEN_DATABASE__SSLROOTCERT", "");
+            assert_eq!(mode()?, SslMode::Require, "an sslmode wins over upstream's names");
+            jail.set_env("PG_USE_SSL", "yes");
+            let error = Config::load(None, Figment::new()).expect_err("not a boolean");
+            assert_eq!(error.setting, "database.use_ssl");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn inconsistent_tls_settings_stop_start_up_naming_the_setting() {
+        let setting = |tweak: &dyn Fn(&mut DatabaseConfig)| {
+            let mut config = Config::default();
+            config.database.url = Some("postgres://db/queen".into());
+            tweak(&mut config.database);
+            let error = config.validate().expect_err("inconsistent");
+            assert!(!error.to_string().contains('\n'), "{error}");
+            (error.setting, error.problem)
+        };
+        let (name, problem) = setting(&|db| db.sslmode = Some("verify_full".into()));
+        assert_eq!(name, "database.sslmode");
+        assert!(problem.contains("verify-full"), "{problem}");
+        let (name, _) = setting(&|db| db.url = Some("postgres://db/queen?sslmode=allow".into()));
+        assert_eq!(name, "database.url");
+        let (name, problem) = setting(&|db| db.sslkey = Some("/etc/queen/client.key".into()));
+        assert_eq!(name, "database.sslcert");
+        assert!(problem.contains("without sslcert"), "{problem}");
+        let (name, _) = setting(&|db| db.sslcert = Some("/etc/queen/client.crt".into()));
+        assert_eq!(name, "database.sslkey");
+        let (name, problem) = setting(&|db| db.sslmode = Some("verify-ca".into()));
+        assert_eq!(name, "database.sslrootcert");
+        assert!(problem.contains("needs sslrootcert"), "{problem}");
+        let missing = "/nonexistent/queen-ca.pem";
+        let (name, problem) = setting(&|db| {
+            db.sslmode = Some("verify-full".into());
+            db.sslrootcert = Some(missing.into());
+        });
+        assert_eq!(name, "database.sslrootcert");
+        assert!(problem.contains("cannot read") && problem.contains(missing), "{problem}");
+        let (name, _) =
+            setting(&|db| db.url = Some(format!("postgres://db/queen?sslmode=require&sslrootcert={missing}")));
+        assert_eq!(name, "database.url", "named where it was given");
     }
 }

@@ -2,15 +2,17 @@
 //! embedded one it starts and owns under its data directory.
 
 use queen_store::embedded::{EmbeddedError, EmbeddedOptions, EmbeddedPostgres};
-use tokio_postgres::NoTls;
+use queen_store::tls::{PgTarget, SslMode, TlsError, TlsSettings};
+use tokio_postgres::error::SqlState;
 
-use crate::config::Config;
+use crate::config::{Config, ConfigError};
 
 /// The database the embedded server holds Queen's schema in.
 const EMBEDDED_DATABASE: &str = "queen";
 
 pub struct Database {
-    pub pg_config: tokio_postgres::Config,
+    /// Where every connection goes (the pool, the LISTEN connection) and how, TLS included.
+    pub target: PgTarget,
     embedded: Option<EmbeddedPostgres>,
 }
 
@@ -20,13 +22,28 @@ pub enum DatabaseError {
     Embedded(#[from] EmbeddedError),
     #[error("cannot prepare the embedded database: {0}")]
     Prepare(#[from] tokio_postgres::Error),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("TLS to PostgreSQL: {0}")]
+    Tls(#[from] TlsError),
+    /// The server and this broker cannot agree on TLS, or the server refuses the broker's
+    /// connection; retrying would not help.
+    #[error("cannot connect to PostgreSQL at {server}: {reason}")]
+    Refused { server: String, reason: String },
 }
 
 impl Database {
-    /// Starts the embedded server when no server is configured.
+    /// Starts the embedded server when no server is configured. A configured one is tried once,
+    /// so that TLS it refuses (or a server that refuses the broker) stops start-up at once with
+    /// the reason; one that is not reachable yet is waited for by the migration.
     pub async fn open(config: &Config) -> Result<Self, DatabaseError> {
+        // For the libraries that use rustls' process-wide provider (the HTTP clients).
+        queen_store::tls::install_crypto_provider();
         if config.database.is_external() {
-            return Ok(Self { pg_config: config.database.pg_config(), embedded: None });
+            let tls = config.database.tls()?;
+            let target = PgTarget::new(config.database.pg_config(), &tls)?;
+            check_tls(&target, tls.mode, config.database.pool_settings().connect_timeout).await?;
+            return Ok(Self { target, embedded: None });
         }
         let data_dir = config.embedded.data_dir.join("pg");
         tracing::info!(
@@ -41,10 +58,14 @@ impl Database {
             settings: Vec::new(),
         })
         .await?;
-        create_database_if_missing(&server.url("postgres"), EMBEDDED_DATABASE).await?;
-        let pg_config = server.url(EMBEDDED_DATABASE).parse()?;
+        // Ours, on loopback: plaintext.
+        let embedded = |database: &str| -> Result<PgTarget, DatabaseError> {
+            Ok(PgTarget::new(server.url(database).parse()?, &TlsSettings::disabled())?)
+        };
+        create_database_if_missing(&embedded("postgres")?, EMBEDDED_DATABASE).await?;
+        let target = embedded(EMBEDDED_DATABASE)?;
         tracing::info!(port = server.port(), "embedded PostgreSQL ready on 127.0.0.1:{}", server.port());
-        Ok(Self { pg_config, embedded: Some(server) })
+        Ok(Self { target, embedded: Some(server) })
     }
 
     /// Stops the embedded server, if this broker runs one.
@@ -57,8 +78,60 @@ impl Database {
     }
 }
 
-async fn create_database_if_missing(admin_url: &str, name: &str) -> Result<(), tokio_postgres::Error> {
-    let (client, connection) = tokio_postgres::connect(admin_url, NoTls).await?;
+/// Connects once: a certificate refused either way, or the server refusing this broker's
+/// connection (one without TLS where it takes only TLS, a missing client certificate, a wrong
+/// password), is an error with the reason in words; anything else is left to the migration,
+/// which retries while the server is unreachable.
+async fn check_tls(target: &PgTarget, mode: SslMode, timeout: std::time::Duration) -> Result<(), DatabaseError> {
+    let mut config = target.config.clone();
+    config.connect_timeout(timeout).application_name("queen");
+    let error = match config.connect(target.tls.clone()).await {
+        Ok((client, connection)) => {
+            drop(client);
+            let _ = connection.await;
+            return Ok(());
+        }
+        Err(e) => e,
+    };
+    let server = server_name(&target.config);
+    if let Some(reason) = queen_store::tls::refusal(&error) {
+        return Err(DatabaseError::Refused { server, reason });
+    }
+    // Class 28: the server will not let this broker in as configured (pg_hba.conf, a password, a
+    // client certificate it wants).
+    if let Some(db) = error.as_db_error()
+        && db.code().code().starts_with("28")
+    {
+        let reason = if mode == SslMode::Disable
+            && *db.code() == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+            && db.message().contains("no encryption")
+        {
+            format!(
+                "the server accepts only TLS connections ({}); set database.sslmode (or the URL's sslmode) to \
+                 require, verify-ca or verify-full",
+                db.message()
+            )
+        } else {
+            format!("the server refused the connection: {}", db.message())
+        };
+        return Err(DatabaseError::Refused { server, reason });
+    }
+    Ok(())
+}
+
+/// `host:port` of the first server configured, for messages.
+fn server_name(config: &tokio_postgres::Config) -> String {
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+        Some(tokio_postgres::config::Host::Unix(path)) => path.display().to_string(),
+        None => config.get_hostaddrs().first().map_or_else(|| "localhost".into(), ToString::to_string),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    format!("{host}:{port}")
+}
+
+async fn create_database_if_missing(admin: &PgTarget, name: &str) -> Result<(), tokio_postgres::Error> {
+    let (client, connection) = admin.connect().await?;
     let connection = tokio::spawn(connection);
     let exists = client.query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name]).await?.is_some();
     if !exists {

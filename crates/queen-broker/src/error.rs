@@ -16,6 +16,12 @@ pub enum ApiError {
     BadRequest(String),
     #[error("{0}")]
     NotFound(String),
+    /// No usable bearer token (auth on): 401.
+    #[error(transparent)]
+    Unauthorized(#[from] crate::auth::AuthFailure),
+    /// A valid token without the role or the queue scope the request needs: 403.
+    #[error("{0}")]
+    Forbidden(String),
     /// The request is valid but the state of what it names does not allow it.
     #[error("{0}")]
     Conflict(String),
@@ -51,16 +57,22 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) | ApiError::Broker(BrokerError::Invalid(_)) => "bad_request",
             ApiError::NotFound(_) => "not_found",
+            ApiError::Unauthorized(_) => "unauthorized",
+            ApiError::Forbidden(_) => "forbidden",
             ApiError::Conflict(_) => "conflict",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::Broker(BrokerError::QueueFull { .. }) => "queue_full",
+            ApiError::Broker(BrokerError::LimitReached(_)) => "limit_reached",
             ApiError::Unavailable(_) | ApiError::Broker(BrokerError::Unavailable(_)) => "unavailable",
             ApiError::Broker(BrokerError::Overloaded(_)) => "overloaded",
             ApiError::Internal(_) | ApiError::Broker(BrokerError::Internal(_)) => "internal",
         }
     }
 
-    /// Whether the client should come back later (with `Retry-After`).
+    /// Whether the client should come back later (with `Retry-After`). A creation limit is not:
+    /// it passes only when something is deleted or the limit is raised, so its 429 carries no
+    /// `Retry-After`, and a client that retries 429s in place (the official one does) backs off
+    /// exponentially instead of coming back every second.
     fn is_transient(&self) -> bool {
         matches!(
             self,
@@ -88,11 +100,19 @@ struct ErrorBody<'a> {
 
 /// What a refusal says beyond its message, for a client to act on.
 #[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Details<'a> {
-    queue: &'a str,
-    depth: i64,
-    max_size: i64,
+#[serde(untagged)]
+enum Details<'a> {
+    #[serde(rename_all = "camelCase")]
+    QueueFull { queue: &'a str, depth: i64, max_size: i64 },
+    /// `limit` is the setting's name; `held` what exists of what it counts (in `queue`, for the
+    /// limits per queue), `max` the limit.
+    Limit {
+        limit: &'static str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        queue: Option<&'a str>,
+        held: i64,
+        max: i64,
+    },
 }
 
 impl ResponseError for ApiError {
@@ -100,9 +120,13 @@ impl ResponseError for ApiError {
         match self {
             ApiError::BadRequest(_) | ApiError::Broker(BrokerError::Invalid(_)) => StatusCode::BAD_REQUEST,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::Broker(BrokerError::QueueFull { .. }) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Broker(BrokerError::QueueFull { .. } | BrokerError::LimitReached(_)) => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             ApiError::Unavailable(_) | ApiError::Broker(BrokerError::Unavailable(_)) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Broker(BrokerError::Overloaded(refused)) if refused.limited.is_broker_wide() => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -125,10 +149,19 @@ impl ResponseError for ApiError {
         if self.is_transient() {
             response.insert_header(("Retry-After", "1"));
         }
+        if let ApiError::Unauthorized(_) = self {
+            response.insert_header(("WWW-Authenticate", "Bearer"));
+        }
         let details = match self {
             ApiError::Broker(BrokerError::QueueFull { queue, depth, max_size, .. }) => {
-                Some(Details { queue, depth: *depth, max_size: *max_size })
+                Some(Details::QueueFull { queue, depth: *depth, max_size: *max_size })
             }
+            ApiError::Broker(BrokerError::LimitReached(reached)) => Some(Details::Limit {
+                limit: crate::broker::limit_setting(reached.what),
+                queue: reached.queue.as_deref(),
+                held: reached.held,
+                max: reached.max,
+            }),
             _ => None,
         };
         response.json(ErrorBody { success: false, error, code: self.code(), request_id, details })

@@ -1,6 +1,7 @@
 //! The Queen broker.
 
 pub mod actors;
+pub mod auth;
 pub mod backoff;
 pub mod broker;
 pub mod cli;
@@ -8,6 +9,7 @@ pub mod config;
 pub mod database;
 pub mod error;
 pub mod http;
+pub mod listener_tls;
 pub mod metrics;
 pub mod names;
 pub mod pressure;

@@ -33,7 +33,7 @@ fn main() -> ExitCode {
 
 async fn migrate(config: Config) -> Result<(), Box<dyn std::error::Error>> {
     let database = Database::open(&config).await?;
-    let pool = queen_store::pool::build_pool(database.pg_config.clone(), &config.database.pool_settings())?;
+    let pool = queen_store::pool::build_pool(database.target.clone(), &config.database.pool_settings())?;
     let result = migrate_with_retries(&pool).await;
     database.close().await;
     Ok(result?)

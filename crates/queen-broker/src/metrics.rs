@@ -56,6 +56,8 @@ pub struct Metrics {
     pub actor_queued: IntGaugeVec,
     // Overload.
     pub overload_refusals: IntCounterVec,
+    // Authentication.
+    pub auth_failures: IntCounterVec,
     // The fleet.
     pub notices_received: IntCounter,
     pub pop_scans: IntCounterVec,
@@ -235,6 +237,12 @@ impl Metrics {
                 "queen_overload_refusals_total",
                 "Requests refused because a bound of what the broker holds at once was reached, by bound.",
                 &["bound"],
+            ),
+            auth_failures: counter_vec(
+                &r,
+                "queen_auth_failures_total",
+                "Requests refused by authentication (401) or authorization (403), by reason.",
+                &["reason"],
             ),
             notices_received: counter(
                 &r,

@@ -3,13 +3,15 @@
 //! Under overload the broker refuses work rather than queue it: a request takes its place in a
 //! [`Bound`] before anything of it is done, and one that does not fit is answered at once, having
 //! written nothing, with `Retry-After`. A bound of the whole broker answers 503 (another broker of
-//! the fleet may have room, and the official client tries the next one); a bound of one partition
-//! or one consumer group answers 429 (the excess is that partition's producers' or that group's
-//! consumers', and the client retries in place without giving up on the broker). Every refusal is
-//! counted in `queen_overload_refusals_total{bound}`.
+//! the fleet may have room, and the official client tries the next one); a bound of one partition,
+//! one consumer group or one client address answers 429 (the excess is that partition's
+//! producers', that group's consumers' or that client's, and the client retries in place without
+//! giving up on the broker). Every refusal is counted in `queen_overload_refusals_total{bound}`.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use prometheus::IntCounter;
 
@@ -22,6 +24,8 @@ pub enum Limited {
     BodyBytes,
     /// Long polls parked across the broker (`limits.parked_long_polls`).
     LongPolls,
+    /// Long polls one client address has parked on the broker (`limits.long_polls_per_client`).
+    ClientLongPolls,
     /// Messages waiting for the coordinator (`limits.coordinator_messages`).
     Coordinator,
     /// Push requests waiting for the push journal.
@@ -39,6 +43,7 @@ impl Limited {
         match self {
             Limited::BodyBytes => "body_bytes",
             Limited::LongPolls => "long_polls",
+            Limited::ClientLongPolls => "client_long_polls",
             Limited::Coordinator => "coordinator",
             Limited::Journal => "push_journal",
             Limited::PartitionWriter => "partition_writer",
@@ -46,15 +51,17 @@ impl Limited {
         }
     }
 
-    /// Whether the bound is the whole broker's rather than one partition's or one group's.
+    /// Whether the bound is the whole broker's rather than one partition's, one group's or one
+    /// client's.
     pub fn is_broker_wide(self) -> bool {
-        !matches!(self, Limited::PartitionWriter | Limited::GroupLeases)
+        !matches!(self, Limited::PartitionWriter | Limited::GroupLeases | Limited::ClientLongPolls)
     }
 
     fn what(self) -> &'static str {
         match self {
             Limited::BodyBytes => "bytes of request bodies are held by the broker",
             Limited::LongPolls => "long polls are parked on the broker",
+            Limited::ClientLongPolls => "long polls are parked on the broker from this client address",
             Limited::Coordinator => "messages wait for the broker's coordinator",
             Limited::Journal => "pushes wait for the push journal",
             Limited::PartitionWriter => "pushes wait for this partition",
@@ -146,9 +153,93 @@ impl Drop for Held {
     }
 }
 
+/// A limit on how much of one kind of work each client address holds at once. A client has an
+/// entry only while it holds something, so the map is as large as the clients holding work.
+#[derive(Debug)]
+pub struct PerClient {
+    limited: Limited,
+    /// 0 = no limit (nothing is counted).
+    limit: usize,
+    held: Mutex<HashMap<IpAddr, usize>>,
+    refusals: IntCounter,
+}
+
+impl PerClient {
+    pub fn new(limited: Limited, limit: usize, metrics: &Metrics) -> Arc<Self> {
+        let refusals = metrics.overload_refusals.with_label_values(&[limited.label()]);
+        Arc::new(Self { limited, limit, held: Mutex::new(HashMap::new()), refusals })
+    }
+
+    /// Holds one more for `client` until the returned [`ClientHeld`] is dropped; refused (and
+    /// counted) when the client holds the limit already. Without a client address or a limit,
+    /// nothing is counted.
+    pub fn hold(self: &Arc<Self>, client: Option<IpAddr>) -> Result<ClientHeld, Refused> {
+        let Some(client) = client.filter(|_| self.limit > 0) else { return Ok(ClientHeld(None)) };
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let count = held.entry(client).or_insert(0);
+        if *count >= self.limit {
+            // The entry was there already: a new one starts at 0, below any limit.
+            drop(held);
+            self.refusals.inc();
+            return Err(Refused { limited: self.limited, limit: self.limit });
+        }
+        *count += 1;
+        Ok(ClientHeld(Some((Arc::clone(self), client))))
+    }
+
+    /// How much `client` holds now.
+    pub fn held_by(&self, client: IpAddr) -> usize {
+        self.held.lock().unwrap_or_else(|p| p.into_inner()).get(&client).copied().unwrap_or(0)
+    }
+
+    /// How many clients hold something now.
+    pub fn clients(&self) -> usize {
+        self.held.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+/// One client's share of a [`PerClient`] bound, given back when dropped (its entry removed when
+/// the client holds nothing more).
+#[derive(Debug)]
+pub struct ClientHeld(Option<(Arc<PerClient>, IpAddr)>);
+
+impl Drop for ClientHeld {
+    fn drop(&mut self) {
+        let Some((bound, client)) = self.0.take() else { return };
+        let mut held = bound.held.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = held.get_mut(&client) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(&client);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_client_bound_counts_each_address_apart_and_forgets_an_address_holding_nothing() {
+        let metrics = Metrics::new(10);
+        let bound = PerClient::new(Limited::ClientLongPolls, 2, &metrics);
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let first = bound.hold(Some(a)).expect("fits");
+        let second = bound.hold(Some(a)).expect("exactly the limit");
+        assert_eq!(bound.hold(Some(a)).unwrap_err(), Refused { limited: Limited::ClientLongPolls, limit: 2 });
+        let other = bound.hold(Some(b)).expect("another address has room of its own");
+        assert_eq!((bound.held_by(a), bound.held_by(b), bound.clients()), (2, 1, 2));
+        drop(first);
+        let third = bound.hold(Some(a)).expect("a place given back is taken again");
+        drop((second, third, other));
+        assert_eq!(bound.clients(), 0, "addresses that hold nothing are removed");
+        assert_eq!(metrics.overload_refusals.with_label_values(&["client_long_polls"]).get(), 1);
+        let _unknown = bound.hold(None).expect("without an address nothing is counted");
+        let unlimited = PerClient::new(Limited::ClientLongPolls, 0, &metrics);
+        let held: Vec<_> = (0..100).map(|_| unlimited.hold(Some(a)).expect("no limit")).collect();
+        assert_eq!((held.len(), unlimited.clients(), bound.clients()), (100, 0, 0));
+    }
 
     #[test]
     fn a_bound_refuses_past_its_limit_and_takes_more_once_holds_are_dropped() {

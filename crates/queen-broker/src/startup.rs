@@ -52,8 +52,9 @@ impl Application {
     /// schema, starts the actors and binds the listener. Must run inside an actix system.
     pub async fn build(config: Config) -> Result<Self, StartError> {
         let cipher = config.encryption.cipher()?.map(Arc::new);
+        let auth = crate::auth::Authenticator::from_config(&config.auth)?;
         let database = Database::open(&config).await?;
-        let pool = queen_store::pool::build_pool(database.pg_config.clone(), &config.database.pool_settings())
+        let pool = queen_store::pool::build_pool(database.target.clone(), &config.database.pool_settings())
             .map_err(StartError::Migrate)?;
         migrate_with_retries(&pool).await?;
         let modes = crate::broker::maintenance_mode::read(&pool).await.map_err(StartError::Modes)?;
@@ -64,14 +65,22 @@ impl Application {
         let listener =
             TcpListener::bind(&address).map_err(|source| StartError::Bind { address: address.clone(), source })?;
         let port = listener.local_addr().map_err(|source| StartError::Bind { address, source })?.port();
+        let tls = crate::listener_tls::server_config(&config.http)?;
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let broker_id = format!("{}:{port}:{}", hostname(), std::process::id());
         let workers = match config.http.workers {
             0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
             n => n,
         };
         let max_connections = config.http.max_connections;
-        let pg = database.pg_config.clone();
-        let broker = web::Data::new(Broker::new(pool, pg, Arc::new(config), broker_id, modes, journal, cipher));
+        let pg = database.target.clone();
+        let broker = web::Data::new(
+            Broker::new(pool, pg, Arc::new(config), broker_id, modes, journal, cipher).with_auth(auth.clone()),
+        );
+        // The JWKS is fetched (and kept fresh) on this runtime, which outlives the HTTP workers.
+        if let Some(keys) = auth.as_ref().and_then(|auth| auth.key_set()) {
+            actix_web::rt::spawn(crate::auth::keep_fresh(keys));
+        }
         // Replays what the journal holds whenever push maintenance is off (now, if a previous run
         // left pushes in it).
         actix_web::rt::spawn(crate::broker::push_buffer::keep_draining(broker.clone()));
@@ -89,12 +98,15 @@ impl Application {
         .max_connections(max_connections.div_ceil(workers))
         // Signals are ours to handle: the broker drains its work before the server stops.
         .disable_signals()
-        .shutdown_timeout(CLOSE_CONNECTIONS_SECONDS)
-        .listen(listener)
+        .shutdown_timeout(CLOSE_CONNECTIONS_SECONDS);
+        let server = match tls {
+            Some(tls) => server.listen_rustls_0_23(listener, tls),
+            None => server.listen(listener),
+        }
         .map_err(|source| StartError::Bind { address: format!("port {port}"), source })?
         .run();
         http::mark_start();
-        tracing::info!(port, "queen listening on port {port}");
+        tracing::info!(port, scheme, "queen listening on port {port} ({scheme})");
         Ok(Self { port, server, broker, database })
     }
 

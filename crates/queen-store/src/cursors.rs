@@ -905,6 +905,7 @@ async fn insert_dead_letters(
                 rows.message_ids.push(Some(frame.message_id));
                 rows.transaction_ids.push(Some(frame.transaction_id));
                 rows.trace_ids.push(frame.trace_id);
+                rows.producers.push(frame.producer);
                 rows.payloads.push(Some(payload.clone()));
                 rows.errors.push(letter.error.as_deref().map(Cow::Borrowed));
                 rows.retry_counts.push(letter.retry_count);
@@ -925,6 +926,7 @@ async fn insert_dead_letters(
         rows.message_ids.push(None);
         rows.transaction_ids.push(resolved.get(&(*partition_id, letter.offset)).copied());
         rows.trace_ids.push(None);
+        rows.producers.push(None);
         rows.payloads.push(None);
         rows.errors.push(Some(Cow::Owned(error)));
         rows.retry_counts.push(letter.retry_count);
@@ -934,13 +936,13 @@ async fn insert_dead_letters(
         .prepare_cached(
             "INSERT INTO queen.log_dlq (queue_name, partition_id, partition_name, consumer_group, message_offset,
                                         message_id, transaction_id, trace_id, payload, error_message, retry_count,
-                                        message_created_at)
+                                        message_created_at, producer_sub)
              SELECT q.name, p.id, p.name, d.consumer_group, d.message_offset, d.message_id, d.transaction_id,
-                    d.trace_id, d.payload, d.error_message, d.retry_count, d.message_created_at
+                    d.trace_id, d.payload, d.error_message, d.retry_count, d.message_created_at, d.producer_sub
                FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::uuid[], $5::text[], $6::uuid[], $7::bytea[],
-                           $8::text[], $9::int[], $10::timestamptz[])
+                           $8::text[], $9::int[], $10::timestamptz[], $11::text[])
                     AS d(partition_id, consumer_group, message_offset, message_id, transaction_id, trace_id, payload,
-                         error_message, retry_count, message_created_at)
+                         error_message, retry_count, message_created_at, producer_sub)
                JOIN queen.partitions p ON p.id = d.partition_id
                JOIN queen.queues q ON q.id = p.queue_id",
         )
@@ -958,6 +960,7 @@ async fn insert_dead_letters(
             &rows.errors,
             &rows.retry_counts,
             &rows.created_at,
+            &rows.producers,
         ],
     )
     .await?;
@@ -973,6 +976,7 @@ struct DeadLetterRows<'a> {
     message_ids: Vec<Option<Uuid>>,
     transaction_ids: Vec<Option<&'a str>>,
     trace_ids: Vec<Option<Uuid>>,
+    producers: Vec<Option<&'a str>>,
     payloads: Vec<Option<Cow<'a, [u8]>>>,
     errors: Vec<Option<Cow<'a, str>>>,
     retry_counts: Vec<i32>,

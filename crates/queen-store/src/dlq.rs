@@ -10,6 +10,7 @@ use std::sync::Arc;
 use queen_log::Cipher;
 
 use crate::log::{AppendPolicy, Appended, Destination, NewMessage, append_in_transaction, opened};
+use crate::queues::CreationLimits;
 use crate::{StoreError, queues};
 
 /// One dead letter.
@@ -26,6 +27,8 @@ pub struct DeadLetter {
     pub message_id: Option<Uuid>,
     pub transaction_id: Option<String>,
     pub trace_id: Option<Uuid>,
+    /// `producerSub` of the message.
+    pub producer: Option<String>,
     /// The message's data as JSON text.
     pub payload: Option<Vec<u8>>,
     pub error: Option<String>,
@@ -59,7 +62,7 @@ pub async fn list(
         .query(
             "SELECT id, queue_name, partition_name, partition_id, consumer_group, message_offset, message_id,
                     transaction_id, trace_id, payload, error_message, retry_count, message_created_at, failed_at,
-                    count(*) OVER () AS total
+                    count(*) OVER () AS total, producer_sub
                FROM queen.log_dlq
               WHERE ($1::text IS NULL OR queue_name = $1)
                 AND ($2::text IS NULL OR consumer_group = $2)
@@ -112,6 +115,7 @@ pub async fn list(
                 message_id: row.get(6),
                 transaction_id: row.get(7),
                 trace_id: row.get(8),
+                producer: row.get(15),
                 payload: payload.map(Cow::into_owned),
                 error: row.get(10),
                 retry_count: row.get(11),
@@ -157,18 +161,20 @@ pub enum Requeue {
 /// Moves the dead letters of a message back into its partition as one new message (transaction
 /// id `dlq:<lowest dead-letter id>`, same data: opened with `keys` when sealed, and sealed again
 /// when the queue is encrypted), removing them, in one transaction. The new message reaches every
-/// group of the queue, like any push.
+/// group of the queue, like any push. A queue or partition removed since is created again,
+/// within `limits`.
 pub async fn requeue(
     client: &mut deadpool_postgres::Client,
     partition_id: i64,
     transaction_id: &str,
     keys: Option<&Cipher>,
+    limits: CreationLimits,
 ) -> Result<Requeue, StoreError> {
     let tx = client.transaction().await?;
     let rows = tx
         .query(
             "DELETE FROM queen.log_dlq WHERE partition_id = $1 AND transaction_id = $2 AND payload IS NOT NULL
-          RETURNING id, queue_name, partition_name, trace_id, payload",
+          RETURNING id, queue_name, partition_name, trace_id, payload, producer_sub",
             &[&partition_id, &transaction_id],
         )
         .await?;
@@ -183,20 +189,34 @@ pub async fn requeue(
     };
     let (id, queue, partition): (i64, String, String) = (first.get(0), first.get(1), first.get(2));
     // The partition may have been cleaned up since: re-create it (and its queue) by name.
-    let settings = queues::ensure_queue(&tx, &queue).await?;
+    let settings = match queues::find_queue(&tx, &queue).await? {
+        Some(found) => found,
+        None => {
+            let created = queues::create_queues(&tx, &[&queue], limits.queues).await?;
+            created.into_iter().next().ok_or(StoreError::Missing("queue"))?
+        }
+    };
     let queue_id = settings.id;
     let seal = match (settings.options.encryption_enabled, keys) {
         (false, _) => None,
         (true, Some(cipher)) => Some(Arc::new(cipher.clone())),
         (true, None) => return Err(StoreError::NoEncryptionKey { subject: format!("queue {queue:?}") }),
     };
-    let target = queues::ensure_partition(&tx, queue_id, &partition).await?;
+    let target = match queues::find_partition(&tx, queue_id, &partition).await? {
+        Some(id) => id,
+        None => {
+            let created =
+                queues::create_partitions(&tx, queue_id, &queue, &[&partition], limits.partitions_per_queue).await?;
+            created.first().map(|(_, id)| *id).ok_or(StoreError::Missing("partition"))?
+        }
+    };
     let new_transaction_id = format!("dlq:{id}");
     let payload = dead_letter_payload(id, first.get(4), keys)?;
     let message = NewMessage {
         message_id: queen_log::new_message_id(),
         transaction_id: new_transaction_id.clone(),
         trace_id: first.get(3),
+        producer: first.get(5),
         payload: payload.into_owned(),
     };
     let destination = Destination { queue_id, queue: &queue, partition_id: target };

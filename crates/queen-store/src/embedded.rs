@@ -53,6 +53,15 @@ pub struct EmbeddedOptions {
     pub settings: Vec<(String, String)>,
 }
 
+/// A file [`EmbeddedPostgres::start_with_files`] places in the data directory: a `pg_hba.conf`,
+/// a server certificate and its key, ...
+#[derive(Debug, Clone)]
+pub struct DataFile {
+    /// A plain file name (no directories), relative to the data directory.
+    pub name: String,
+    pub contents: Vec<u8>,
+}
+
 /// A running local PostgreSQL cluster, started or adopted by [`EmbeddedPostgres::start`].
 #[derive(Debug)]
 pub struct EmbeddedPostgres {
@@ -118,6 +127,20 @@ impl EmbeddedPostgres {
     /// Starts the cluster in `opts.data_dir`, creating it first if needed, or adopts it if it is
     /// already running (`opts.port` and `opts.settings` then have no effect).
     pub async fn start(opts: EmbeddedOptions) -> Result<Self, EmbeddedError> {
+        Self::start_with_files(opts, &[]).await
+    }
+
+    /// As [`EmbeddedPostgres::start`], placing `files` in the data directory first (after
+    /// `initdb`, before the server starts; replacing files of the same name; owned by the server
+    /// user and readable by it alone, as PostgreSQL wants of a key). A running cluster is adopted
+    /// as it is, and the files are not written.
+    pub async fn start_with_files(opts: EmbeddedOptions, files: &[DataFile]) -> Result<Self, EmbeddedError> {
+        if let Some(file) = files.iter().find(|file| !is_plain_file_name(&file.name)) {
+            return Err(EmbeddedError::Io {
+                action: format!("placing {:?} in the data directory", file.name),
+                cause: io::Error::new(io::ErrorKind::InvalidInput, "not a plain file name"),
+            });
+        }
         let bin_dir = find_bin_dir(opts.bin_dir.as_deref())?;
         let server_user = server_user()?;
         let cluster = Cluster { data_dir: absolute_data_dir(&opts.data_dir).await?, bin_dir, server_user };
@@ -137,6 +160,9 @@ impl EmbeddedPostgres {
             Some(port) => port,
             None => free_port()?,
         };
+        for file in files {
+            write_private(&cluster.data_dir.join(&file.name), &file.contents, cluster.server_user.as_ref()).await?;
+        }
         cluster.start_server(port, &opts.settings).await?;
         Ok(Self { cluster, port, password })
     }
@@ -281,10 +307,10 @@ impl Cluster {
         info!(data_dir = %self.data_dir.display(), "initialising a new PostgreSQL cluster");
         let password = format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
         let password_file = self.sibling("password");
-        write_private(&password_file, &password, None).await?;
+        write_private(&password_file, password.as_bytes(), None).await?;
         // initdb runs as the server user, who must be able to read the password it sets.
         let initdb_file = self.sibling("pwinit");
-        write_private(&initdb_file, &password, self.server_user.as_ref()).await?;
+        write_private(&initdb_file, password.as_bytes(), self.server_user.as_ref()).await?;
         let mut initdb = self.command("initdb");
         initdb.arg("-D").arg(&self.data_dir).args(["-U", "postgres", "--auth-local=peer", "--auth-host=scram-sha-256"]);
         initdb.arg("--pwfile").arg(&initdb_file).args(["-E", "UTF8", "--no-instructions"]);
@@ -387,15 +413,20 @@ impl Cluster {
     }
 }
 
+/// Whether `name` names a file directly inside a directory.
+fn is_plain_file_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
+}
+
 /// Writes `text` to a file only its owner can read: `owner`, or us when `None`.
-async fn write_private(path: &Path, text: &str, owner: Option<&ServerUser>) -> Result<(), EmbeddedError> {
+async fn write_private(path: &Path, text: &[u8], owner: Option<&ServerUser>) -> Result<(), EmbeddedError> {
     let (path, text) = (path.to_path_buf(), text.to_owned());
     let ids = owner.map(|user| (user.uid.as_raw(), user.gid.as_raw()));
     let action = format!("writing {}", path.display());
     blocking(move || {
         let _ = std::fs::remove_file(&path);
         let mut file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
-        std::io::Write::write_all(&mut file, text.as_bytes())?;
+        std::io::Write::write_all(&mut file, &text)?;
         if let Some((uid, gid)) = ids {
             std::os::unix::fs::fchown(&file, Some(uid), Some(gid))?;
         }
@@ -666,6 +697,15 @@ mod tests {
         let long = PathBuf::from(format!("/{}", "d".repeat(100)));
         let options = server_options(5433, &long, &[]);
         assert_eq!(options, "-p 5433 -c listen_addresses=127.0.0.1 -k ''");
+    }
+
+    #[test]
+    fn only_plain_file_names_go_into_the_data_dir() {
+        assert!(is_plain_file_name("pg_hba.conf"));
+        assert!(is_plain_file_name("server.key"));
+        for name in ["", ".", "..", "../postgresql.conf", "/etc/passwd", "sub/file"] {
+            assert!(!is_plain_file_name(name), "{name:?}");
+        }
     }
 
     #[test]

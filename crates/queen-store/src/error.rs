@@ -27,6 +27,11 @@ pub enum StoreError {
     Unavailable(String),
     #[error("database error: {0}")]
     Db(tokio_postgres::Error),
+    /// TLS with PostgreSQL could not be set up and trying again will not help: its certificate
+    /// was refused (wrong CA, wrong host name), it refused ours, or it offers no TLS where the
+    /// mode requires it. Unavailable as far as requests go (503); start-up stops on it at once.
+    #[error("TLS to PostgreSQL: {0}")]
+    Tls(String),
     #[error("schema: {0}")]
     Schema(String),
     /// The row an operation needs is gone, e.g. its queue was deleted concurrently.
@@ -51,6 +56,33 @@ pub enum StoreError {
     /// was started without the key: it neither writes plain text nor can read.
     #[error("{subject} is encrypted and this broker has no encryption key (QUEEN_ENCRYPTION_KEY)")]
     NoEncryptionKey { subject: String },
+    /// Creating what was asked would pass a limit of the fleet (counted in PostgreSQL); nothing
+    /// was created.
+    #[error(transparent)]
+    LimitReached(#[from] LimitReached),
+}
+
+/// What a creation limit counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Creation {
+    /// Queues of the fleet.
+    Queues,
+    /// Partitions of one queue.
+    Partitions,
+    /// Consumer groups of one queue (queue mode not counted).
+    Groups,
+}
+
+/// A creation refused by a limit: `held` exist, `adding` more were asked for, `max` may exist.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{what:?} limit reached: {held} exist{}, {adding} more asked for, at most {max}", queue.as_ref().map(|q| format!(" in queue {q:?}")).unwrap_or_default())]
+pub struct LimitReached {
+    pub what: Creation,
+    /// The queue whose partitions or groups are counted; `None` for queues.
+    pub queue: Option<String>,
+    pub held: i64,
+    pub adding: i64,
+    pub max: i64,
 }
 
 impl StoreError {
@@ -58,7 +90,7 @@ impl StoreError {
     /// statement that PostgreSQL refused).
     pub fn is_unavailable(&self) -> bool {
         match self {
-            StoreError::Unavailable(_) => true,
+            StoreError::Unavailable(_) | StoreError::Tls(_) => true,
             StoreError::Db(e) => is_connection_failure(e),
             _ => false,
         }
@@ -82,7 +114,10 @@ fn is_connection_failure(e: &tokio_postgres::Error) -> bool {
 
 impl From<tokio_postgres::Error> for StoreError {
     fn from(e: tokio_postgres::Error) -> Self {
-        if is_connection_failure(&e) {
+        if let Some(reason) = crate::tls::refusal(&e) {
+            UNAVAILABLE.fetch_add(1, Ordering::Relaxed);
+            StoreError::Tls(reason)
+        } else if is_connection_failure(&e) {
             UNAVAILABLE.fetch_add(1, Ordering::Relaxed);
             StoreError::Unavailable(e.to_string())
         } else {

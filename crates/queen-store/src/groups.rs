@@ -4,8 +4,8 @@
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
 
-use crate::StoreError;
 use crate::cursors::CursorSeed;
+use crate::{Creation, LimitReached, StoreError};
 
 /// Records where `group` starts on `queue`, unless it already has a registration: the first pop
 /// of a (queue, group) pair decides, and later requests with other settings change nothing.
@@ -29,6 +29,114 @@ pub async fn register(
         )
         .await?;
     client.execute(&statement, &[&queue, &group, &mode, &from]).await?;
+    Ok(())
+}
+
+/// The class of the group-creation locks ("qgrp"); the object is the hash of the queue's name
+/// (`hashtext`), since a group registers on a queue by name, even before the queue exists.
+const GROUP_CREATION_LOCK_CLASS: i32 = 0x7167_7270;
+
+/// The queues among `queues` the group has no registration on.
+pub async fn unregistered(
+    client: &impl GenericClient,
+    queues: &[&str],
+    group: &str,
+) -> Result<Vec<String>, StoreError> {
+    let statement = client
+        .prepare_cached(
+            "SELECT q FROM unnest($1::text[]) AS q
+              WHERE NOT EXISTS (SELECT 1 FROM queen.consumer_groups_metadata m
+                                 WHERE m.queue_name = q AND m.consumer_group = $2)",
+        )
+        .await?;
+    Ok(client.query(&statement, &[&queues, &group]).await?.iter().map(|row| row.get(0)).collect())
+}
+
+/// Admits `group` as a consumer group of `queue`, within `max` (0 = no limit): a group that
+/// exists there already (registered, or with a cursor on one of its partitions) always is, a new
+/// one only while the queue has fewer than `max` groups (`uncounted`, queue mode, never counts).
+/// Checked under the queue's group-creation lock, held until the caller's transaction ends: the
+/// caller then creates what makes the group exist (its registration, its cursors) in that
+/// transaction, so the next admission counts it, on whichever broker. A group that does not fit
+/// is [`StoreError::LimitReached`], and the caller's transaction must be rolled back.
+pub async fn admit(
+    tx: &deadpool_postgres::Transaction<'_>,
+    queue: &str,
+    group: &str,
+    uncounted: &str,
+    max: i64,
+) -> Result<(), StoreError> {
+    if max <= 0 {
+        return Ok(());
+    }
+    let present = tx
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM queen.consumer_groups_metadata WHERE queue_name = $1 AND consumer_group = $2)
+                 OR EXISTS (SELECT 1 FROM queen.log_consumers c
+                              JOIN queen.partitions p ON p.id = c.partition_id
+                              JOIN queen.queues q ON q.id = p.queue_id
+                             WHERE q.name = $1 AND c.consumer_group = $2)",
+        )
+        .await?;
+    // A group that exists takes no lock; a new one is checked again under it.
+    if tx.query_one(&present, &[&queue, &group]).await?.get(0) {
+        return Ok(());
+    }
+    tx.execute("SELECT pg_advisory_xact_lock($1, hashtext($2::text))", &[&GROUP_CREATION_LOCK_CLASS, &queue]).await?;
+    let statement = tx
+        .prepare_cached(
+            "WITH present AS (
+                 SELECT EXISTS (SELECT 1 FROM queen.consumer_groups_metadata
+                                 WHERE queue_name = $1 AND consumer_group = $2)
+                     OR EXISTS (SELECT 1 FROM queen.log_consumers c
+                                  JOIN queen.partitions p ON p.id = c.partition_id
+                                  JOIN queen.queues q ON q.id = p.queue_id
+                                 WHERE q.name = $1 AND c.consumer_group = $2) AS yes
+             )
+             SELECT yes,
+                    CASE WHEN yes THEN 0 ELSE (
+                        SELECT count(*) FROM (
+                            SELECT consumer_group FROM queen.consumer_groups_metadata WHERE queue_name = $1
+                            UNION
+                            SELECT c.consumer_group FROM queen.log_consumers c
+                              JOIN queen.partitions p ON p.id = c.partition_id
+                              JOIN queen.queues q ON q.id = p.queue_id
+                             WHERE q.name = $1
+                        ) g WHERE g.consumer_group <> $3)
+                    END
+               FROM present",
+        )
+        .await?;
+    let row = tx.query_one(&statement, &[&queue, &group, &uncounted]).await?;
+    let (present, held): (bool, i64) = (row.get(0), row.get(1));
+    if !present && held >= max {
+        let queue = Some(queue.to_owned());
+        return Err(LimitReached { what: Creation::Groups, queue, held, adding: 1, max }.into());
+    }
+    Ok(())
+}
+
+/// Registers the group (see [`register`]) on every one of `queues`, each admitted within `max`
+/// (see [`admit`]), in one transaction: on all of them, or, when one has no room for another
+/// group, on none.
+pub async fn register_within(
+    client: &mut deadpool_postgres::Client,
+    queues: &[&str],
+    group: &str,
+    seed: CursorSeed,
+    uncounted: &str,
+    max: i64,
+) -> Result<(), StoreError> {
+    let mut queues = queues.to_vec();
+    // The locks in one order, whoever takes several.
+    queues.sort_unstable();
+    queues.dedup();
+    let tx = client.transaction().await?;
+    for queue in queues {
+        admit(&tx, queue, group, uncounted, max).await?;
+        register(&tx, queue, group, seed).await?;
+    }
+    tx.commit().await?;
     Ok(())
 }
 

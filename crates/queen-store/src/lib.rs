@@ -12,12 +12,14 @@ pub mod listen;
 pub mod log;
 pub mod messages;
 pub mod migrations;
+pub mod owners;
 pub mod pool;
 pub mod queues;
 pub mod retention;
 pub mod segment_cache;
 pub mod stats;
 pub mod system_state;
+pub mod tls;
 
 pub use deadpool_postgres::{Pool, Transaction};
-pub use error::{FailureCounts, StoreError, failure_counts};
+pub use error::{Creation, FailureCounts, LimitReached, StoreError, failure_counts};

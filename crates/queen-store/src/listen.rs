@@ -3,10 +3,11 @@
 
 use futures::StreamExt;
 use tokio::sync::mpsc;
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::AsyncMessage;
 
 use crate::StoreError;
 use crate::events::{CHANNEL, Event};
+use crate::tls::PgTarget;
 
 /// `application_name` of the LISTEN connection, so operators (and tests) can find it.
 pub const LISTEN_APPLICATION_NAME: &str = "queen-listen";
@@ -18,11 +19,12 @@ pub struct Listening {
     pub events: mpsc::UnboundedReceiver<Event>,
 }
 
-/// Connects and listens on [`CHANNEL`]. The connection task runs on the current runtime.
-pub async fn listen(pg: &tokio_postgres::Config) -> Result<Listening, StoreError> {
-    let mut pg = pg.clone();
+/// Connects (over `target`'s TLS, as the pool does) and listens on [`CHANNEL`]. The connection
+/// task runs on the current runtime.
+pub async fn listen(target: &PgTarget) -> Result<Listening, StoreError> {
+    let mut pg = target.config.clone();
     pg.application_name(LISTEN_APPLICATION_NAME);
-    let (client, mut connection) = pg.connect(NoTls).await?;
+    let (client, mut connection) = pg.connect(target.tls.clone()).await?;
     let (sender, events) = mpsc::unbounded_channel();
     tokio::spawn(async move {
         let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));

@@ -22,6 +22,8 @@ pub struct NewMessage {
     pub message_id: Uuid,
     pub transaction_id: String,
     pub trace_id: Option<Uuid>,
+    /// Who pushed it (`producerSub`): the token's subject when auth is on.
+    pub producer: Option<String>,
     /// The message's data as JSON text.
     pub payload: Vec<u8>,
 }
@@ -189,7 +191,7 @@ fn plan_append(
                 message_id: message.message_id,
                 trace_id: message.trace_id,
                 transaction_id: &message.transaction_id,
-                producer: None,
+                producer: message.producer.as_deref(),
                 payload: &message.payload,
             })?;
             fresh_transaction_ids.push(message.transaction_id.clone());
@@ -449,7 +451,13 @@ pub(crate) mod tests {
     use super::*;
 
     fn message(txn: &str) -> NewMessage {
-        NewMessage { message_id: Uuid::now_v7(), transaction_id: txn.into(), trace_id: None, payload: b"1".to_vec() }
+        NewMessage {
+            message_id: Uuid::now_v7(),
+            transaction_id: txn.into(),
+            trace_id: None,
+            producer: None,
+            payload: b"1".to_vec(),
+        }
     }
 
     #[test]

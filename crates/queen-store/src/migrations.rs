@@ -35,6 +35,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(6, "0006_queue_options"),
     migration!(7, "0007_system_state"),
     migration!(8, "0008_delivery_guarantees"),
+    migration!(9, "0009_dead_letter_producer"),
 ];
 
 /// The newest schema version this build knows.

@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use tokio_postgres::NoTls;
 
 use crate::StoreError;
+use crate::tls::PgTarget;
 
 /// How the pool connects and how long it waits.
 #[derive(Debug, Clone)]
@@ -21,8 +21,11 @@ pub struct PoolSettings {
     pub application_name: String,
 }
 
-/// Builds the pool. Connections are opened lazily, so this succeeds while PostgreSQL is down.
-pub fn build_pool(mut pg: tokio_postgres::Config, settings: &PoolSettings) -> Result<Pool, StoreError> {
+/// Builds the pool, whose connections go through `target`'s TLS connector. Connections are
+/// opened lazily, so this succeeds while PostgreSQL is down. A bare `tokio_postgres::Config` is a
+/// target too (its `sslmode` only: nothing verified).
+pub fn build_pool(target: impl Into<PgTarget>, settings: &PoolSettings) -> Result<Pool, StoreError> {
+    let PgTarget { config: mut pg, tls } = target.into();
     pg.application_name(&settings.application_name);
     pg.connect_timeout(settings.connect_timeout);
     pg.options(format!(
@@ -31,7 +34,7 @@ pub fn build_pool(mut pg: tokio_postgres::Config, settings: &PoolSettings) -> Re
         settings.lock_timeout.as_millis(),
         settings.statement_timeout.as_millis().max(1000) * 2,
     ));
-    let manager = Manager::from_config(pg, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+    let manager = Manager::from_config(pg, tls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
     Pool::builder(manager)
         .max_size(settings.max_size)
         .runtime(Runtime::Tokio1)

@@ -6,8 +6,8 @@ use deadpool_postgres::GenericClient;
 use serde_json::{Map, Value};
 use tokio_postgres::error::SqlState;
 
-use crate::StoreError;
 use crate::events::{self, Event};
+use crate::{Creation, LimitReached, StoreError};
 
 /// The per-queue options the broker acts on, as stored (a new queue gets the columns' defaults).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -132,9 +132,9 @@ pub fn derived_namespace_task(name: &str) -> (Option<&str>, Option<&str>) {
     }
 }
 
-/// Creates the queue or updates its options, merging: options the request does not name keep
-/// their stored values, and `unknown` options are added to the stored ones. Every broker is told
-/// the queue changed. Returns the queue as stored afterwards.
+/// Creates the queue (within `max_queues`, see [`create_queues`]) or updates its options, merging:
+/// options the request does not name keep their stored values, and `unknown` options are added to
+/// the stored ones. Every broker is told the queue changed. Returns the queue as stored afterwards.
 pub async fn configure_queue(
     client: &mut deadpool_postgres::Client,
     name: &str,
@@ -142,9 +142,12 @@ pub async fn configure_queue(
     task: Option<&str>,
     patch: &QueueOptionsPatch,
     unknown: &Map<String, Value>,
+    max_queues: i64,
 ) -> Result<Queue, StoreError> {
     let tx = client.transaction().await?;
-    ensure_queue(&tx, name).await?;
+    if find_queue(&tx, name).await?.is_none() {
+        create_queues(&tx, &[name], max_queues).await?;
+    }
     let sql = format!(
         "UPDATE queen.queues SET
              namespace = COALESCE($2, namespace),
@@ -247,6 +250,159 @@ pub async fn ensure_partition(client: &impl GenericClient, queue_id: i64, name: 
         }
     }
     Err(StoreError::Missing("partition"))
+}
+
+/// The most the fleet creates (`limits.max_*`), counted in PostgreSQL at creation time; 0 = no
+/// limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CreationLimits {
+    pub queues: i64,
+    pub partitions_per_queue: i64,
+    /// Named consumer groups of one queue (queue mode is not counted).
+    pub groups_per_queue: i64,
+}
+
+/// The class of the creation locks: queues ("qnew", object 0) and one queue's partitions
+/// ("qpar", the queue id wrapped to 32 bits as object). Transaction advisory locks: held until
+/// the creating transaction ends, so the count a creation is checked against holds every
+/// creation committed before it, on any broker.
+const QUEUE_CREATION_LOCK_CLASS: i32 = 0x716e_6577;
+const PARTITION_CREATION_LOCK_CLASS: i32 = 0x7170_6172;
+
+/// The queues of these names that exist, in no particular order.
+pub async fn find_queues(client: &impl GenericClient, names: &[&str]) -> Result<Vec<Queue>, StoreError> {
+    static SQL: LazyLock<String> =
+        LazyLock::new(|| format!("SELECT {QUEUE_COLUMNS} FROM queen.queues WHERE name = ANY($1)"));
+    let statement = client.prepare_cached(&SQL).await?;
+    Ok(client.query(&statement, &[&names]).await?.iter().map(queue_from_row).collect())
+}
+
+/// Creates those of the named queues that do not exist (with default options), all of them or
+/// none: with `max > 0` only if the fleet then holds at most `max` queues, counted under the
+/// fleet's queue-creation lock, so two brokers cannot both take the last place. The lock is held
+/// until the caller's transaction ends; a creation that does not fit is
+/// [`StoreError::LimitReached`], and the caller's transaction must then be rolled back. Returns
+/// every named queue, in no particular order.
+pub async fn create_queues(
+    tx: &deadpool_postgres::Transaction<'_>,
+    names: &[&str],
+    max: i64,
+) -> Result<Vec<Queue>, StoreError> {
+    let mut names = names.to_vec();
+    // One order for every creator, so two creations without the lock cannot wait on each other's
+    // rows in a cycle.
+    names.sort_unstable();
+    names.dedup();
+    if names.is_empty() {
+        return Ok(Vec::new());
+    }
+    if max > 0 {
+        tx.execute("SELECT pg_advisory_xact_lock($1, 0)", &[&QUEUE_CREATION_LOCK_CLASS]).await?;
+    }
+    let (namespaces, tasks): (Vec<Option<&str>>, Vec<Option<&str>>) =
+        names.iter().map(|name| derived_namespace_task(name)).unzip();
+    let statement = tx
+        .prepare_cached(
+            "WITH wanted AS (
+                 SELECT w.name, w.namespace, w.task, w.ord
+                   FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS w(name, namespace, task, ord)
+                  WHERE NOT EXISTS (SELECT 1 FROM queen.queues q WHERE q.name = w.name)
+             ), verdict AS (
+                 SELECT count(*) AS adding,
+                        CASE WHEN $4::bigint > 0 THEN (SELECT count(*) FROM queen.queues) ELSE 0 END AS held
+                   FROM wanted
+             ), created AS (
+                 INSERT INTO queen.queues (name, namespace, task)
+                 SELECT w.name, w.namespace, w.task FROM wanted w, verdict v
+                  WHERE $4 = 0 OR v.held + v.adding <= $4
+                  ORDER BY w.ord
+                 ON CONFLICT (name) DO NOTHING
+             )
+             SELECT held, adding FROM verdict",
+        )
+        .await?;
+    let row = tx.query_one(&statement, &[&names, &namespaces, &tasks, &max]).await?;
+    let (held, adding): (i64, i64) = (row.get(0), row.get(1));
+    if max > 0 && held + adding > max {
+        return Err(LimitReached { what: Creation::Queues, queue: None, held, adding, max }.into());
+    }
+    let queues = find_queues(tx, &names).await?;
+    if queues.len() < names.len() {
+        // Deleted again by a concurrent transaction.
+        return Err(StoreError::Missing("queue"));
+    }
+    Ok(queues)
+}
+
+/// The partitions of these names that exist in the queue: (name, id), in no particular order.
+pub async fn find_partitions(
+    client: &impl GenericClient,
+    queue_id: i64,
+    names: &[&str],
+) -> Result<Vec<(String, i64)>, StoreError> {
+    let statement =
+        client.prepare_cached("SELECT name, id FROM queen.partitions WHERE queue_id = $1 AND name = ANY($2)").await?;
+    Ok(client.query(&statement, &[&queue_id, &names]).await?.iter().map(|row| (row.get(0), row.get(1))).collect())
+}
+
+/// Creates those of the named partitions of the queue that do not exist, all of them or none:
+/// with `max > 0` only if the queue then holds at most `max` partitions, counted under the
+/// queue's partition-creation lock (held until the caller's transaction ends). A creation that
+/// does not fit is [`StoreError::LimitReached`]; [`StoreError::Missing`] when the queue itself
+/// is gone. Either way the caller's transaction must be rolled back. Returns every named
+/// partition as (name, id), in no particular order.
+pub async fn create_partitions(
+    tx: &deadpool_postgres::Transaction<'_>,
+    queue_id: i64,
+    queue: &str,
+    names: &[&str],
+    max: i64,
+) -> Result<Vec<(String, i64)>, StoreError> {
+    let mut names = names.to_vec();
+    names.sort_unstable();
+    names.dedup();
+    if names.is_empty() {
+        return Ok(Vec::new());
+    }
+    if max > 0 {
+        tx.execute("SELECT pg_advisory_xact_lock($1, $2)", &[&PARTITION_CREATION_LOCK_CLASS, &(queue_id as i32)])
+            .await?;
+    }
+    let statement = tx
+        .prepare_cached(
+            "WITH wanted AS (
+                 SELECT w.name, w.ord FROM unnest($2::text[]) WITH ORDINALITY AS w(name, ord)
+                  WHERE NOT EXISTS (SELECT 1 FROM queen.partitions p WHERE p.queue_id = $1 AND p.name = w.name)
+             ), verdict AS (
+                 SELECT count(*) AS adding,
+                        CASE WHEN $3::bigint > 0
+                             THEN (SELECT count(*) FROM queen.partitions WHERE queue_id = $1) ELSE 0 END AS held
+                   FROM wanted
+             ), created AS (
+                 INSERT INTO queen.partitions (queue_id, name)
+                 SELECT $1, w.name FROM wanted w, verdict v
+                  WHERE $3 = 0 OR v.held + v.adding <= $3
+                  ORDER BY w.ord
+                 ON CONFLICT (queue_id, name) DO NOTHING
+             )
+             SELECT held, adding FROM verdict",
+        )
+        .await?;
+    let row = match tx.query_one(&statement, &[&queue_id, &names, &max]).await {
+        Ok(row) => row,
+        Err(e) if e.code() == Some(&SqlState::FOREIGN_KEY_VIOLATION) => return Err(StoreError::Missing("queue")),
+        Err(e) => return Err(e.into()),
+    };
+    let (held, adding): (i64, i64) = (row.get(0), row.get(1));
+    if max > 0 && held + adding > max {
+        let queue = Some(queue.to_owned());
+        return Err(LimitReached { what: Creation::Partitions, queue, held, adding, max }.into());
+    }
+    let partitions = find_partitions(tx, queue_id, &names).await?;
+    if partitions.len() < names.len() {
+        return Err(StoreError::Missing("partition"));
+    }
+    Ok(partitions)
 }
 
 pub async fn find_queue(client: &impl GenericClient, name: &str) -> Result<Option<Queue>, StoreError> {

@@ -8,14 +8,18 @@
 //!
 //! Failures panic: this crate runs only inside tests, where a panic is how a test fails.
 
+mod json_server;
 mod process;
+pub mod tls_cluster;
 
 use std::path::{Path, PathBuf};
 
 use queen_store::embedded::{EmbeddedOptions, EmbeddedPostgres};
+use queen_store::tls::PgTarget;
 use tokio::sync::OnceCell;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
+pub use json_server::JsonServer;
 pub use process::BrokerProcess;
 
 /// Admin URL of an existing server to use instead of the embedded cluster.
@@ -82,6 +86,13 @@ pub async fn metric_at(http: &reqwest::Client, base: &str, sample: &str) -> f64 
         .unwrap_or(0.0)
 }
 
+/// An HTTP client builder for tests. reqwest is built with rustls and no provider of its own, so
+/// the process-wide one is installed first.
+pub fn http() -> reqwest::ClientBuilder {
+    queen_store::tls::install_crypto_provider();
+    reqwest::Client::builder()
+}
+
 /// Cargo's target directory: `CARGO_TARGET_DIR`, else `<workspace root>/target`.
 pub fn target_dir() -> PathBuf {
     let workspace_root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
@@ -104,7 +115,13 @@ impl TestDatabase {
     /// Creates a fresh database named `queen_test_<label>_<8 hex chars>`, the label reduced to
     /// `[a-z0-9_]` and shortened to keep the name under 63 bytes.
     pub async fn create(label: &str) -> TestDatabase {
-        let admin_url = shared_cluster_url().await;
+        Self::create_in(&shared_cluster_url().await, label).await
+    }
+
+    /// As [`TestDatabase::create`], on the server of `admin_url` (a superuser's URL, which may
+    /// carry `sslmode` and the other TLS parameters of `queen_store::tls`).
+    pub async fn create_in(admin_url: &str, label: &str) -> TestDatabase {
+        let admin_url = admin_url.to_owned();
         let random = uuid::Uuid::new_v4().simple().to_string();
         // A simple UUID is 32 ASCII hex digits, so slicing 8 bytes is in bounds and on a char boundary.
         let name = database_name(label, &random[..8]);
@@ -182,8 +199,9 @@ fn with_database(url: &str, database: &str) -> String {
     format!("{}/{database}{query}", &url[..authority_end])
 }
 
-async fn connect_to(url: &str) -> Result<Client, tokio_postgres::Error> {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
+/// Connects as the broker would: `url` may carry `sslmode` (default `prefer`) and the TLS files.
+async fn connect_to(url: &str) -> Result<Client, Box<dyn std::error::Error + Send + Sync>> {
+    let (client, connection) = PgTarget::from_connection_string(url)?.connect().await?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!("test database connection ended: {e}");
@@ -192,10 +210,10 @@ async fn connect_to(url: &str) -> Result<Client, tokio_postgres::Error> {
     Ok(client)
 }
 
-async fn drop_database_at(admin_url: &str, name: &str) -> Result<(), tokio_postgres::Error> {
+async fn drop_database_at(admin_url: &str, name: &str) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let admin = connect_to(admin_url).await?;
     // FORCE ends sessions a test left open, which would otherwise make the drop fail.
-    admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await
+    Ok(admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await?)
 }
 
 #[cfg(test)]

@@ -108,7 +108,7 @@ fn configures_queen(key: &str) -> bool {
         "FILE_BUFFER_DIR",
         "FILE_BUFFER_MAX_BATCH",
     ];
-    ["QUEEN_", "PG_", "DB_"].iter().any(|prefix| key.starts_with(prefix)) || NAMES.contains(&key)
+    ["QUEEN_", "PG_", "DB_", "JWT_"].iter().any(|prefix| key.starts_with(prefix)) || NAMES.contains(&key)
 }
 
 /// The port in the broker's "listening on port N" line.

@@ -39,3 +39,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- default "default" .Values.serviceAccount.name }}
 {{- end }}
 {{- end }}
+
+{{/* The scheme the brokers serve: HTTPS with a certificate (tls.existingSecret), HTTP otherwise. */}}
+{{- define "queen.scheme" -}}
+{{- if .Values.tls.existingSecret }}HTTPS{{ else }}HTTP{{ end }}
+{{- end }}

@@ -2,7 +2,7 @@
 //! ([`crate::error::ApiError`]) turns each kind into a status and a body; below, the store
 //! ([`StoreError`]) and the actors ([`WorkError`]) have enums of their own, turned into this one.
 
-use queen_store::StoreError;
+use queen_store::{Creation, LimitReached, StoreError};
 
 use crate::actors::WorkError;
 use crate::pressure::Refused;
@@ -18,6 +18,11 @@ pub enum BrokerError {
         "queue {queue:?} is full: {depth} messages are unconsumed, its maxSize is {max_size}, and the push adds {adding}"
     )]
     QueueFull { queue: String, depth: i64, max_size: i64, adding: i64 },
+    /// Creating what the request needs (a queue, partitions, a consumer group) would pass a
+    /// creation limit of the fleet (`limits.max_*`, counted in PostgreSQL); nothing was created
+    /// or written. Not transient: it passes only when something is deleted or the limit raised.
+    #[error("{}", limit_text(.0))]
+    LimitReached(LimitReached),
     /// Retry later: the database is unreachable, or what the request named changed under it. The
     /// text is the broker's own words, fit for the client.
     #[error("{0}")]
@@ -39,8 +44,35 @@ impl BrokerError {
     }
 }
 
+/// The setting that limits what `what` counts.
+pub fn limit_setting(what: Creation) -> &'static str {
+    match what {
+        Creation::Queues => "limits.max_queues",
+        Creation::Partitions => "limits.max_partitions_per_queue",
+        Creation::Groups => "limits.max_groups_per_queue",
+    }
+}
+
+/// `queue limit reached: the fleet holds 10 queues (limits.max_queues = 10)`, and what the
+/// request would have added when that is more than one.
+fn limit_text(reached: &LimitReached) -> String {
+    let LimitReached { what, queue, held, adding, max } = reached;
+    let queue = queue.as_deref().unwrap_or_default();
+    let (kind, holds, unit) = match what {
+        Creation::Queues => ("queue", "the fleet holds".to_owned(), "queues"),
+        Creation::Partitions => ("partition", format!("queue {queue:?} holds"), "partitions"),
+        Creation::Groups => ("consumer group", format!("queue {queue:?} has"), "consumer groups"),
+    };
+    let more = if held < max { format!(" and the request would add {adding}") } else { String::new() };
+    format!("{kind} limit reached: {holds} {held} {unit}{more} ({} = {max})", limit_setting(*what))
+}
+
 impl From<StoreError> for BrokerError {
     fn from(e: StoreError) -> Self {
+        let e = match e {
+            StoreError::LimitReached(reached) => return BrokerError::LimitReached(reached),
+            other => other,
+        };
         if let StoreError::NoEncryptionKey { .. } = e {
             // Another broker of the fleet may have the key; this one is misconfigured.
             tracing::error!(error = %e, "refused to write an encrypted queue in plain text");

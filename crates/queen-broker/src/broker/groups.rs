@@ -13,24 +13,42 @@ use super::BrokerError;
 use crate::actors::coordinator::Forget;
 use crate::names::QUEUE_MODE_GROUP;
 
-/// Records where a named group starts on a queue the first time this broker sees it pop there.
-/// Queue mode needs no registration: it always starts at the oldest retained message.
+/// Records where a named group starts on each of the queues the first time this broker sees it
+/// pop there. Queue mode needs no registration: it always starts at the oldest retained message.
+/// A group new to a queue is registered only within `limits.max_groups_per_queue`, on all of the
+/// queues or, when one has no room for another group, on none ([`BrokerError::LimitReached`]).
+/// A registration this broker wrote or saw costs nothing; one it has not seen, a lookup.
 pub async fn register_on_first_pop(
     broker: &Broker,
-    queue: &str,
+    queues: &[&str],
     group: &str,
     seed: CursorSeed,
 ) -> Result<(), BrokerError> {
     if group == QUEUE_MODE_GROUP {
         return Ok(());
     }
-    let key = (queue.to_owned(), group.to_owned());
-    if broker.registered.contains_key(&key) {
+    let key = |queue: &str| (queue.to_owned(), group.to_owned());
+    let unseen: Vec<&str> =
+        queues.iter().copied().filter(|queue| !broker.registered.contains_key(&key(queue))).collect();
+    if unseen.is_empty() {
         return Ok(());
     }
-    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
-    groups::register(&client, queue, group, seed).await?;
-    broker.registered.insert(key, ());
+    let mut client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
+    let max = broker.config.limits.creation().groups_per_queue;
+    if max == 0 {
+        for queue in &unseen {
+            groups::register(&client, queue, group, seed).await?;
+        }
+    } else {
+        let unregistered = groups::unregistered(&client, &unseen, group).await?;
+        if !unregistered.is_empty() {
+            let unregistered: Vec<&str> = unregistered.iter().map(String::as_str).collect();
+            groups::register_within(&mut client, &unregistered, group, seed, QUEUE_MODE_GROUP, max).await?;
+        }
+    }
+    for queue in unseen {
+        broker.registered.insert(key(queue), ());
+    }
     Ok(())
 }
 
@@ -50,7 +68,9 @@ async fn forget(
 }
 
 /// Seeks the group on one partition of the queue, or on all of them. `Ok(None)` when the queue
-/// does not exist or has no such partition.
+/// does not exist or has no such partition. A named group new to the queue (neither registered
+/// nor with cursors there) is admitted within `limits.max_groups_per_queue` first
+/// ([`BrokerError::LimitReached`]: no cursor is created or moved).
 pub async fn seek(
     broker: &Broker,
     queue: &str,
@@ -59,8 +79,20 @@ pub async fn seek(
     target: SeekTarget,
 ) -> Result<Option<Vec<SeekedPartition>>, BrokerError> {
     let Some(queue_id) = broker.names.queue(&broker.pool, queue).await?.map(|q| q.id) else { return Ok(None) };
-    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
-    let moved = groups::seek(&client, queue_id, partition_id, group, target).await?;
+    let mut client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
+    let max = broker.config.limits.creation().groups_per_queue;
+    let known = group == QUEUE_MODE_GROUP || broker.registered.contains_key(&(queue.to_owned(), group.to_owned()));
+    let moved = if known || max == 0 {
+        groups::seek(&client, queue_id, partition_id, group, target).await?
+    } else {
+        // A seek creates the cursors of a group that has none: a group new to the queue comes to
+        // exist, within the limit.
+        let tx = client.transaction().await.map_err(queen_store::StoreError::from)?;
+        groups::admit(&tx, queue, group, QUEUE_MODE_GROUP, max).await?;
+        let moved = groups::seek(&tx, queue_id, partition_id, group, target).await?;
+        tx.commit().await.map_err(queen_store::StoreError::from)?;
+        moved
+    };
     if moved.is_empty() {
         return Ok(None);
     }

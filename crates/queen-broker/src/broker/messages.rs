@@ -44,7 +44,8 @@ pub async fn dead_letters(broker: &Broker, filter: &DeadLetterFilter) -> Result<
 /// a push.
 pub async fn requeue(broker: &Broker, partition_id: i64, transaction_id: &str) -> Result<Requeue, BrokerError> {
     let mut client = broker.pool.get().await.map_err(StoreError::from)?;
-    let moved = dlq::requeue(&mut client, partition_id, transaction_id, broker.cipher.as_deref()).await?;
+    let limits = broker.config.limits.creation();
+    let moved = dlq::requeue(&mut client, partition_id, transaction_id, broker.cipher.as_deref(), limits).await?;
     if let Requeue::Moved(moved) = &moved {
         let queue = Arc::from(moved.queue.as_str());
         broker.coordinator.announce(DataAvailable {

@@ -1,5 +1,6 @@
 //! The broker's operations, between the HTTP edge and the store: push, pop, ack.
 
+pub mod access;
 pub mod ack;
 mod error;
 pub mod groups;
@@ -27,9 +28,10 @@ use crate::actors::coordinator::{Coordinator, CoordinatorMailbox, CoordinatorSet
 use crate::actors::group_leases::Groups;
 use crate::actors::partition_writer::{WriterDeps, WriterLimits, Writers};
 use crate::actors::push_journal::{FoundJournal, Journal, PushJournal, PushRoute};
+use crate::auth::Authenticator;
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::pressure::{Bound, Limited};
+use crate::pressure::{Bound, Limited, PerClient};
 use crate::services::listener::{FleetListeners, keep_listening};
 use crate::services::maintenance::{Maintenance, MaintenanceSettings};
 use maintenance_mode::MaintenanceMode;
@@ -37,7 +39,7 @@ use queen_log::Cipher;
 use queen_store::segment_cache::SegmentCache;
 use queen_store::system_state::Modes;
 
-pub use error::{BrokerError, DATABASE_UNAVAILABLE};
+pub use error::{BrokerError, DATABASE_UNAVAILABLE, limit_setting};
 pub use names_cache::NamesCache;
 
 /// Everything a request handler needs, shared by all HTTP workers.
@@ -55,7 +57,11 @@ pub struct Broker {
     pub body_bytes: Arc<Bound>,
     /// Long polls parked across the broker (`limits.parked_long_polls`).
     pub long_polls: Arc<Bound>,
+    /// Long polls parked per client address (`limits.long_polls_per_client`).
+    pub client_long_polls: Arc<PerClient>,
     pub maintenance: Arc<MaintenanceMode>,
+    /// Who may call the API (`[auth]`); `None` with auth off.
+    pub auth: Option<Arc<Authenticator>>,
     /// The key of encrypted queues (`encryption.key`), when configured.
     pub cipher: Option<Arc<Cipher>>,
     /// Decoded segments that pops took part of (`pop.segment_cache_bytes`).
@@ -127,12 +133,18 @@ impl Broker {
         }
     }
 
+    /// The broker with `[auth]`'s authenticator (built and checked by the caller).
+    pub fn with_auth(mut self, auth: Option<Arc<Authenticator>>) -> Self {
+        self.auth = auth;
+        self
+    }
+
     /// Wires the actors and starts the LISTEN connection (on `pg`), with the maintenance switches
     /// as read at start-up, the push journal as found, and the encryption key. Must run inside an
     /// actix system.
     pub fn new(
         pool: Pool,
-        pg: tokio_postgres::Config,
+        pg: queen_store::tls::PgTarget,
         config: Arc<Config>,
         broker_id: String,
         modes: Modes,
@@ -184,6 +196,7 @@ impl Broker {
         );
         let body_bytes = Bound::new(Limited::BodyBytes, limits.body_bytes_in_flight, &metrics);
         let long_polls = Bound::new(Limited::LongPolls, limits.parked_long_polls, &metrics);
+        let client_long_polls = PerClient::new(Limited::ClientLongPolls, limits.long_polls_per_client, &metrics);
         let registered = Cache::builder()
             .max_capacity(100_000)
             .time_to_live(Duration::from_secs(60))
@@ -213,7 +226,9 @@ impl Broker {
             metrics,
             body_bytes,
             long_polls,
+            client_long_polls,
             maintenance: maintenance_mode,
+            auth: None,
             cipher,
             segments,
             journal,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use moka::sync::Cache;
-use queen_store::queues::{self, Queue};
+use queen_store::queues::{self, CreationLimits, Queue};
 use queen_store::{Pool, StoreError};
 
 /// A safety net for changes this broker did not hear of.
@@ -34,25 +34,107 @@ impl NamesCache {
         }
     }
 
-    /// The queue, created with default options on first use.
-    pub async fn ensure_queue(&self, pool: &Pool, name: &str) -> Result<Arc<Queue>, StoreError> {
-        if let Some(queue) = self.queues.get(name) {
-            return Ok(queue);
+    /// Each wanted queue (each named once) with the ids of its wanted partitions, in the order
+    /// asked, creating those that do not exist yet (queues with default options) within `limits`
+    /// (`None`: whatever the limits say), all of them or none: one transaction creates everything
+    /// missing, counted against the limits in PostgreSQL, so a request that would pass one
+    /// creates nothing ([`StoreError::LimitReached`]). What the cache holds costs nothing more; a
+    /// queue deleted since it was cached is looked up (and created) again, once.
+    pub async fn resolve(
+        &self,
+        pool: &Pool,
+        wanted: &[(&str, Vec<&str>)],
+        limits: Option<CreationLimits>,
+    ) -> Result<Vec<(Arc<Queue>, Vec<i64>)>, StoreError> {
+        match self.resolve_once(pool, wanted, limits).await {
+            Err(StoreError::Missing(_)) => {
+                for (queue, _) in wanted {
+                    self.forget_queue(queue);
+                }
+                self.resolve_once(pool, wanted, limits).await
+            }
+            resolved => resolved,
         }
-        let queue = Arc::new(queues::ensure_queue(&pool.get().await?, name).await?);
-        self.queues.insert(name.to_owned(), Arc::clone(&queue));
-        Ok(queue)
     }
 
-    /// The partition's id, creating it on first use.
-    pub async fn ensure_partition(&self, pool: &Pool, queue_id: i64, name: &str) -> Result<i64, StoreError> {
-        let key = (queue_id, name.to_owned());
-        if let Some(id) = self.partitions.get(&key) {
-            return Ok(id);
+    async fn resolve_once(
+        &self,
+        pool: &Pool,
+        wanted: &[(&str, Vec<&str>)],
+        limits: Option<CreationLimits>,
+    ) -> Result<Vec<(Arc<Queue>, Vec<i64>)>, StoreError> {
+        let mut queues: Vec<Option<Arc<Queue>>> = wanted.iter().map(|(queue, _)| self.queues.get(*queue)).collect();
+        let mut ids: Vec<Vec<Option<i64>>> = wanted
+            .iter()
+            .zip(&queues)
+            .map(|((_, partitions), queue)| {
+                let cached = |partition: &&str| {
+                    queue.as_ref().and_then(|q| self.partitions.get(&(q.id, (*partition).to_owned())))
+                };
+                partitions.iter().map(cached).collect()
+            })
+            .collect();
+        let complete = |queues: &[Option<Arc<Queue>>], ids: &[Vec<Option<i64>>]| {
+            queues.iter().all(Option::is_some) && ids.iter().flatten().all(Option::is_some)
+        };
+        if complete(&queues, &ids) {
+            return Ok(finish(queues, ids));
         }
-        let id = queues::ensure_partition(&pool.get().await?, queue_id, name).await?;
-        self.partitions.insert(key, id);
-        Ok(id)
+
+        // Not cached: what exists already.
+        let mut client = pool.get().await?;
+        let unknown: Vec<&str> =
+            wanted.iter().zip(&queues).filter(|(_, q)| q.is_none()).map(|((n, _), _)| *n).collect();
+        if !unknown.is_empty() {
+            for found in queues::find_queues(&client, &unknown).await? {
+                let found = Arc::new(found);
+                self.queues.insert(found.name.clone(), Arc::clone(&found));
+                place(&mut queues, wanted, &found);
+            }
+        }
+        for (at, (_, partitions)) in wanted.iter().enumerate() {
+            let Some(queue) = &queues[at] else { continue };
+            let unknown: Vec<&str> = missing(partitions, &ids[at]);
+            if unknown.is_empty() {
+                continue;
+            }
+            for (name, id) in queues::find_partitions(&client, queue.id, &unknown).await? {
+                self.partitions.insert((queue.id, name.clone()), id);
+                fill(&mut ids[at], partitions, &name, id);
+            }
+        }
+        if complete(&queues, &ids) {
+            return Ok(finish(queues, ids));
+        }
+
+        // The rest is created, all of it or none.
+        let limits = limits.unwrap_or_default();
+        let tx = client.transaction().await?;
+        let new: Vec<&str> = wanted.iter().zip(&queues).filter(|(_, q)| q.is_none()).map(|((n, _), _)| *n).collect();
+        for created in queues::create_queues(&tx, &new, limits.queues).await? {
+            place(&mut queues, wanted, &Arc::new(created));
+        }
+        // Partition-creation locks in queue id order, whoever takes several.
+        let mut order: Vec<usize> = (0..wanted.len()).filter(|&at| ids[at].iter().any(Option::is_none)).collect();
+        order.sort_by_key(|&at| queues[at].as_ref().map_or(0, |q| q.id));
+        let mut created_partitions = Vec::new();
+        for at in order {
+            let (queue, partitions) = (queues[at].as_ref().ok_or(StoreError::Missing("queue"))?, &wanted[at].1);
+            let new = missing(partitions, &ids[at]);
+            let max = limits.partitions_per_queue;
+            for (name, id) in queues::create_partitions(&tx, queue.id, &queue.name, &new, max).await? {
+                fill(&mut ids[at], partitions, &name, id);
+                created_partitions.push((queue.id, name, id));
+            }
+        }
+        tx.commit().await?;
+        for queue in queues.iter().flatten() {
+            self.queues.insert(queue.name.clone(), Arc::clone(queue));
+        }
+        for (queue_id, name, id) in created_partitions {
+            self.partitions.insert((queue_id, name), id);
+        }
+        if complete(&queues, &ids) { Ok(finish(queues, ids)) } else { Err(StoreError::Missing("partition")) }
     }
 
     /// The queue if it exists; does not create it.
@@ -94,4 +176,28 @@ impl NamesCache {
     pub fn forget_partition(&self, queue_id: i64, name: &str) {
         self.partitions.invalidate(&(queue_id, name.to_owned()));
     }
+}
+
+/// Puts the queue wherever it is wanted.
+fn place(queues: &mut [Option<Arc<Queue>>], wanted: &[(&str, Vec<&str>)], queue: &Arc<Queue>) {
+    for (slot, _) in queues.iter_mut().zip(wanted).filter(|(_, (name, _))| *name == queue.name) {
+        *slot = Some(Arc::clone(queue));
+    }
+}
+
+/// The partitions of `names` whose id is not known yet.
+fn missing<'a>(names: &[&'a str], ids: &[Option<i64>]) -> Vec<&'a str> {
+    names.iter().zip(ids).filter(|(_, id)| id.is_none()).map(|(name, _)| *name).collect()
+}
+
+/// Sets the id of every position where the partition `name` is wanted.
+fn fill(ids: &mut [Option<i64>], names: &[&str], name: &str, id: i64) {
+    for (slot, _) in ids.iter_mut().zip(names).filter(|(_, wanted)| **wanted == name) {
+        *slot = Some(id);
+    }
+}
+
+/// The resolution, once every queue and partition is known.
+fn finish(queues: Vec<Option<Arc<Queue>>>, ids: Vec<Vec<Option<i64>>>) -> Vec<(Arc<Queue>, Vec<i64>)> {
+    queues.into_iter().flatten().zip(ids).map(|(queue, ids)| (queue, ids.into_iter().flatten().collect())).collect()
 }

@@ -1,9 +1,11 @@
 //! Pop: find partitions with messages for the group, claim them under one lease, read the
 //! claimed spans from their segments, and, for a long poll, park until a push or a released
 //! lease may have made messages available, or until a pending one becomes visible. At most
-//! `limits.parked_long_polls` pops are parked at once: one that would park past it is refused.
+//! `limits.parked_long_polls` pops are parked at once, and `limits.long_polls_per_client` of one
+//! client address: one that would park past either is refused.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -18,7 +20,7 @@ use uuid::Uuid;
 use super::Broker;
 use super::BrokerError;
 use crate::actors::coordinator::{Checked, PopPlan, ScanDone};
-use crate::pressure::Held;
+use crate::pressure::{ClientHeld, Held, Refused};
 
 /// Where a pop takes messages from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +47,9 @@ pub struct PopRequest {
     pub lease_seconds: Option<i32>,
     /// Where the group starts on partitions it has never read.
     pub seed: CursorSeed,
+    /// The client's address, whose parked long polls are bounded by `limits.long_polls_per_client`
+    /// (not counted when unknown).
+    pub client: Option<IpAddr>,
 }
 
 /// One message handed to a consumer.
@@ -53,6 +58,7 @@ pub struct DeliveredMessage {
     pub message_id: Uuid,
     pub transaction_id: String,
     pub trace_id: Option<Uuid>,
+    pub producer: Option<String>,
     pub queue: Arc<str>,
     pub partition_id: i64,
     pub partition: Arc<str>,
@@ -109,7 +115,7 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
     // One lease for whatever the pop claims, on every queue.
     let lease_id = Uuid::now_v7();
     if let PopSource::Queue { queue, .. } = &request.source {
-        super::groups::register_on_first_pop(broker, queue, &request.group, request.seed).await?;
+        super::groups::register_on_first_pop(broker, &[queue], &request.group, request.seed).await?;
     }
     loop {
         if broker.is_shutting_down() {
@@ -165,7 +171,7 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
             wake_at = wake_at.min(now + NAMESPACE_RESCAN);
         }
         if parked.is_none() {
-            parked = Some(broker.long_polls.hold(1)?);
+            parked = Some(Parked::take(broker, request)?);
         }
         let mut woken = Vec::with_capacity(seen.len());
         for (queue, seen) in seen {
@@ -198,9 +204,8 @@ async fn sources(broker: &Broker, request: &PopRequest) -> Result<(Vec<Arc<str>>
             let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
             let mut queues = queues::queues_of(&client, namespace.as_deref(), task.as_deref()).await?;
             drop(client);
-            for queue in &queues {
-                super::groups::register_on_first_pop(broker, &queue.name, &request.group, request.seed).await?;
-            }
+            let names: Vec<&str> = queues.iter().map(|queue| queue.name.as_str()).collect();
+            super::groups::register_on_first_pop(broker, &names, &request.group, request.seed).await?;
             // Queues of one priority take turns at being first.
             let turn = broker.namespace_pops.fetch_add(1, Ordering::Relaxed) as usize;
             for tier in queues.chunk_by_mut(|a, b| a.options.priority == b.options.priority) {
@@ -220,7 +225,7 @@ async fn held_by_pop_maintenance(
     broker: &Broker,
     request: &PopRequest,
     deadline: Instant,
-    parked: &mut Option<Held>,
+    parked: &mut Option<Parked>,
 ) -> Result<bool, BrokerError> {
     let maintenance = &broker.maintenance;
     if !maintenance.pops_paused() {
@@ -230,9 +235,25 @@ async fn held_by_pop_maintenance(
         return Ok(true);
     }
     if parked.is_none() {
-        *parked = Some(broker.long_polls.hold(1)?);
+        *parked = Some(Parked::take(broker, request)?);
     }
     Ok(!maintenance.pops_resume_by(deadline).await)
+}
+
+/// A waiting pop's places among the parked ones: its client's and the broker's, given back when
+/// the pop ends, however it ends (answered, timed out, failed, or dropped with its connection).
+struct Parked {
+    _client: ClientHeld,
+    _broker: Held,
+}
+
+impl Parked {
+    /// The client's place first: a client past its own bound is refused with a 429 and takes
+    /// none of the broker's.
+    fn take(broker: &Broker, request: &PopRequest) -> Result<Parked, Refused> {
+        let client = broker.client_long_polls.hold(request.client)?;
+        Ok(Parked { _client: client, _broker: broker.long_polls.hold(1)? })
+    }
 }
 
 /// Pops once from one queue, within the budget, claiming under `lease_id`.
@@ -382,6 +403,7 @@ async fn read_claimed(
                 message_id: frame.message_id,
                 transaction_id: frame.transaction_id.to_owned(),
                 trace_id: frame.trace_id,
+                producer: frame.producer.map(str::to_owned),
                 queue: Arc::clone(&queue_name),
                 partition_id: segment.partition_id,
                 partition: Arc::clone(&partition),

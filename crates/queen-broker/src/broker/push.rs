@@ -23,6 +23,8 @@ pub struct PushItem {
     pub partition: String,
     pub transaction_id: String,
     pub trace_id: Option<Uuid>,
+    /// `producerSub`: the pushing token's subject with auth on, else none (never the body's).
+    pub producer: Option<String>,
     /// Minted when the push is accepted; a duplicate is answered with the original's instead.
     pub message_id: Uuid,
     /// The message's data as JSON text.
@@ -36,6 +38,7 @@ impl PushItem {
             message_id: self.message_id,
             transaction_id: self.transaction_id.clone(),
             trace_id: self.trace_id,
+            producer: self.producer.clone(),
             payload: self.payload.clone(),
         }
     }
@@ -95,11 +98,12 @@ enum Route<'a> {
 /// one writer cannot take is refused whole ([`BrokerError::Overloaded`]). Any storage failure fails
 /// the whole request: a client retry is safe, since the items already written come back as
 /// duplicates of themselves. Under [`Admission::Checked`], a queue with a `maxSize` takes its
-/// share of the request whole or not at all ([`BrokerError::QueueFull`]).
+/// share of the request whole or not at all ([`BrokerError::QueueFull`]), and the queues and
+/// partitions the request would create must all fit within the creation limits
+/// ([`BrokerError::LimitReached`]: nothing is created or written).
 pub async fn write(broker: &Broker, items: &[PushItem], admission: Admission) -> Result<Vec<Pushed>, BrokerError> {
     let shares = shares_of(items);
-    let resolving = shares.iter().map(|(queue, partitions)| resolve(broker, queue, partitions));
-    let resolved = futures::future::try_join_all(resolving).await?;
+    let resolved = resolve(broker, &shares, admission).await?;
     let mut routes = Vec::with_capacity(shares.len());
     for (queue, partition_ids) in &resolved {
         let route = if queue.options.max_size > 0 && admission == Admission::Checked {
@@ -172,30 +176,28 @@ fn shares_of(items: &[PushItem]) -> Vec<QueueShare> {
     shares
 }
 
-/// The queue and the ids of the share's partitions, creating them on first use. A queue deleted
-/// since it was cached is resolved (and so created) again, once.
+/// Each share's queue and the ids of its partitions, creating them on first use, all of them or
+/// none, within the creation limits ([`BrokerError::LimitReached`] when a producer's push would
+/// pass one). Pushes replayed from the journal were answered already: they are written whatever
+/// the limits say (dropping them would lose acknowledged messages, and refusing them would stop
+/// the replay), with a warning.
 async fn resolve(
     broker: &Broker,
-    queue: &str,
-    partitions: &[(String, Vec<usize>)],
-) -> Result<(Arc<Queue>, Vec<i64>), BrokerError> {
-    let names = &broker.names;
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        let settings = names.ensure_queue(&broker.pool, queue).await?;
-        let mut ids = Vec::with_capacity(partitions.len());
-        for (partition, _) in partitions {
-            match names.ensure_partition(&broker.pool, settings.id, partition).await {
-                Ok(id) => ids.push(id),
-                Err(StoreError::Missing(_)) if attempt == 1 => break,
-                Err(e) => return Err(e.into()),
-            }
+    shares: &[QueueShare],
+    admission: Admission,
+) -> Result<Vec<(Arc<Queue>, Vec<i64>)>, BrokerError> {
+    let wanted: Vec<(&str, Vec<&str>)> = shares
+        .iter()
+        .map(|(queue, partitions)| (queue.as_str(), partitions.iter().map(|(name, _)| name.as_str()).collect()))
+        .collect();
+    let limits = broker.config.limits.creation();
+    match broker.names.resolve(&broker.pool, &wanted, Some(limits)).await {
+        Err(StoreError::LimitReached(reached)) if admission == Admission::Accepted => {
+            let refusal = BrokerError::LimitReached(reached);
+            tracing::warn!(limit = %refusal, "pushes replayed from the journal create past a creation limit");
+            Ok(broker.names.resolve(&broker.pool, &wanted, None).await?)
         }
-        if ids.len() == partitions.len() {
-            return Ok((settings, ids));
-        }
-        names.forget_queue(queue);
+        resolved => Ok(resolved?),
     }
 }
 

@@ -56,7 +56,7 @@ fn record_of(items: &[PushItem], keys: Option<&Cipher>) -> Result<Record, Broker
                 message_id: item.message_id,
                 trace_id: item.trace_id,
                 transaction_id: &item.transaction_id,
-                producer: None,
+                producer: item.producer.as_deref(),
                 payload,
             },
         })
@@ -75,6 +75,7 @@ fn item_of(entry: &JournalEntry<'_>, keys: Option<&Cipher>) -> Result<PushItem, 
         partition: entry.partition.to_owned(),
         transaction_id: entry.frame.transaction_id.to_owned(),
         trace_id: entry.frame.trace_id,
+        producer: entry.frame.producer.map(str::to_owned),
         message_id: entry.frame.message_id,
         payload: payload.into_owned(),
     })

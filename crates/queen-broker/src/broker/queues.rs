@@ -18,7 +18,7 @@ pub struct Configure {
     pub options: Map<String, Value>,
 }
 
-/// Creates the queue or merges options into it. Every broker forgets what it cached of the queue,
+/// Creates the queue (within `limits.max_queues`) or merges options into it. Every broker forgets what it cached of the queue,
 /// so a changed option acts at once, on messages already stored too. Unknown options are stored
 /// and echoed; each is logged when a queue first gets it.
 pub async fn configure(broker: &Broker, name: &str, request: &Configure) -> Result<Queue, BrokerError> {
@@ -32,7 +32,8 @@ pub async fn configure(broker: &Broker, name: &str, request: &Configure) -> Resu
     let before = broker.names.queue(&broker.pool, name).await?;
     let mut client = broker.pool.get().await.map_err(StoreError::from)?;
     let (namespace, task) = (request.namespace.as_deref(), request.task.as_deref());
-    let queue = queues::configure_queue(&mut client, name, namespace, task, &patch, &unknown).await?;
+    let max_queues = broker.config.limits.creation().queues;
+    let queue = queues::configure_queue(&mut client, name, namespace, task, &patch, &unknown, max_queues).await?;
     broker.names.forget_queue(name);
     let new: Vec<&String> =
         unknown.keys().filter(|key| !before.as_ref().is_some_and(|q| q.unknown_options.contains_key(*key))).collect();

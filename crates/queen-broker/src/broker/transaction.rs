@@ -1,7 +1,7 @@
 //! Transactions: acknowledgements and pushes applied in one PostgreSQL transaction, all or
 //! nothing (the seeds' "chain the stages": ack stage one, push stage two).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use queen_store::StoreError;
@@ -58,7 +58,9 @@ impl From<StoreError> for TransactionError {
 /// pushes after, partition by partition in id order: the results do not depend on that order,
 /// and every transaction taking cursor locks before capacity locks before partition locks (in a
 /// fixed order each) keeps concurrent bundles from deadlocking. A bundle that would take a queue
-/// past its `maxSize` rolls back with [`BrokerError::QueueFull`].
+/// past its `maxSize` rolls back with [`BrokerError::QueueFull`]; one whose pushes would create
+/// queues or partitions past a creation limit is refused before anything of it is done
+/// ([`BrokerError::LimitReached`]).
 pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, TransactionError> {
     let Bundle { operations, required_leases } = bundle;
     let mut acks = Vec::new();
@@ -90,14 +92,34 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
         .into());
     }
     // Queues and partitions are created outside the transaction: creating them is harmless even
-    // if the bundle rolls back.
+    // if the bundle rolls back. All of them or none, within the creation limits: a bundle that
+    // would pass one creates nothing and does nothing.
     // For each item: its queue's id and its partition's id. And the queues with a `maxSize`.
+    // Each queue once, each of its partitions once; for each item, where.
+    let mut wanted: Vec<(&str, Vec<&str>)> = Vec::new();
+    let mut queue_at: HashMap<&str, usize> = HashMap::new();
+    let mut place: HashMap<(&str, &str), (usize, usize)> = HashMap::new();
+    let mut places = Vec::with_capacity(items.len());
+    for item in &items {
+        let key = (item.queue.as_str(), item.partition.as_str());
+        let at = *place.entry(key).or_insert_with(|| {
+            let queue = *queue_at.entry(key.0).or_insert_with(|| {
+                wanted.push((key.0, Vec::new()));
+                wanted.len() - 1
+            });
+            wanted[queue].1.push(key.1);
+            (queue, wanted[queue].1.len() - 1)
+        });
+        places.push(at);
+    }
+    let limits = broker.config.limits.creation();
+    let resolved = broker.names.resolve(&broker.pool, &wanted, Some(limits)).await?;
     let mut partition_of = Vec::with_capacity(items.len());
     let mut queues_of_items: BTreeMap<i64, Arc<Queue>> = BTreeMap::new();
-    for item in &items {
-        let queue = broker.names.ensure_queue(&broker.pool, &item.queue).await?;
-        partition_of.push((queue.id, broker.names.ensure_partition(&broker.pool, queue.id, &item.partition).await?));
-        queues_of_items.insert(queue.id, queue);
+    for (queue, partition) in places {
+        let (queue, ids) = &resolved[queue];
+        partition_of.push((queue.id, ids[partition]));
+        queues_of_items.insert(queue.id, Arc::clone(queue));
     }
     let capped = queues_of_items.values().filter(|queue| queue.options.max_size > 0);
 

@@ -6,21 +6,27 @@ use queen_store::cursors::{AckOutcome, AckRequest};
 use serde::Serialize;
 use uuid::Uuid;
 
+use super::authorize::Caller;
 use super::body::{JsonObject, read_body};
 use crate::broker::Broker;
 use crate::broker::ack::{acknowledge, refusal_text, status_label};
 use crate::error::ApiError;
 use crate::names::{self, NameKind};
 
-pub async fn single(broker: web::Data<Broker>, payload: web::Payload) -> Result<HttpResponse, ApiError> {
+pub async fn single(
+    broker: web::Data<Broker>,
+    caller: Caller,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
     let body = read_body(payload, broker.config.http.max_body_bytes, &broker.body_bytes).await?;
     let body = JsonObject::parse_body(&body, false)?;
     let group = group_of(&body)?;
     let request = parse_ack(&body, &group)?;
+    caller.check_partitions(&broker, &[request.partition_id]).await?;
     answer(&broker, &group, vec![request]).await
 }
 
-pub async fn batch(broker: web::Data<Broker>, payload: web::Payload) -> Result<HttpResponse, ApiError> {
+pub async fn batch(broker: web::Data<Broker>, caller: Caller, payload: web::Payload) -> Result<HttpResponse, ApiError> {
     let body = read_body(payload, broker.config.http.max_body_bytes, &broker.body_bytes).await?;
     let body = JsonObject::parse_body(&body, false)?;
     let group = group_of(&body)?;
@@ -29,6 +35,8 @@ pub async fn batch(broker: web::Data<Broker>, payload: web::Payload) -> Result<H
         return Err(ApiError::bad_request("acknowledgments must not be empty"));
     }
     let requests = items.iter().map(|item| parse_ack(item, &group)).collect::<Result<Vec<_>, _>>()?;
+    let partitions: Vec<i64> = requests.iter().map(|request| request.partition_id).collect();
+    caller.check_partitions(&broker, &partitions).await?;
     answer(&broker, &group, requests).await
 }
 

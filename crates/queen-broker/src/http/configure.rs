@@ -5,17 +5,23 @@ use queen_store::queues::Queue;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use super::authorize::Caller;
 use super::body::{JsonObject, read_body};
 use crate::broker::queues::{Configure, configure};
 use crate::broker::{Broker, queue_options};
 use crate::error::ApiError;
 use crate::names::{self, NameKind};
 
-pub async fn handle(broker: web::Data<Broker>, payload: web::Payload) -> Result<HttpResponse, ApiError> {
+pub async fn handle(
+    broker: web::Data<Broker>,
+    caller: Caller,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
     let body = read_body(payload, broker.config.http.max_body_bytes, &broker.body_bytes).await?;
     let body = JsonObject::parse_body(&body, false)?;
     let queue = body.required_string("queue")?;
     names::check(NameKind::Queue, "queue", &queue).map_err(ApiError::BadRequest)?;
+    caller.check_queues([queue.as_str()])?;
     let options: Map<String, Value> = match body.raw("options") {
         None => Map::new(),
         Some(raw) => {

@@ -63,6 +63,7 @@ pub async fn get(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResp
             id: message.frame.message_id,
             transaction_id: &message.frame.transaction_id,
             trace_id: message.frame.trace_id,
+            producer_sub: message.frame.producer.as_deref(),
             queue: &message.queue,
             partition: &message.partition,
             partition_id: partition_id.to_string(),

@@ -2,6 +2,7 @@
 //! `queen-mq` client speaks; every error is a JSON body.
 
 mod ack;
+pub mod authorize;
 mod body;
 mod configure;
 mod consumer_groups;
@@ -21,9 +22,14 @@ mod transaction;
 pub use push::parse_items as parse_push_body;
 pub use status::mark_start;
 
+use actix_web::body::BoxBody;
+use actix_web::dev::ServiceRequest;
+use actix_web::middleware::{Next, from_fn};
 use actix_web::{HttpRequest, HttpResponse, web};
+use authorize::{Access, Scope};
 use chrono::{DateTime, SecondsFormat, Utc};
 
+use crate::auth::Role;
 use crate::error::ApiError;
 
 /// Times as the API writes them: RFC 3339 in UTC with microseconds and `Z`.
@@ -38,6 +44,8 @@ pub struct StoredMessageJson<'a> {
     pub id: uuid::Uuid,
     pub transaction_id: &'a str,
     pub trace_id: Option<uuid::Uuid>,
+    /// Who pushed it: the pushing token's subject with auth on, else null.
+    pub producer_sub: Option<&'a str>,
     pub queue: &'a str,
     pub partition: &'a str,
     pub partition_id: String,
@@ -60,86 +68,136 @@ fn resource(path: &str) -> actix_web::Resource {
     web::resource(path).default_service(web::to(method_not_allowed))
 }
 
-/// Registers every route.
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.service(resource("/health").route(web::get().to(health::health)))
-        .service(resource("/ready").route(web::get().to(health::ready)))
-        .service(resource("/metrics").route(web::get().to(health::metrics)))
-        .service(
-            web::scope("/api/v1")
-                .service(resource("/configure").route(web::post().to(configure::handle)))
-                .service(resource("/push").route(web::post().to(push::handle)))
-                .service(resource("/pop").route(web::get().to(pop::pop_namespace)))
-                .service(resource("/pop/queue/{queue}").route(web::get().to(pop::pop_queue)))
-                .service(resource("/pop/queue/{queue}/partition/{partition}").route(web::get().to(pop::pop_partition)))
-                .service(resource("/ack").route(web::post().to(ack::single)))
-                .service(resource("/ack/batch").route(web::post().to(ack::batch)))
-                .service(resource("/lease/{lease_id}/extend").route(web::post().to(lease::extend)))
-                .service(resource("/transaction").route(web::post().to(transaction::handle)))
-                .service(resource("/resources/overview").route(web::get().to(status::overview)))
-                .service(resource("/resources/queues").route(web::get().to(status::queues)))
-                .service(resource("/resources/partitions").route(web::get().to(status::partitions)))
-                .service(resource("/status").route(web::get().to(status::status)))
-                .service(resource("/status/queues").route(web::get().to(status::queue_statuses)))
-                .service(resource("/status/queues/{queue}").route(web::get().to(status::queue_status)))
-                .service(resource("/status/analytics").route(web::get().to(status::analytics)))
-                .service(resource("/messages").route(web::get().to(status::list_messages)))
-                .service(
-                    resource("/resources/queues/{queue}")
-                        .route(web::get().to(resources::get_queue))
-                        .route(web::delete().to(resources::delete_queue)),
-                )
-                .service(resource("/dlq").route(web::get().to(dlq::list)))
-                // Before the message route, whose transaction id may contain `/`.
-                .service(
-                    resource("/messages/{partition_id}/{transaction_id:.+}/retry").route(web::post().to(dlq::retry)),
-                )
-                .service(
-                    resource("/messages/{partition_id}/{transaction_id:.+}")
-                        .route(web::get().to(messages::get))
-                        .route(web::delete().to(dlq::delete)),
-                )
-                .service(resource("/consumer-groups").route(web::get().to(consumer_groups::list)))
-                // Before `{group}`: a literal beats the parameter only when registered first.
-                .service(resource("/consumer-groups/lagging").route(web::get().to(consumer_groups::lagging)))
-                .service(
-                    resource("/consumer-groups/{group}")
-                        .route(web::get().to(consumer_groups::detail))
-                        .route(web::delete().to(consumer_groups::delete_group)),
-                )
-                .service(
-                    resource("/consumer-groups/{group}/subscription")
-                        .route(web::post().to(consumer_groups::update_subscription)),
-                )
-                .service(
-                    resource("/consumer-groups/{group}/queues/{queue}")
-                        .route(web::delete().to(consumer_groups::delete_group_on_queue)),
-                )
-                .service(
-                    resource("/consumer-groups/{group}/queues/{queue}/seek")
-                        .route(web::post().to(consumer_groups::seek_queue)),
-                )
-                .service(
-                    resource("/consumer-groups/{group}/queues/{queue}/partitions/{partition_id}/seek")
-                        .route(web::post().to(consumer_groups::seek_partition)),
-                )
-                .service(resource("/stats/refresh").route(web::post().to(consumer_groups::refresh_stats)))
-                .service(
-                    resource("/system/maintenance")
-                        .route(web::get().to(system::status))
-                        .route(web::post().to(system::set_push)),
-                )
-                .service(
-                    resource("/system/maintenance/pop")
-                        .route(web::get().to(system::status))
-                        .route(web::post().to(system::set_pop)),
-                ),
-        )
-        .default_service(web::to(no_such_route));
+/// What a route needs: with auth off, every route is served to anyone.
+const PUBLIC: Access = Access::Public;
+const fn read_only(scope: Scope) -> Access {
+    Access::Role(Role::ReadOnly, scope)
+}
+const fn read_write(scope: Scope) -> Access {
+    Access::Role(Role::ReadWrite, scope)
+}
+const fn admin(scope: Scope) -> Access {
+    Access::Role(Role::Admin, scope)
+}
+
+/// Declares every route once: [`ROUTES`] (what README's route table must list) and [`routes`]
+/// (the registration, each route behind its access check) come from the same lines, so no route
+/// can be served without a role. Order matters where a literal segment competes with a parameter.
+macro_rules! api {
+    ($($path:literal { $($method:ident => $handler:path, $access:expr;)+ })+) => {
+        /// Every route the broker serves: method, path pattern, and what it needs.
+        pub const ROUTES: &[(&str, &str, Access)] = &[$($((stringify!($method), $path, $access),)+)+];
+
+        /// Registers every route.
+        pub fn routes(cfg: &mut web::ServiceConfig) {
+            $(
+                cfg.service(resource($path)$(.route(web::$method().to($handler).wrap(from_fn(
+                    move |req: ServiceRequest, next: Next<BoxBody>| authorize::authorize($access, req, next),
+                ))))+);
+            )+
+            cfg.default_service(web::to(no_such_route));
+        }
+    };
+}
+
+api! {
+    "/health" { get => health::health, PUBLIC; }
+    "/ready" { get => health::ready, PUBLIC; }
+    "/metrics" { get => health::metrics, read_only(Scope::Fleet); }
+    "/api/v1/configure" { post => configure::handle, admin(Scope::Body); }
+    "/api/v1/push" { post => push::handle, read_write(Scope::Body); }
+    "/api/v1/pop" { get => pop::pop_namespace, read_write(Scope::Fleet); }
+    "/api/v1/pop/queue/{queue}" { get => pop::pop_queue, read_write(Scope::PathQueue); }
+    "/api/v1/pop/queue/{queue}/partition/{partition}" { get => pop::pop_partition, read_write(Scope::PathQueue); }
+    "/api/v1/ack" { post => ack::single, read_write(Scope::Body); }
+    "/api/v1/ack/batch" { post => ack::batch, read_write(Scope::Body); }
+    "/api/v1/lease/{lease_id}/extend" { post => lease::extend, read_write(Scope::PathLease); }
+    "/api/v1/transaction" { post => transaction::handle, read_write(Scope::Body); }
+    "/api/v1/resources/overview" { get => status::overview, read_only(Scope::Fleet); }
+    "/api/v1/resources/queues" { get => status::queues, read_only(Scope::Fleet); }
+    "/api/v1/resources/partitions" { get => status::partitions, read_only(Scope::QueryQueue); }
+    "/api/v1/status" { get => status::status, read_only(Scope::Fleet); }
+    "/api/v1/status/queues" { get => status::queue_statuses, read_only(Scope::Fleet); }
+    "/api/v1/status/queues/{queue}" { get => status::queue_status, read_only(Scope::PathQueue); }
+    "/api/v1/status/analytics" { get => status::analytics, read_only(Scope::Fleet); }
+    "/api/v1/messages" { get => status::list_messages, read_only(Scope::QueryQueue); }
+    "/api/v1/resources/queues/{queue}" {
+        get => resources::get_queue, read_only(Scope::PathQueue);
+        delete => resources::delete_queue, admin(Scope::PathQueue);
+    }
+    "/api/v1/dlq" { get => dlq::list, read_only(Scope::QueryQueue); }
+    // Before the message route, whose transaction id may contain `/`.
+    "/api/v1/messages/{partition_id}/{transaction_id:.+}/retry" { post => dlq::retry, admin(Scope::PathPartition); }
+    "/api/v1/messages/{partition_id}/{transaction_id:.+}" {
+        get => messages::get, read_only(Scope::PathPartition);
+        delete => dlq::delete, admin(Scope::PathPartition);
+    }
+    "/api/v1/consumer-groups" { get => consumer_groups::list, read_only(Scope::Fleet); }
+    // Before `{group}`: a literal beats the parameter only when registered first.
+    "/api/v1/consumer-groups/lagging" { get => consumer_groups::lagging, read_only(Scope::Fleet); }
+    "/api/v1/consumer-groups/{group}" {
+        get => consumer_groups::detail, read_only(Scope::Fleet);
+        delete => consumer_groups::delete_group, admin(Scope::Fleet);
+    }
+    "/api/v1/consumer-groups/{group}/subscription" {
+        post => consumer_groups::update_subscription, admin(Scope::Fleet);
+    }
+    "/api/v1/consumer-groups/{group}/queues/{queue}" {
+        delete => consumer_groups::delete_group_on_queue, admin(Scope::PathQueue);
+    }
+    "/api/v1/consumer-groups/{group}/queues/{queue}/seek" { post => consumer_groups::seek_queue, admin(Scope::PathQueue); }
+    "/api/v1/consumer-groups/{group}/queues/{queue}/partitions/{partition_id}/seek" {
+        post => consumer_groups::seek_partition, admin(Scope::PathPartition);
+    }
+    "/api/v1/stats/refresh" { post => consumer_groups::refresh_stats, admin(Scope::Fleet); }
+    "/api/v1/system/maintenance" {
+        get => system::status, read_only(Scope::Fleet);
+        post => system::set_push, admin(Scope::Fleet);
+    }
+    "/api/v1/system/maintenance/pop" {
+        get => system::status, read_only(Scope::Fleet);
+        post => system::set_pop, admin(Scope::Fleet);
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::ROUTES;
+
+    /// README's route → role table lists exactly the routes the router serves, each with the
+    /// role it needs: a route added without a role, or a role changed, fails here.
+    #[test]
+    fn the_readme_route_table_is_the_router() {
+        let readme = include_str!("../../../../README.md");
+        let table =
+            readme.split("<!-- routes:begin -->").nth(1).and_then(|rest| rest.split("<!-- routes:end -->").next());
+        let table = table.expect("README.md has the route table between <!-- routes:begin --> and <!-- routes:end -->");
+        let mut listed: Vec<(String, String, String)> = table
+            .lines()
+            .filter_map(|line| {
+                let cells: Vec<&str> = line.trim().trim_matches('|').split('|').map(str::trim).collect();
+                let unquote = |cell: &str| cell.trim_matches('`').to_owned();
+                (cells.len() == 4 && cells[0].starts_with('`'))
+                    .then(|| (unquote(cells[0]), unquote(cells[1]), format!("{} / {}", cells[2], cells[3])))
+            })
+            .collect();
+        let mut served: Vec<(String, String, String)> = ROUTES
+            .iter()
+            .map(|(method, path, access)| {
+                (
+                    method.to_ascii_uppercase(),
+                    (*path).to_owned(),
+                    format!("{} / {}", access.label(), access.scope_label()),
+                )
+            })
+            .collect();
+        listed.sort();
+        served.sort();
+        let missing: Vec<_> = served.iter().filter(|route| !listed.contains(route)).collect();
+        let stale: Vec<_> = listed.iter().filter(|route| !served.contains(route)).collect();
+        assert!(missing.is_empty() && stale.is_empty(), "README's route table lacks {missing:?} and lists {stale:?}");
+    }
+
     /// Handlers parse and render: every operation goes through `broker::*`. What a handler must
     /// not reach for, whoever adds the next route.
     #[test]

@@ -2,6 +2,7 @@
 //! `GET /api/v1/pop?namespace=&task=`.
 
 use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -54,7 +55,8 @@ fn queue_of(req: &HttpRequest) -> Result<String, ApiError> {
 
 async fn handle(broker: web::Data<Broker>, req: HttpRequest, source: PopSource) -> Result<HttpResponse, ApiError> {
     let query = query_pairs(req.query_string())?;
-    let (request, autopilot) = parse_query(&broker, source, &query)?;
+    let client = client_address(&req, broker.config.limits.trust_forwarded_for);
+    let (request, autopilot) = parse_query(&broker, source, &query, client)?;
     let started = std::time::Instant::now();
     let delivery = pop(&broker, &request).await?;
     let wait = if request.wait { "true" } else { "false" };
@@ -75,6 +77,7 @@ fn parse_query(
     broker: &Broker,
     source: PopSource,
     query: &BTreeMap<String, String>,
+    client: Option<IpAddr>,
 ) -> Result<(PopRequest, bool), ApiError> {
     let limits = &broker.config.pop;
     if query_bool(query, "conflation")? == Some(true) {
@@ -105,8 +108,29 @@ fn parse_query(
         timeout: Duration::from_millis(timeout_ms),
         lease_seconds,
         seed,
+        client,
     };
     Ok((request, autopilot && (batch.is_none() || partitions.is_none())))
+}
+
+/// The client's address, whose parked long polls are counted apart: the TCP peer's, or, with
+/// `limits.trust_forwarded_for` (behind a proxy, whose own address every client would share), the
+/// first address of `X-Forwarded-For` when it has one.
+fn client_address(req: &HttpRequest, trust_forwarded_for: bool) -> Option<IpAddr> {
+    let forwarded = trust_forwarded_for
+        .then(|| req.headers().get("x-forwarded-for"))
+        .flatten()
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(',').next())
+        .and_then(parse_address);
+    forwarded.or_else(|| req.peer_addr().map(|peer| peer.ip())).map(|ip| ip.to_canonical())
+}
+
+/// An address as `X-Forwarded-For` may carry it: `192.0.2.1`, `2001:db8::1`, or with a port
+/// (`192.0.2.1:4711`, `[2001:db8::1]:4711`).
+fn parse_address(text: &str) -> Option<IpAddr> {
+    let text = text.trim();
+    text.parse::<IpAddr>().ok().or_else(|| text.parse::<SocketAddr>().ok().map(|address| address.ip()))
 }
 
 /// Where a new group starts, from `subscriptionMode` and `subscriptionFrom` (which wins).
@@ -160,7 +184,6 @@ struct MessageJson<'a> {
     stored: StoredMessageJson<'a>,
     lease_id: Option<Uuid>,
     consumer_group: &'a str,
-    producer_sub: Option<&'a str>,
     delivery_attempt: i32,
 }
 
@@ -182,6 +205,7 @@ impl<'a> PopAnswer<'a> {
                         id: m.message_id,
                         transaction_id: &m.transaction_id,
                         trace_id: m.trace_id,
+                        producer_sub: m.producer.as_deref(),
                         queue: &m.queue,
                         partition: &m.partition,
                         partition_id: m.partition_id.to_string(),
@@ -191,7 +215,6 @@ impl<'a> PopAnswer<'a> {
                     },
                     lease_id: delivery.lease_id,
                     consumer_group: &request.group,
-                    producer_sub: None,
                     delivery_attempt: m.delivery_attempt,
                 })
                 .collect(),
@@ -214,5 +237,25 @@ mod tests {
         assert_eq!(at, CursorSeed::From("2026-07-29T14:00:00Z".parse().unwrap()));
         assert!(subscription_seed(Some("sometimes"), None).is_err());
         assert!(subscription_seed(None, Some("yesterday")).is_err());
+    }
+
+    #[test]
+    fn the_client_is_the_peer_unless_forwarded_for_is_trusted() {
+        let peer: SocketAddr = "10.1.2.3:5555".parse().unwrap();
+        let req = actix_web::test::TestRequest::default()
+            .peer_addr(peer)
+            .insert_header(("X-Forwarded-For", "203.0.113.7, 10.0.0.1"))
+            .to_http_request();
+        assert_eq!(client_address(&req, false), Some(peer.ip()), "the header is the client's own say");
+        assert_eq!(client_address(&req, true), Some("203.0.113.7".parse().unwrap()));
+        let garbled = actix_web::test::TestRequest::default()
+            .peer_addr(peer)
+            .insert_header(("X-Forwarded-For", "unknown"))
+            .to_http_request();
+        assert_eq!(client_address(&garbled, true), Some(peer.ip()), "no address in the header: the peer");
+        assert_eq!(parse_address(" [2001:db8::1]:4711"), Some("2001:db8::1".parse().unwrap()));
+        assert_eq!(parse_address("192.0.2.1:80"), Some("192.0.2.1".parse().unwrap()));
+        let mapped = actix_web::test::TestRequest::default().peer_addr("[::ffff:10.1.2.3]:1".parse().unwrap());
+        assert_eq!(client_address(&mapped.to_http_request(), false), Some(peer.ip()), "IPv4 in IPv6 is IPv4");
     }
 }

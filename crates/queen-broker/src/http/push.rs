@@ -5,6 +5,7 @@ use queen_store::log::Appended;
 use serde::Serialize;
 use uuid::Uuid;
 
+use super::authorize::Caller;
 use super::body::{JsonObject, read_body};
 use crate::broker::Broker;
 use crate::broker::push::{PushItem, PushResults, Pushed, push};
@@ -13,6 +14,7 @@ use crate::names::{self, DEFAULT_PARTITION, NameKind};
 
 pub async fn handle(
     broker: web::Data<Broker>,
+    caller: Caller,
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
@@ -21,7 +23,8 @@ pub async fn handle(
     }
     let started = std::time::Instant::now();
     let body = read_body(payload, broker.config.http.max_body_bytes, &broker.body_bytes).await?;
-    let items = parse_items(&body, broker.config.push.max_items)?;
+    let mut items = parse_items(&body, broker.config.push.max_items)?;
+    stamp(&caller, &mut items)?;
     let results = push(&broker, items).await?;
     broker.metrics.push_duration.observe(started.elapsed().as_secs_f64());
     let mut answer = HttpResponse::Created();
@@ -32,6 +35,17 @@ pub async fn handle(
         PushResults::Buffered(items) => answer
             .json(items.iter().enumerate().map(|(index, item)| BufferedResult::new(index, item)).collect::<Vec<_>>()),
     })
+}
+
+/// Checks that the caller may push to every item's queue, and records it as their producer.
+pub fn stamp(caller: &Caller, items: &mut [PushItem]) -> Result<(), ApiError> {
+    caller.check_queues(items.iter().map(|item| item.queue.as_str()))?;
+    if let Some(producer) = caller.producer() {
+        for item in items {
+            item.producer = Some(producer.to_owned());
+        }
+    }
+    Ok(())
 }
 
 /// Every item of a push body, checked; one bad item refuses the whole request, so nothing is
@@ -74,7 +88,8 @@ pub fn parse_item(item: &JsonObject<'_>) -> Result<PushItem, ApiError> {
     // The payload is kept as the JSON text it was sent as; absent means null.
     let payload = item.raw_or_null("payload").map_or("null", |raw| raw.get()).as_bytes().to_vec();
     let message_id = queen_log::new_message_id();
-    Ok(PushItem { queue, partition, transaction_id, trace_id, message_id, payload })
+    // `producerSub` is the broker's to set (from the token), never the body's.
+    Ok(PushItem { queue, partition, transaction_id, trace_id, producer: None, message_id, payload })
 }
 
 /// One item's answer. Field names are the ones the official client reads.

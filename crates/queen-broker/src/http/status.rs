@@ -296,6 +296,7 @@ pub async fn list_messages(broker: web::Data<Broker>, req: HttpRequest) -> Resul
                 id: m.frame.message_id,
                 transaction_id: &m.frame.transaction_id,
                 trace_id: m.frame.trace_id,
+                producer_sub: m.frame.producer.as_deref(),
                 queue,
                 partition: &m.partition,
                 partition_id: m.partition_id.to_string(),

@@ -7,8 +7,9 @@ use uuid::Uuid;
 use queen_store::ack_rules::LeaseFence;
 
 use super::ack::{AckResult, parse_ack};
+use super::authorize::Caller;
 use super::body::{JsonObject, read_body};
-use super::push::{ItemResult, parse_item};
+use super::push::{ItemResult, parse_item, stamp};
 use crate::broker::Broker;
 use crate::broker::transaction::{Applied, Bundle, Operation, TransactionError, execute};
 use crate::error::ApiError;
@@ -16,6 +17,7 @@ use crate::names::{self, NameKind};
 
 pub async fn handle(
     broker: web::Data<Broker>,
+    caller: Caller,
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
@@ -23,7 +25,15 @@ pub async fn handle(
         return Err(ApiError::bad_request("binary transaction bodies are not supported by this broker; send JSON"));
     }
     let body = read_body(payload, broker.config.http.max_body_bytes, &broker.body_bytes).await?;
-    let bundle = parse_bundle(&body, broker.config.push.max_items)?;
+    let mut bundle = parse_bundle(&body, broker.config.push.max_items)?;
+    let mut acked = Vec::new();
+    for operation in &mut bundle.operations {
+        match operation {
+            Operation::Push(items) => stamp(&caller, items)?,
+            Operation::Ack(ack) => acked.push(ack.partition_id),
+        }
+    }
+    caller.check_partitions(&broker, &acked).await?;
     let transaction_id = Uuid::now_v7();
     match execute(&broker, bundle).await {
         Ok(applied) => {

@@ -66,8 +66,8 @@ impl FleetListeners {
     }
 }
 
-/// Runs until the broker stops.
-pub async fn keep_listening(pg: tokio_postgres::Config, listeners: FleetListeners) {
+/// Runs until the broker stops. Connects to `pg` as the pool does, TLS included.
+pub async fn keep_listening(pg: queen_store::tls::PgTarget, listeners: FleetListeners) {
     let mut backoff = Backoff::default();
     loop {
         match listen(&pg).await {

@@ -19,7 +19,10 @@ struct Other {
 
 impl Other {
     async fn start(app: &TestApp) -> Other {
-        Other { base: TestApp::spawn_on(&app.db, |_| {}).await, http: reqwest::Client::new() }
+        Other {
+            base: TestApp::spawn_on(&app.db, |_| {}).await,
+            http: queen_testkit::http().build().expect("an HTTP client"),
+        }
     }
 
     async fn post(&self, path: &str, body: &Value) -> (StatusCode, Value) {

@@ -38,7 +38,7 @@ impl Answer {
 }
 
 fn client() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(60)).build().expect("an HTTP client")
+    queen_testkit::http().timeout(Duration::from_secs(60)).build().expect("an HTTP client")
 }
 
 fn test_label() -> String {
@@ -55,6 +55,15 @@ impl TestApp {
         let db = TestDatabase::create(&test_label()).await;
         let base = Self::start(&db, tweak).await;
         TestApp { base, http: client(), db }
+    }
+
+    /// A broker serving HTTPS (`tweak` sets its `http.tls_*` files), spoken to through `http`, a
+    /// client that trusts its certificate.
+    pub async fn spawn_https(http: reqwest::Client, tweak: impl FnOnce(&mut Config)) -> TestApp {
+        let mut app = Self::spawn_with(tweak).await;
+        app.base = app.base.replacen("http://", "https://", 1);
+        app.http = http;
+        app
     }
 
     /// Starts a second broker on another test's database (for fleet tests); its base URL.

@@ -1,8 +1,11 @@
 //! API tests: each starts a broker in-process on its own database and speaks HTTP to it.
 
+mod auth;
 mod bad_input;
 mod capacity;
 mod concurrency;
+mod creation_limits;
+mod database_tls;
 mod delivery;
 mod encryption;
 mod expiry;
@@ -13,6 +16,7 @@ mod fusion;
 mod group_admin;
 mod groups;
 mod helpers;
+mod https;
 mod leases;
 mod long_poll;
 mod maintenance_mode;

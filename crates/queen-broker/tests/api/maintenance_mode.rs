@@ -37,8 +37,16 @@ where
 }
 
 async fn buffered_messages(base: &str) -> Value {
-    let status: Value =
-        reqwest::get(format!("{base}{PUSH_SWITCH}")).await.expect("GET").json().await.expect("a JSON status");
+    let status: Value = queen_testkit::http()
+        .build()
+        .expect("a client")
+        .get(format!("{base}{PUSH_SWITCH}"))
+        .send()
+        .await
+        .expect("GET")
+        .json()
+        .await
+        .expect("a JSON status");
     status["bufferedMessages"].clone()
 }
 
@@ -229,7 +237,7 @@ async fn pop_maintenance_answers_paused_at_once_and_releases_a_long_poll_when_it
 async fn a_switch_set_on_one_broker_holds_on_every_broker_and_survives_restarts() {
     let app = TestApp::spawn().await;
     let other = TestApp::spawn_on(&app.db, |_| {}).await;
-    let http = reqwest::Client::new();
+    let http = queen_testkit::http().build().expect("an HTTP client");
     let status_of = |base: String| {
         let http = http.clone();
         async move {

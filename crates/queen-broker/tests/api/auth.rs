@@ -1,0 +1,436 @@
+//! Authentication and roles: bearer JWTs (HS256, RS256 from a PEM key or a JWKS that rotates,
+//! EdDSA) and static API tokens; every route's role boundary; queue scopes; `producerSub` taken
+//! from the token, never from the body.
+
+use std::path::PathBuf;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use jsonwebtoken::jwk::{Jwk, JwkSet};
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use queen_broker::auth::Role;
+use queen_broker::config::Config;
+use queen_broker::http::ROUTES;
+use queen_broker::http::authorize::Access;
+use queen_testkit::{JsonServer, target_dir};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::helpers::{Answer, TestApp};
+
+const SECRET: &str = "the-api-tests-hs256-secret-0123456789";
+const ISSUER: &str = "https://idp.test";
+
+fn fixture(name: &str) -> Vec<u8> {
+    let path = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/auth")).join(name);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).expect("after 1970").as_secs()
+}
+
+/// Claims of a token valid for an hour, for `sub` with one role.
+fn claims(sub: &str, role: &str) -> Value {
+    json!({"sub": sub, "role": role, "iss": ISSUER, "exp": now() + 3600, "iat": now()})
+}
+
+fn hs256(claims: &Value, secret: &str) -> String {
+    let key = EncodingKey::from_secret(secret.as_bytes()).expect("a key");
+    jsonwebtoken::encode(&Header::new(Algorithm::HS256), claims, &key).expect("a token")
+}
+
+fn rs256(claims: &Value, private_key: &str, kid: Option<&str>) -> String {
+    let key = EncodingKey::from_rsa_pem(&fixture(private_key)).expect("an RSA key");
+    let mut header = Header::new(Algorithm::RS256);
+    header.kid = kid.map(str::to_owned);
+    jsonwebtoken::encode(&header, claims, &key).expect("a token")
+}
+
+/// A JWKS holding the public halves of the named private keys, under the given key ids.
+fn jwks(keys: &[(&str, &str)]) -> String {
+    let keys = keys
+        .iter()
+        .map(|(file, kid)| {
+            let key = EncodingKey::from_rsa_pem(&fixture(file)).expect("an RSA key");
+            let mut jwk = Jwk::from_encoding_key(&key, Algorithm::RS256).expect("a JWK");
+            jwk.common.key_id = Some((*kid).to_owned());
+            jwk
+        })
+        .collect();
+    serde_json::to_string(&JwkSet { keys }).expect("JSON")
+}
+
+fn with_hs256(config: &mut Config) {
+    config.auth.jwt_enabled = true;
+    config.auth.jwt_secret = Some(SECRET.into());
+    config.auth.jwt_issuer = Some(ISSUER.into());
+}
+
+async fn call(app: &TestApp, method: &str, path: &str, token: Option<&str>, body: Option<Value>) -> Answer {
+    let method = reqwest::Method::from_bytes(method.to_ascii_uppercase().as_bytes()).expect("a method");
+    let mut request = app.http.request(method, app.url(path));
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.expect("a response");
+    let status = response.status();
+    let text = response.text().await.expect("a body");
+    Answer { status, body: serde_json::from_str(&text).unwrap_or(Value::Null) }
+}
+
+async fn push_as(app: &TestApp, token: &str, queue: &str, transaction_id: &str) -> Answer {
+    let item = json!({"queue": queue, "transactionId": transaction_id, "payload": {"t": transaction_id}});
+    call(app, "post", "/api/v1/push", Some(token), Some(json!({"items": [item]}))).await
+}
+
+#[actix_web::test]
+async fn without_a_usable_token_every_guarded_route_answers_401_and_the_probes_stay_public() {
+    let app = TestApp::spawn_with(with_hs256).await;
+    for path in ["/health", "/ready", "/metrics"] {
+        assert_eq!(call(&app, "get", path, None, None).await.status, StatusCode::OK, "{path} is public");
+    }
+    let admin = hs256(&claims("ops", "admin"), SECRET);
+    let cases = [
+        ("missing", None),
+        ("malformed", Some("Basic dXNlcjpwYXNz".to_owned())),
+        ("expired", Some(hs256(&json!({"sub": "a", "role": "admin", "iss": ISSUER, "exp": now() - 3600}), SECRET))),
+        ("bad_signature", Some(hs256(&claims("a", "admin"), "a-forged-secret-that-is-not-ours"))),
+        (
+            "invalid_claims",
+            Some(hs256(&json!({"sub": "a", "role": "admin", "iss": "https://other", "exp": now() + 60}), SECRET)),
+        ),
+        ("invalid_claims", Some(hs256(&json!({"sub": "a", "role": "admin", "iss": ISSUER}), SECRET))),
+        (
+            "not_yet_valid",
+            Some(hs256(
+                &json!({"sub": "a", "role": "admin", "iss": ISSUER, "exp": now() + 7200, "nbf": now() + 3600}),
+                SECRET,
+            )),
+        ),
+        ("invalid", Some("not-a-jwt".to_owned())),
+    ];
+    for (reason, token) in &cases {
+        let before = app.metric(&format!("queen_auth_failures_total{{reason=\"{reason}\"}}")).await;
+        let answer = if let Some(token) = token {
+            let raw = app.http.post(app.url("/api/v1/push")).json(&json!({"items": [{"queue": "q"}]}));
+            let raw =
+                if token.starts_with("Basic") { raw.header("authorization", token) } else { raw.bearer_auth(token) };
+            let response = raw.send().await.expect("a response");
+            assert_eq!(response.headers().get("www-authenticate").map(|v| v.to_str().unwrap()), Some("Bearer"));
+            let status = response.status();
+            Answer { status, body: response.json().await.expect("a JSON error") }
+        } else {
+            call(&app, "post", "/api/v1/push", None, Some(json!({"items": [{"queue": "q"}]}))).await
+        };
+        assert_eq!(answer.status, StatusCode::UNAUTHORIZED, "{reason}: {answer:?}");
+        assert_eq!(answer.body["code"], "unauthorized", "{reason}: {answer:?}");
+        assert!(answer.body["error"].as_str().is_some_and(|e| !e.is_empty()), "{answer:?}");
+        let after = app.metric(&format!("queen_auth_failures_total{{reason=\"{reason}\"}}")).await;
+        assert_eq!(after, before + 1.0, "{reason} is counted");
+    }
+    assert_eq!(app.count("SELECT count(*) FROM queen.queues").await, 0, "no refused push wrote anything");
+    assert_eq!(push_as(&app, &admin, "q", "t1").await.status, StatusCode::CREATED);
+}
+
+/// A request that exercises the route without needing anything to exist: its status tells only
+/// whether auth let it through.
+fn sample_request(path: &str) -> String {
+    let wait = if path.starts_with("/api/v1/pop") { "?wait=false" } else { "" };
+    let path = path
+        .replace("{queue}", "auth-q")
+        .replace("{partition}", "Default")
+        .replace("{lease_id}", "0192f0c4-7b1e-7c3a-9d2e-5b6f7a8b9c0d")
+        .replace("{partition_id}", "1")
+        .replace("{transaction_id:.+}", "t")
+        .replace("{group}", "g");
+    format!("{path}{wait}")
+}
+
+#[actix_web::test]
+async fn every_route_refuses_the_role_below_the_one_it_needs_and_serves_that_role() {
+    let app = TestApp::spawn_with(|config| {
+        with_hs256(config);
+        // /metrics behind its role too, so that every guarded route is checked.
+        config.auth.jwt_skip_paths = String::new();
+    })
+    .await;
+    let token = |role: Role| hs256(&claims("tester", role.name()), SECRET);
+    let without_role = hs256(&json!({"sub": "tester", "iss": ISSUER, "exp": now() + 3600}), SECRET);
+    let mut checked = 0;
+    for (method, path, access) in ROUTES {
+        let Access::Role(needed, _) = access else { continue };
+        let uri = sample_request(path);
+        let body = (*method != "get" && *method != "delete").then(|| json!({}));
+        let below = match needed {
+            Role::ReadOnly => None,
+            Role::ReadWrite => Some(Role::ReadOnly),
+            Role::Admin => Some(Role::ReadWrite),
+        };
+        let refused = match below {
+            Some(role) => call(&app, method, &uri, Some(&token(role)), body.clone()).await,
+            None => call(&app, method, &uri, Some(&without_role), body.clone()).await,
+        };
+        assert_eq!(refused.status, StatusCode::FORBIDDEN, "{method} {path} below {needed:?}: {refused:?}");
+        assert_eq!(refused.body["code"], "forbidden", "{refused:?}");
+        let served = call(&app, method, &uri, Some(&token(*needed)), body).await;
+        assert!(
+            !matches!(served.status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN),
+            "{method} {path} with {needed:?}: {served:?}"
+        );
+        checked += 1;
+    }
+    assert!(checked > 30, "checked {checked} routes");
+    // The role names are configurable, as upstream's.
+    assert_eq!(app.count("SELECT count(*) FROM queen.queues WHERE name <> 'auth-q'").await, 0);
+}
+
+#[actix_web::test]
+async fn role_names_and_claims_are_the_configured_ones() {
+    let app = TestApp::spawn_with(|config| {
+        with_hs256(config);
+        config.auth.role_read_write = "producer".into();
+        config.auth.jwt_roles_claim = "queen_role".into();
+        config.auth.jwt_roles_array_claim = "groups".into();
+    })
+    .await;
+    let single = hs256(&json!({"sub": "a", "queen_role": "producer", "iss": ISSUER, "exp": now() + 60}), SECRET);
+    assert_eq!(push_as(&app, &single, "q", "t1").await.status, StatusCode::CREATED);
+    let listed = hs256(&json!({"sub": "a", "groups": ["x", "producer"], "iss": ISSUER, "exp": now() + 60}), SECRET);
+    assert_eq!(push_as(&app, &listed, "q", "t2").await.status, StatusCode::CREATED);
+    let default_name = hs256(&json!({"sub": "a", "role": "read-write", "iss": ISSUER, "exp": now() + 60}), SECRET);
+    assert_eq!(push_as(&app, &default_name, "q", "t3").await.status, StatusCode::FORBIDDEN);
+}
+
+#[actix_web::test]
+async fn producer_sub_is_the_tokens_subject_and_a_spoofed_one_is_ignored() {
+    let app = TestApp::spawn_with(with_hs256).await;
+    let token = hs256(&claims("svc-orders", "read-write"), SECRET);
+    let item = json!({"queue": "spoof", "transactionId": "t1", "payload": 1, "producerSub": "someone-else"});
+    let pushed = call(&app, "post", "/api/v1/push", Some(&token), Some(json!({"items": [item]}))).await;
+    assert_eq!(pushed.status, StatusCode::CREATED, "{pushed:?}");
+    let partition = pushed.body[0]["partition_id"].as_str().expect("a partition id").to_owned();
+
+    let read = call(&app, "get", &format!("/api/v1/messages/{partition}/t1"), Some(&token), None).await;
+    assert_eq!(read.body["producerSub"], "svc-orders", "{read:?}");
+    let listed = call(&app, "get", "/api/v1/messages?queue=spoof", Some(&token), None).await;
+    assert_eq!(listed.body["messages"][0]["producerSub"], "svc-orders", "{listed:?}");
+    let popped = call(&app, "get", "/api/v1/pop/queue/spoof?wait=false", Some(&token), None).await;
+    let message = &popped.messages()[0];
+    assert_eq!(message["producerSub"], "svc-orders", "{popped:?}");
+
+    // Dead-lettered, it keeps its producer, and a re-queue carries it again.
+    let ack = json!({"transactionId": "t1", "partitionId": partition, "leaseId": message["leaseId"], "status": "dlq"});
+    let acked = call(&app, "post", "/api/v1/ack", Some(&token), Some(ack)).await;
+    assert_eq!(acked.status, StatusCode::OK, "{acked:?}");
+    let admin = hs256(&claims("ops", "admin"), SECRET);
+    let letters = call(&app, "get", "/api/v1/dlq?queue=spoof", Some(&admin), None).await;
+    assert_eq!(letters.body["messages"][0]["producerSub"], "svc-orders", "{letters:?}");
+    let requeued = call(&app, "post", &format!("/api/v1/messages/{partition}/t1/retry"), Some(&admin), None).await;
+    assert_eq!(requeued.status, StatusCode::OK, "{requeued:?}");
+    let again = call(&app, "get", "/api/v1/pop/queue/spoof?wait=false", Some(&token), None).await;
+    assert_eq!(again.messages()[0]["producerSub"], "svc-orders", "{again:?}");
+}
+
+#[actix_web::test]
+async fn without_auth_producer_sub_is_null_whatever_the_body_says() {
+    let app = TestApp::spawn().await;
+    let item = json!({"queue": "open", "transactionId": "t1", "payload": 1, "producerSub": "spoofed"});
+    app.push(json!([item])).await;
+    let popped = app.pop("queue/open", "wait=false").await;
+    assert_eq!(popped.messages()[0]["producerSub"], Value::Null, "{popped:?}");
+}
+
+#[actix_web::test]
+async fn rs256_keys_come_from_a_jwks_and_a_rotation_is_picked_up_without_a_restart() {
+    let server = JsonServer::start("jwks.json", jwks(&[("rs256-a.key", "key-a")])).await;
+    let url = server.url().to_owned();
+    let app = TestApp::spawn_with(move |config| {
+        config.auth.jwt_enabled = true;
+        config.auth.jwt_algorithm = "RS256".into();
+        config.auth.jwt_jwks_url = Some(url);
+        config.auth.jwt_jwks_min_refetch_seconds = 0;
+    })
+    .await;
+    let signed_a = rs256(&claims("svc", "read-write"), "rs256-a.key", Some("key-a"));
+    assert_eq!(push_as(&app, &signed_a, "rs", "t1").await.status, StatusCode::CREATED);
+
+    // A key the set does not hold: 401 naming the key id.
+    let signed_b = rs256(&claims("svc", "read-write"), "rs256-b.key", Some("key-b"));
+    let unknown = push_as(&app, &signed_b, "rs", "t2").await;
+    assert_eq!(unknown.status, StatusCode::UNAUTHORIZED, "{unknown:?}");
+    assert!(unknown.body["error"].as_str().unwrap_or_default().contains("key-b"), "{unknown:?}");
+    // A token signed by key b but naming key a is a forgery.
+    let forged = rs256(&claims("svc", "admin"), "rs256-b.key", Some("key-a"));
+    assert_eq!(push_as(&app, &forged, "rs", "t3").await.status, StatusCode::UNAUTHORIZED);
+    // An HS256 token signed with the public key (algorithm confusion) is refused.
+    let confused = hs256(&claims("svc", "admin"), &String::from_utf8(fixture("rs256-a.pub")).expect("PEM"));
+    assert_eq!(push_as(&app, &confused, "rs", "t4").await.status, StatusCode::UNAUTHORIZED);
+
+    // The provider rotates to key b: the next token signed by it is accepted, no restart.
+    let fetches = server.requests();
+    server.set(jwks(&[("rs256-b.key", "key-b")]));
+    assert_eq!(push_as(&app, &signed_b, "rs", "t5").await.status, StatusCode::CREATED);
+    assert!(server.requests() > fetches, "the unknown key id made the broker fetch the set again");
+    assert_eq!(push_as(&app, &signed_a, "rs", "t6").await.status, StatusCode::UNAUTHORIZED, "key a was retired");
+}
+
+#[actix_web::test]
+async fn a_jwks_that_cannot_be_fetched_answers_503_not_401() {
+    // A port nothing listens on: bind one, then free it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a port").local_addr().expect("an address").port();
+    let app = TestApp::spawn_with(move |config| {
+        config.auth.jwt_enabled = true;
+        config.auth.jwt_algorithm = "RS256".into();
+        config.auth.jwt_jwks_url = Some(format!("http://127.0.0.1:{port}/jwks.json"));
+        config.auth.jwt_jwks_timeout_ms = 500;
+    })
+    .await;
+    let token = rs256(&claims("svc", "read-write"), "rs256-a.key", Some("key-a"));
+    let answer = push_as(&app, &token, "q", "t1").await;
+    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE, "{answer:?}");
+}
+
+#[actix_web::test]
+async fn a_pem_public_key_verifies_rs256_and_eddsa_tokens() {
+    let rsa = String::from_utf8(fixture("rs256-a.pub")).expect("PEM");
+    let app = TestApp::spawn_with(move |config| {
+        config.auth.jwt_enabled = true;
+        config.auth.jwt_algorithm = "RS256".into();
+        config.auth.jwt_public_key = Some(rsa);
+    })
+    .await;
+    let token = rs256(&claims("svc", "read-write"), "rs256-a.key", None);
+    assert_eq!(push_as(&app, &token, "q", "t1").await.status, StatusCode::CREATED);
+    let other = rs256(&claims("svc", "read-write"), "rs256-b.key", None);
+    assert_eq!(push_as(&app, &other, "q", "t2").await.status, StatusCode::UNAUTHORIZED);
+
+    let ed = String::from_utf8(fixture("ed25519.pub")).expect("PEM");
+    let app = TestApp::spawn_with(move |config| {
+        config.auth.jwt_enabled = true;
+        config.auth.jwt_algorithm = "EdDSA".into();
+        config.auth.jwt_public_key = Some(ed);
+    })
+    .await;
+    let key = EncodingKey::from_ed_pem(&fixture("ed25519.key")).expect("an Ed25519 key");
+    let token =
+        jsonwebtoken::encode(&Header::new(Algorithm::EdDSA), &claims("svc", "read-write"), &key).expect("a token");
+    assert_eq!(push_as(&app, &token, "q", "t1").await.status, StatusCode::CREATED);
+    let hs = hs256(&claims("svc", "read-write"), SECRET);
+    assert_eq!(push_as(&app, &hs, "q", "t2").await.status, StatusCode::UNAUTHORIZED, "only EdDSA is accepted");
+}
+
+fn tokens_file(text: &str) -> PathBuf {
+    let dir = target_dir().join("api-auth");
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let path = dir.join(format!("{}.toml", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&path, text).expect("the tokens file");
+    path
+}
+
+const ORDERS_TOKEN: &str = "orders-token-0123456789abcdef";
+const OPS_TOKEN: &str = "ops-token-0123456789abcdef";
+
+#[actix_web::test]
+async fn static_tokens_confine_their_holder_to_their_queue_prefixes() {
+    let file = tokens_file(&format!(
+        "[[token]]\nname = \"orders-svc\"\ntoken = \"{ORDERS_TOKEN}\"\nrole = \"admin\"\nqueues = [\"orders.\"]\n\
+         [[token]]\nname = \"ops\"\ntoken = \"{OPS_TOKEN}\"\nrole = \"admin\"\n"
+    ));
+    let app = TestApp::spawn_with(move |config| config.auth.tokens_file = Some(file)).await;
+
+    let mine = push_as(&app, ORDERS_TOKEN, "orders.eu", "t1").await;
+    assert_eq!(mine.status, StatusCode::CREATED, "{mine:?}");
+    let partition = mine.body[0]["partition_id"].as_str().expect("a partition id").to_owned();
+    let theirs = push_as(&app, OPS_TOKEN, "billing", "t1").await;
+    assert_eq!(theirs.status, StatusCode::CREATED);
+    let billing_partition = theirs.body[0]["partition_id"].as_str().expect("a partition id").to_owned();
+
+    let forbidden = |answer: &Answer| answer.status == StatusCode::FORBIDDEN && answer.body["code"] == "forbidden";
+    let outside = push_as(&app, ORDERS_TOKEN, "billing", "t2").await;
+    assert!(forbidden(&outside), "{outside:?}");
+    let mixed = call(&app, "post", "/api/v1/push", Some(ORDERS_TOKEN),
+        Some(json!({"items": [{"queue": "orders.eu", "transactionId": "t3"}, {"queue": "billing", "transactionId": "t3"}]}))).await;
+    assert!(forbidden(&mixed), "a push with one item outside the scope is refused whole: {mixed:?}");
+    assert_eq!(app.count("SELECT count(*) FROM queen.log_message_ids WHERE transaction_id IN ('t2', 't3')").await, 0);
+
+    let refused = [
+        ("get", "/api/v1/pop/queue/billing?wait=false".to_owned(), None),
+        ("post", "/api/v1/configure".to_owned(), Some(json!({"queue": "billing"}))),
+        ("get", format!("/api/v1/messages/{billing_partition}/t1"), None),
+        ("post", "/api/v1/ack".to_owned(), Some(json!({"transactionId": "t1", "partitionId": billing_partition}))),
+        ("delete", "/api/v1/resources/queues/billing".to_owned(), None),
+        ("get", "/api/v1/status".to_owned(), None),
+        ("get", "/api/v1/dlq".to_owned(), None),
+        ("get", "/api/v1/dlq?queue=billing".to_owned(), None),
+        (
+            "post",
+            "/api/v1/transaction".to_owned(),
+            Some(json!({"operations": [{"type": "push", "items": [{"queue": "billing"}]}]})),
+        ),
+    ];
+    for (method, path, body) in refused {
+        let answer = call(&app, method, &path, Some(ORDERS_TOKEN), body).await;
+        assert!(forbidden(&answer), "{method} {path}: {answer:?}");
+    }
+    let allowed = [
+        ("get", "/api/v1/pop/queue/orders.eu?wait=false".to_owned()),
+        ("get", format!("/api/v1/messages/{partition}/t1")),
+        ("get", "/api/v1/dlq?queue=orders.eu".to_owned()),
+        ("get", "/api/v1/resources/queues/orders.eu".to_owned()),
+    ];
+    for (method, path) in allowed {
+        let answer = call(&app, method, &path, Some(ORDERS_TOKEN), None).await;
+        assert!(answer.status.is_success(), "{method} {path}: {answer:?}");
+    }
+    assert_eq!(app.count("SELECT count(*) FROM queen.queues WHERE name = 'billing'").await, 1, "billing still there");
+
+    // The token's name is its producer; an unknown token is a 401.
+    let popped = call(&app, "get", "/api/v1/pop/queue/billing?wait=false", Some(OPS_TOKEN), None).await;
+    assert_eq!(popped.messages()[0]["producerSub"], "ops", "{popped:?}");
+    let unknown = push_as(&app, "ops-token-0123456789abcdeX", "billing", "t9").await;
+    assert_eq!(unknown.status, StatusCode::UNAUTHORIZED);
+}
+
+#[actix_web::test]
+async fn jwts_and_static_tokens_work_side_by_side() {
+    let file = tokens_file(&format!("[[token]]\nname = \"ops\"\ntoken = \"{OPS_TOKEN}\"\nrole = \"read-only\"\n"));
+    let app = TestApp::spawn_with(move |config| {
+        with_hs256(config);
+        config.auth.tokens_file = Some(file);
+    })
+    .await;
+    let jwt = hs256(&claims("svc", "read-write"), SECRET);
+    assert_eq!(push_as(&app, &jwt, "q", "t1").await.status, StatusCode::CREATED);
+    assert_eq!(push_as(&app, OPS_TOKEN, "q", "t2").await.status, StatusCode::FORBIDDEN, "read-only cannot push");
+    assert_eq!(call(&app, "get", "/api/v1/resources/queues/q", Some(OPS_TOKEN), None).await.status, StatusCode::OK);
+}
+
+#[actix_web::test]
+async fn an_inconsistent_auth_configuration_stops_start_up_naming_the_setting() {
+    let db = queen_testkit::TestDatabase::create("auth_config").await;
+    type Tweak = fn(&mut Config);
+    let cases: [(&str, Tweak); 3] = [
+        ("auth.jwt_secret", |config| config.auth.jwt_enabled = true),
+        ("auth.jwt_algorithm", |config| {
+            with_hs256(config);
+            config.auth.jwt_algorithm = "none".into();
+        }),
+        ("auth.tokens_file", |config| config.auth.tokens_file = Some("/nonexistent/tokens.toml".into())),
+    ];
+    for (setting, tweak) in cases {
+        let mut config = Config::default();
+        config.http.host = "127.0.0.1".into();
+        config.http.port = 0;
+        config.database.url = Some(db.url().to_owned());
+        tweak(&mut config);
+        let error = match queen_broker::startup::Application::build(config).await {
+            Ok(_) => panic!("{setting}: the broker started"),
+            Err(e) => e.to_string(),
+        };
+        assert!(error.contains(setting), "{setting}: {error}");
+        assert!(!error.contains('\n'), "one line: {error}");
+    }
+}
