@@ -277,8 +277,9 @@ pub struct LimitsConfig {
     /// Long polls one client address has parked on this broker at once; a pop that would park
     /// past it is answered 429. 0 = no limit.
     pub long_polls_per_client: usize,
-    /// The client address is the first one of `X-Forwarded-For` (when it has one) rather than
-    /// the TCP peer's. Only behind a proxy that sets the header: otherwise a client picks its own.
+    /// The client address is the last one of `X-Forwarded-For` (the one the proxy in front of the
+    /// broker appended) rather than the TCP peer's. Only behind one proxy that sets the header:
+    /// otherwise a client picks its own.
     pub trust_forwarded_for: bool,
     /// Queues the fleet will create, counted in PostgreSQL; past it a request that would create
     /// one is answered 429 and creates nothing. 0 = no limit. The same on every broker.

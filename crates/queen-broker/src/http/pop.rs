@@ -115,13 +115,14 @@ fn parse_query(
 
 /// The client's address, whose parked long polls are counted apart: the TCP peer's, or, with
 /// `limits.trust_forwarded_for` (behind a proxy, whose own address every client would share), the
-/// first address of `X-Forwarded-For` when it has one.
+/// last address of `X-Forwarded-For`: the one the proxy in front of the broker appended, since
+/// whatever comes before it is what the client itself sent and may be made up.
 fn client_address(req: &HttpRequest, trust_forwarded_for: bool) -> Option<IpAddr> {
     let forwarded = trust_forwarded_for
         .then(|| req.headers().get("x-forwarded-for"))
         .flatten()
         .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.split(',').next())
+        .and_then(|value| value.rsplit(',').next())
         .and_then(parse_address);
     forwarded.or_else(|| req.peer_addr().map(|peer| peer.ip())).map(|ip| ip.to_canonical())
 }
@@ -244,10 +245,14 @@ mod tests {
         let peer: SocketAddr = "10.1.2.3:5555".parse().unwrap();
         let req = actix_web::test::TestRequest::default()
             .peer_addr(peer)
-            .insert_header(("X-Forwarded-For", "203.0.113.7, 10.0.0.1"))
+            .insert_header(("X-Forwarded-For", "198.51.100.9, 203.0.113.7"))
             .to_http_request();
         assert_eq!(client_address(&req, false), Some(peer.ip()), "the header is the client's own say");
-        assert_eq!(client_address(&req, true), Some("203.0.113.7".parse().unwrap()));
+        assert_eq!(
+            client_address(&req, true),
+            Some("203.0.113.7".parse().unwrap()),
+            "the address the proxy appended, not the one the client claims"
+        );
         let garbled = actix_web::test::TestRequest::default()
             .peer_addr(peer)
             .insert_header(("X-Forwarded-For", "unknown"))
