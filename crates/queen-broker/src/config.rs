@@ -41,6 +41,10 @@ pub struct HttpConfig {
     /// Connections open at once, across workers; more wait to be accepted. Each may hold up to
     /// about 160 KiB of the request it is reading, besides what `limits` bounds.
     pub max_connections: usize,
+    /// How long a new connection may take to deliver its first request's head before it is
+    /// answered 408 and closed (slow clients). Counted from when a worker first looks at the
+    /// connection, so a busy broker reads heads late: generous, unlike actix's 5 s.
+    pub request_head_timeout_ms: u64,
     /// HTTPS: the certificate chain the listener serves, PEM (the server's certificate first);
     /// set with `tls_key_file`, or neither for plain HTTP. Reloaded when it changes or on SIGHUP.
     pub tls_cert_file: Option<PathBuf>,
@@ -57,6 +61,7 @@ impl Default for HttpConfig {
             max_body_bytes: 16 * 1024 * 1024,
             shutdown_timeout_seconds: 30,
             max_connections: 16 * 1024,
+            request_head_timeout_ms: 30_000,
             tls_cert_file: None,
             tls_key_file: None,
         }
@@ -560,6 +565,9 @@ impl Config {
         }
         if self.http.max_connections == 0 {
             return Err(invalid("http.max_connections", "must be at least 1"));
+        }
+        if self.http.request_head_timeout_ms < 1000 {
+            return Err(invalid("http.request_head_timeout_ms", "must be at least 1000"));
         }
         let set = |path: &Option<PathBuf>| path.as_ref().is_some_and(|p| !p.as_os_str().is_empty());
         match (set(&self.http.tls_cert_file), set(&self.http.tls_key_file)) {

@@ -73,6 +73,7 @@ impl Application {
             n => n,
         };
         let max_connections = config.http.max_connections;
+        let request_head_timeout_ms = config.http.request_head_timeout_ms;
         let pg = database.target.clone();
         let broker = web::Data::new(
             Broker::new(pool, pg, Arc::new(config), broker_id, modes, journal, cipher).with_auth(auth.clone()),
@@ -98,7 +99,8 @@ impl Application {
         .max_connections(max_connections.div_ceil(workers))
         // Signals are ours to handle: the broker drains its work before the server stops.
         .disable_signals()
-        .shutdown_timeout(CLOSE_CONNECTIONS_SECONDS);
+        .shutdown_timeout(CLOSE_CONNECTIONS_SECONDS)
+        .client_request_timeout(Duration::from_millis(request_head_timeout_ms));
         let server = match tls {
             Some(tls) => server.listen_rustls_0_23(listener, tls),
             None => server.listen(listener),
