@@ -161,7 +161,11 @@ async fn admit(
         }
     }
     if identity.is_scoped() {
-        check_scope(broker, &identity, scope, req).await.map_err(|e| ("forbidden_scope", e))?;
+        check_scope(broker, &identity, scope, req).await.map_err(|e| match e {
+            ApiError::Forbidden(_) => ("forbidden_scope", e),
+            // The lookup of a partition's or a lease's queue failed (the database is away).
+            other => ("unavailable", other),
+        })?;
     }
     Ok(identity)
 }
