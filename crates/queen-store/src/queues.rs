@@ -277,6 +277,15 @@ pub async fn find_queues(client: &impl GenericClient, names: &[&str]) -> Result<
     Ok(client.query(&statement, &[&names]).await?.iter().map(queue_from_row).collect())
 }
 
+/// The names once each, in one order for every creator, so two creations without a creation
+/// lock cannot wait on each other's rows in a cycle.
+fn creation_order<'a>(names: &[&'a str]) -> Vec<&'a str> {
+    let mut names = names.to_vec();
+    names.sort_unstable();
+    names.dedup();
+    names
+}
+
 /// Creates those of the named queues that do not exist (with default options), all of them or
 /// none: with `max > 0` only if the fleet then holds at most `max` queues, counted under the
 /// fleet's queue-creation lock, so two brokers cannot both take the last place. The lock is held
@@ -288,11 +297,7 @@ pub async fn create_queues(
     names: &[&str],
     max: i64,
 ) -> Result<Vec<Queue>, StoreError> {
-    let mut names = names.to_vec();
-    // One order for every creator, so two creations without the lock cannot wait on each other's
-    // rows in a cycle.
-    names.sort_unstable();
-    names.dedup();
+    let names = creation_order(names);
     if names.is_empty() {
         return Ok(Vec::new());
     }
@@ -358,9 +363,7 @@ pub async fn create_partitions(
     names: &[&str],
     max: i64,
 ) -> Result<Vec<(String, i64)>, StoreError> {
-    let mut names = names.to_vec();
-    names.sort_unstable();
-    names.dedup();
+    let names = creation_order(names);
     if names.is_empty() {
         return Ok(Vec::new());
     }
