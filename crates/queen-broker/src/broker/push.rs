@@ -81,7 +81,7 @@ pub enum Admission {
 }
 
 /// Items of one queue, by partition, each with the indices of its items in the request.
-type QueueShare = (String, Vec<(String, Vec<usize>)>);
+pub(super) type QueueShare = (String, Vec<(String, Vec<usize>)>);
 
 /// How one queue's share is written.
 enum Route<'a> {
@@ -155,7 +155,7 @@ pub async fn write(broker: &Broker, items: &[PushItem], admission: Admission) ->
 }
 
 /// The request's items grouped by queue, then by partition, in order of first appearance.
-fn shares_of(items: &[PushItem]) -> Vec<QueueShare> {
+pub(super) fn shares_of(items: &[PushItem]) -> Vec<QueueShare> {
     let mut shares: Vec<QueueShare> = Vec::new();
     let mut place: HashMap<(&str, &str), (usize, usize)> = HashMap::new();
     for (index, item) in items.iter().enumerate() {
@@ -181,7 +181,7 @@ fn shares_of(items: &[PushItem]) -> Vec<QueueShare> {
 /// pass one). Pushes replayed from the journal were answered already: they are written whatever
 /// the limits say (dropping them would lose acknowledged messages, and refusing them would stop
 /// the replay), with a warning.
-async fn resolve(
+pub(super) async fn resolve(
     broker: &Broker,
     shares: &[QueueShare],
     admission: Admission,

@@ -1,7 +1,7 @@
 //! Transactions: acknowledgements and pushes applied in one PostgreSQL transaction, all or
 //! nothing (the seeds' "chain the stages": ack stage one, push stage two).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use queen_store::StoreError;
@@ -13,7 +13,7 @@ use queen_store::queues::{self, Queue};
 use super::Broker;
 use super::BrokerError;
 use super::ack::refusal_text;
-use super::push::{PushItem, Pushed, append_policy};
+use super::push::{Admission, PushItem, Pushed, append_policy, resolve, shares_of};
 use crate::actors::coordinator::DataAvailable;
 
 /// One operation of a bundle, in the caller's order.
@@ -93,32 +93,18 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
     }
     // Queues and partitions are created outside the transaction: creating them is harmless even
     // if the bundle rolls back. All of them or none, within the creation limits: a bundle that
-    // would pass one creates nothing and does nothing.
-    // For each item: its queue's id and its partition's id. And the queues with a `maxSize`.
-    // Each queue once, each of its partitions once; for each item, where.
-    let mut wanted: Vec<(&str, Vec<&str>)> = Vec::new();
-    let mut queue_at: HashMap<&str, usize> = HashMap::new();
-    let mut place: HashMap<(&str, &str), (usize, usize)> = HashMap::new();
-    let mut places = Vec::with_capacity(items.len());
-    for item in &items {
-        let key = (item.queue.as_str(), item.partition.as_str());
-        let at = *place.entry(key).or_insert_with(|| {
-            let queue = *queue_at.entry(key.0).or_insert_with(|| {
-                wanted.push((key.0, Vec::new()));
-                wanted.len() - 1
-            });
-            wanted[queue].1.push(key.1);
-            (queue, wanted[queue].1.len() - 1)
-        });
-        places.push(at);
-    }
-    let limits = broker.config.limits.creation();
-    let resolved = broker.names.resolve(&broker.pool, &wanted, Some(limits)).await?;
-    let mut partition_of = Vec::with_capacity(items.len());
+    // would pass one creates nothing and does nothing. For each item: its queue's id and its
+    // partition's id; and the queues, for their options.
+    let shares = shares_of(&items);
+    let resolved = resolve(broker, &shares, Admission::Checked).await?;
+    let mut partition_of = vec![(0, 0); items.len()];
     let mut queues_of_items: BTreeMap<i64, Arc<Queue>> = BTreeMap::new();
-    for (queue, partition) in places {
-        let (queue, ids) = &resolved[queue];
-        partition_of.push((queue.id, ids[partition]));
+    for ((_, partitions), (queue, ids)) in shares.iter().zip(&resolved) {
+        for ((_, indices), &partition_id) in partitions.iter().zip(ids) {
+            for &index in indices {
+                partition_of[index] = (queue.id, partition_id);
+            }
+        }
         queues_of_items.insert(queue.id, Arc::clone(queue));
     }
     let capped = queues_of_items.values().filter(|queue| queue.options.max_size > 0);
