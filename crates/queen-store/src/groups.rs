@@ -69,7 +69,39 @@ pub async fn admit(
     if max <= 0 {
         return Ok(());
     }
-    let present = tx
+    // A group that exists takes no lock; a new one is checked again under it, since another
+    // broker may have admitted it meanwhile.
+    if is_group_of(tx, queue, group).await? {
+        return Ok(());
+    }
+    tx.execute("SELECT pg_advisory_xact_lock($1, hashtext($2::text))", &[&GROUP_CREATION_LOCK_CLASS, &queue]).await?;
+    if is_group_of(tx, queue, group).await? {
+        return Ok(());
+    }
+    let count = tx
+        .prepare_cached(
+            "SELECT count(*) FROM (
+                 SELECT consumer_group FROM queen.consumer_groups_metadata WHERE queue_name = $1
+                 UNION
+                 SELECT c.consumer_group FROM queen.log_consumers c
+                   JOIN queen.partitions p ON p.id = c.partition_id
+                   JOIN queen.queues q ON q.id = p.queue_id
+                  WHERE q.name = $1
+             ) g WHERE g.consumer_group <> $2",
+        )
+        .await?;
+    let held: i64 = tx.query_one(&count, &[&queue, &uncounted]).await?.get(0);
+    if held >= max {
+        let queue = Some(queue.to_owned());
+        return Err(LimitReached { what: Creation::Groups, queue, held, adding: 1, max }.into());
+    }
+    Ok(())
+}
+
+/// Whether the group exists on the queue: registered there, or with a cursor on one of its
+/// partitions.
+async fn is_group_of(tx: &deadpool_postgres::Transaction<'_>, queue: &str, group: &str) -> Result<bool, StoreError> {
+    let statement = tx
         .prepare_cached(
             "SELECT EXISTS (SELECT 1 FROM queen.consumer_groups_metadata WHERE queue_name = $1 AND consumer_group = $2)
                  OR EXISTS (SELECT 1 FROM queen.log_consumers c
@@ -78,42 +110,7 @@ pub async fn admit(
                              WHERE q.name = $1 AND c.consumer_group = $2)",
         )
         .await?;
-    // A group that exists takes no lock; a new one is checked again under it.
-    if tx.query_one(&present, &[&queue, &group]).await?.get(0) {
-        return Ok(());
-    }
-    tx.execute("SELECT pg_advisory_xact_lock($1, hashtext($2::text))", &[&GROUP_CREATION_LOCK_CLASS, &queue]).await?;
-    let statement = tx
-        .prepare_cached(
-            "WITH present AS (
-                 SELECT EXISTS (SELECT 1 FROM queen.consumer_groups_metadata
-                                 WHERE queue_name = $1 AND consumer_group = $2)
-                     OR EXISTS (SELECT 1 FROM queen.log_consumers c
-                                  JOIN queen.partitions p ON p.id = c.partition_id
-                                  JOIN queen.queues q ON q.id = p.queue_id
-                                 WHERE q.name = $1 AND c.consumer_group = $2) AS yes
-             )
-             SELECT yes,
-                    CASE WHEN yes THEN 0 ELSE (
-                        SELECT count(*) FROM (
-                            SELECT consumer_group FROM queen.consumer_groups_metadata WHERE queue_name = $1
-                            UNION
-                            SELECT c.consumer_group FROM queen.log_consumers c
-                              JOIN queen.partitions p ON p.id = c.partition_id
-                              JOIN queen.queues q ON q.id = p.queue_id
-                             WHERE q.name = $1
-                        ) g WHERE g.consumer_group <> $3)
-                    END
-               FROM present",
-        )
-        .await?;
-    let row = tx.query_one(&statement, &[&queue, &group, &uncounted]).await?;
-    let (present, held): (bool, i64) = (row.get(0), row.get(1));
-    if !present && held >= max {
-        let queue = Some(queue.to_owned());
-        return Err(LimitReached { what: Creation::Groups, queue, held, adding: 1, max }.into());
-    }
-    Ok(())
+    Ok(tx.query_one(&statement, &[&queue, &group]).await?.get(0))
 }
 
 /// Registers the group (see [`register`]) on every one of `queues`, each admitted within `max`
@@ -127,12 +124,9 @@ pub async fn register_within(
     uncounted: &str,
     max: i64,
 ) -> Result<(), StoreError> {
-    let mut queues = queues.to_vec();
-    // The locks in one order, whoever takes several.
-    queues.sort_unstable();
-    queues.dedup();
     let tx = client.transaction().await?;
-    for queue in queues {
+    // The locks in one order, whoever takes several.
+    for queue in crate::queues::creation_order(queues) {
         admit(&tx, queue, group, uncounted, max).await?;
         register(&tx, queue, group, seed).await?;
     }

@@ -277,9 +277,9 @@ pub async fn find_queues(client: &impl GenericClient, names: &[&str]) -> Result<
     Ok(client.query(&statement, &[&names]).await?.iter().map(queue_from_row).collect())
 }
 
-/// The names once each, in one order for every creator, so two creations without a creation
-/// lock cannot wait on each other's rows in a cycle.
-fn creation_order<'a>(names: &[&'a str]) -> Vec<&'a str> {
+/// The names once each, in one order for every creator, so that two creations cannot wait on
+/// each other's rows or locks in a cycle.
+pub(crate) fn creation_order<'a>(names: &[&'a str]) -> Vec<&'a str> {
     let mut names = names.to_vec();
     names.sort_unstable();
     names.dedup();
