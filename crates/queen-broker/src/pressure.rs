@@ -186,16 +186,6 @@ impl PerClient {
         *count += 1;
         Ok(ClientHeld(Some((Arc::clone(self), client))))
     }
-
-    /// How much `client` holds now.
-    pub fn held_by(&self, client: IpAddr) -> usize {
-        self.held.lock().unwrap_or_else(|p| p.into_inner()).get(&client).copied().unwrap_or(0)
-    }
-
-    /// How many clients hold something now.
-    pub fn clients(&self) -> usize {
-        self.held.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
 }
 
 /// One client's share of a [`PerClient`] bound, given back when dropped (its entry removed when
@@ -219,6 +209,18 @@ impl Drop for ClientHeld {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl PerClient {
+        /// How much `client` holds now.
+        fn held_by(&self, client: IpAddr) -> usize {
+            self.held.lock().unwrap().get(&client).copied().unwrap_or(0)
+        }
+
+        /// How many clients hold something now.
+        fn clients(&self) -> usize {
+            self.held.lock().unwrap().len()
+        }
+    }
 
     #[test]
     fn a_client_bound_counts_each_address_apart_and_forgets_an_address_holding_nothing() {
