@@ -150,6 +150,12 @@ impl Authenticator {
     /// the key material; what is inconsistent is named.
     pub fn from_config(config: &AuthConfig) -> Result<Option<Arc<Self>>, ConfigError> {
         check(config)?;
+        let key_material = [&config.jwt_secret, &config.jwt_public_key, &config.jwt_jwks_url];
+        if !config.jwt_enabled && key_material.iter().any(|value| value.as_deref().is_some_and(|v| !v.is_empty())) {
+            tracing::warn!(
+                "JWT key material is configured but auth.jwt_enabled (JWT_ENABLED) is false: JWTs are not checked"
+            );
+        }
         let tokens = config.tokens_file.as_deref().map(tokens::StaticTokens::load).transpose()?;
         let jwt = config.jwt_enabled.then(|| jwt::JwtVerifier::new(config)).transpose()?;
         if tokens.is_none() && jwt.is_none() {

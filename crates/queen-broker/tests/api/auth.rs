@@ -183,7 +183,7 @@ async fn every_route_refuses_the_role_below_the_one_it_needs_and_serves_that_rol
         checked += 1;
     }
     assert!(checked > 30, "checked {checked} routes");
-    // The role names are configurable, as upstream's.
+    // The walk created nothing but the sample queue its requests name.
     assert_eq!(app.count("SELECT count(*) FROM queen.queues WHERE name <> 'auth-q'").await, 0);
 }
 
