@@ -207,7 +207,7 @@ impl Metrics {
                 "queen_leases_expired_total",
                 "Leases that ran out unacknowledged and were taken over.",
             ),
-            long_poll_waiters: gauge(&r, "queen_long_poll_waiters", "Pops parked waiting for messages."),
+            long_poll_waiters: gauge(&r, "queen_long_poll_waiters", "Long polls waiting for messages."),
             lag_messages: gauge_vec(
                 &r,
                 "queen_consumer_group_lag_messages",
@@ -278,7 +278,7 @@ impl Metrics {
             db_errors: counter_vec(
                 &r,
                 "queen_db_errors_total",
-                "Database operations that failed: unavailable (could not reach it) or refused (a statement failed).",
+                "Database operations that failed: unavailable (could not reach it), read_only or disk_full (PostgreSQL refused a write for that reason) or refused (another statement failed).",
                 &["kind"],
             ),
             maintenance_passes: counter_vec(
@@ -360,7 +360,13 @@ impl Metrics {
 
     /// Catches the database failure counters up with the process's totals (called when scraped).
     pub fn observe_db_failures(&self, counts: queen_store::FailureCounts) {
-        for (kind, total) in [("unavailable", counts.unavailable), ("refused", counts.refused)] {
+        let kinds = [
+            ("unavailable", counts.unavailable),
+            ("refused", counts.refused),
+            ("read_only", counts.read_only),
+            ("disk_full", counts.disk_full),
+        ];
+        for (kind, total) in kinds {
             let counter = self.db_errors.with_label_values(&[kind]);
             counter.inc_by(total.saturating_sub(counter.get()));
         }
@@ -467,5 +473,21 @@ impl From<&MetricFamily> for FamilyJson {
             })
             .collect();
         FamilyJson { name: family.name().to_owned(), help: family.help().to_owned(), kind, samples }
+    }
+}
+/// Counts one in `gauge` for as long as it lives: a request may be dropped at any point (its
+/// client went away), and the count must drop with it.
+pub struct GaugeHeld(IntGauge);
+
+impl GaugeHeld {
+    pub fn count(gauge: &IntGauge) -> Self {
+        gauge.inc();
+        GaugeHeld(gauge.clone())
+    }
+}
+
+impl Drop for GaugeHeld {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }

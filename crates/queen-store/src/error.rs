@@ -4,18 +4,29 @@ use thiserror::Error;
 
 static UNAVAILABLE: AtomicU64 = AtomicU64::new(0);
 static REFUSED: AtomicU64 = AtomicU64::new(0);
+static READ_ONLY: AtomicU64 = AtomicU64::new(0);
+static DISK_FULL: AtomicU64 = AtomicU64::new(0);
 
 /// Database failures seen by this process since it started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FailureCounts {
     /// PostgreSQL could not be reached, or no connection was free in time.
     pub unavailable: u64,
-    /// PostgreSQL refused a statement.
+    /// PostgreSQL refused a statement (other than the writes counted below).
     pub refused: u64,
+    /// PostgreSQL refused a write because it is read-only ([`WriteRefusal::ReadOnly`]).
+    pub read_only: u64,
+    /// PostgreSQL refused a write because it is out of disk space ([`WriteRefusal::DiskFull`]).
+    pub disk_full: u64,
 }
 
 pub fn failure_counts() -> FailureCounts {
-    FailureCounts { unavailable: UNAVAILABLE.load(Ordering::Relaxed), refused: REFUSED.load(Ordering::Relaxed) }
+    FailureCounts {
+        unavailable: UNAVAILABLE.load(Ordering::Relaxed),
+        refused: REFUSED.load(Ordering::Relaxed),
+        read_only: READ_ONLY.load(Ordering::Relaxed),
+        disk_full: DISK_FULL.load(Ordering::Relaxed),
+    }
 }
 
 /// What went wrong talking to PostgreSQL.
@@ -27,6 +38,11 @@ pub enum StoreError {
     Unavailable(String),
     #[error("database error: {0}")]
     Db(tokio_postgres::Error),
+    /// PostgreSQL answers but refuses to write, for now: nothing of the statement's transaction
+    /// was written. The broker answers 503 (saying why) and recovers when writes are taken again;
+    /// `detail` is PostgreSQL's own message, for the log.
+    #[error("{}: {detail}", refusal.message())]
+    WritesRefused { refusal: WriteRefusal, detail: String },
     /// TLS with PostgreSQL could not be set up and trying again will not help: its certificate
     /// was refused (wrong CA, wrong host name), it refused ours, or it offers no TLS where the
     /// mode requires it. Unavailable as far as requests go (503); start-up stops on it at once.
@@ -62,6 +78,36 @@ pub enum StoreError {
     LimitReached(#[from] LimitReached),
 }
 
+/// Why PostgreSQL refuses writes while it still answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteRefusal {
+    /// SQLSTATE 25006 `read_only_sql_transaction`: `default_transaction_read_only` is on (an
+    /// operator fencing the database), or the server is a hot standby.
+    ReadOnly,
+    /// SQLSTATE 53100 `disk_full`: a relation (or a temporary file) could not be extended.
+    DiskFull,
+}
+
+impl WriteRefusal {
+    /// What PostgreSQL refusing `e` refuses, if it is a write refusal.
+    pub fn of(e: &tokio_postgres::Error) -> Option<WriteRefusal> {
+        use tokio_postgres::error::SqlState;
+        match e.code()? {
+            code if *code == SqlState::READ_ONLY_SQL_TRANSACTION => Some(WriteRefusal::ReadOnly),
+            code if *code == SqlState::DISK_FULL => Some(WriteRefusal::DiskFull),
+            _ => None,
+        }
+    }
+
+    /// What a client is told (and the log says).
+    pub fn message(self) -> &'static str {
+        match self {
+            WriteRefusal::ReadOnly => "PostgreSQL is read-only and not accepting writes",
+            WriteRefusal::DiskFull => "PostgreSQL is out of disk space and not accepting writes",
+        }
+    }
+}
+
 /// What a creation limit counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Creation {
@@ -86,15 +132,24 @@ pub struct LimitReached {
 }
 
 impl StoreError {
-    /// Whether the failure is the database being unreachable or going away (as opposed to a
-    /// statement that PostgreSQL refused).
+    /// Whether the failure is the database being unreachable or going away, or too slow to
+    /// answer in time (as opposed to a statement that PostgreSQL refused).
     pub fn is_unavailable(&self) -> bool {
         match self {
             StoreError::Unavailable(_) | StoreError::Tls(_) => true,
-            StoreError::Db(e) => is_connection_failure(e),
+            StoreError::Db(e) => is_connection_failure(e) || is_timeout(e),
             _ => false,
         }
     }
+}
+
+/// A statement PostgreSQL cancelled because it ran past `statement_timeout` (57014, which a
+/// cancel request also gives) or waited past `lock_timeout` (55P03): the database is stalled or
+/// something holds what the statement needs. Its transaction is rolled back, so nothing of it is
+/// left, the connection stays usable, and the same request may succeed later: a 503, not a 500.
+fn is_timeout(e: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    e.code().is_some_and(|code| *code == SqlState::QUERY_CANCELED || *code == SqlState::LOCK_NOT_AVAILABLE)
 }
 
 fn is_connection_failure(e: &tokio_postgres::Error) -> bool {
@@ -119,7 +174,16 @@ impl From<tokio_postgres::Error> for StoreError {
             StoreError::Tls(reason)
         } else if is_connection_failure(&e) {
             UNAVAILABLE.fetch_add(1, Ordering::Relaxed);
+            crate::pool::connection_lost();
             StoreError::Unavailable(e.to_string())
+        } else if let Some(refusal) = WriteRefusal::of(&e) {
+            let counter = match refusal {
+                WriteRefusal::ReadOnly => &READ_ONLY,
+                WriteRefusal::DiskFull => &DISK_FULL,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            let detail = e.as_db_error().map_or_else(|| e.to_string(), |db| db.message().to_owned());
+            StoreError::WritesRefused { refusal, detail }
         } else {
             REFUSED.fetch_add(1, Ordering::Relaxed);
             StoreError::Db(e)

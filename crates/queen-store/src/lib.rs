@@ -22,4 +22,4 @@ pub mod system_state;
 pub mod tls;
 
 pub use deadpool_postgres::{Pool, Transaction};
-pub use error::{Creation, FailureCounts, LimitReached, StoreError, failure_counts};
+pub use error::{Creation, FailureCounts, LimitReached, StoreError, WriteRefusal, failure_counts};

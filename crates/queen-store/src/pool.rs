@@ -1,8 +1,9 @@
 //! The connection pool every request borrows from.
 
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Metrics, Pool, RecyclingMethod, Runtime};
 
 use crate::StoreError;
 use crate::tls::PgTarget;
@@ -35,7 +36,20 @@ pub fn build_pool(target: impl Into<PgTarget>, settings: &PoolSettings) -> Resul
         settings.statement_timeout.as_millis().max(1000) * 2,
     ));
     let manager = Manager::from_config(pg, tls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+    let verify_timeout = settings.connect_timeout;
     Pool::builder(manager)
+        .pre_recycle(Hook::async_fn(move |client, metrics| {
+            Box::pin(async move {
+                if !maybe_lost(metrics) {
+                    return Ok(());
+                }
+                match tokio::time::timeout(verify_timeout, client.simple_query("")).await {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err(e)) => Err(HookError::message(format!("connection lost: {e}"))),
+                    Err(_) => Err(HookError::message("connection lost: no answer to a check")),
+                }
+            })
+        }))
         .max_size(settings.max_size)
         .runtime(Runtime::Tokio1)
         .wait_timeout(Some(settings.wait_timeout))
@@ -43,4 +57,27 @@ pub fn build_pool(target: impl Into<PgTarget>, settings: &PoolSettings) -> Resul
         .recycle_timeout(Some(settings.connect_timeout))
         .build()
         .map_err(|e| StoreError::Unavailable(format!("cannot build the connection pool: {e}")))
+}
+
+/// When a connection of this process was last found lost (`None`: never).
+static LAST_LOST: Mutex<Option<Instant>> = Mutex::new(None);
+
+/// A statement failed because its connection was lost (its backend terminated, the server gone).
+///
+/// Fast recycling hands out any connection whose client is not closed yet, and a client learns
+/// that its backend is gone only when the server closes the socket, which comes after the error
+/// that ended the failed statement: the connection could go back into the pool and fail the next
+/// request too. So, after a loss, each pooled connection that was in use before it is checked
+/// with one empty round trip when next taken ([`maybe_lost`]); one that fails the check is
+/// dropped and the pool takes or opens another. Until a loss, taking a connection costs nothing
+/// more.
+pub(crate) fn connection_lost() {
+    *LAST_LOST.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Instant::now());
+}
+
+/// Whether a pooled connection was last handed out (or opened) before the latest loss, and so may
+/// be the one lost, or another lost with it.
+fn maybe_lost(metrics: &Metrics) -> bool {
+    let last_lost = *LAST_LOST.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    last_lost.is_some_and(|lost| metrics.recycled.unwrap_or(metrics.created) <= lost)
 }

@@ -258,11 +258,6 @@ impl Coordinator {
         }
     }
 
-    fn update_gauge(&self) {
-        let parked: usize = self.waiters.values().map(|q| q.parked.len()).sum();
-        self.metrics.long_poll_waiters.set(parked as i64);
-    }
-
     fn wake(&mut self, queue: Arc<str>) {
         self.last_seq += 1;
         let waiters = self.waiters.entry(queue).or_default();
@@ -270,7 +265,6 @@ impl Coordinator {
         for wake in waiters.parked.drain(..) {
             let _ = wake.send(());
         }
-        self.update_gauge();
     }
 
     fn wake_all(&mut self) {
@@ -334,7 +328,6 @@ impl Coordinator {
         self.views.retain(|_, groups| !groups.is_empty());
         // A scan whose pop failed never reports.
         self.scans.retain(|_, scan| scan.planned_at.elapsed() < max_age);
-        self.update_gauge();
     }
 
     fn plan(&mut self, queue_id: i64, group: &str, limit: usize) -> PopPlan {
@@ -443,7 +436,6 @@ impl Handler<Park> for Coordinator {
             return;
         }
         self.waiters.entry(msg.queue).or_default().parked.push(msg.wake);
-        self.update_gauge();
     }
 }
 

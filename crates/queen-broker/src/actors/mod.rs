@@ -13,7 +13,7 @@ pub mod partition_writer;
 pub mod push_journal;
 mod registry;
 
-use queen_store::StoreError;
+use queen_store::{StoreError, WriteRefusal};
 
 use crate::pressure::Refused;
 
@@ -24,6 +24,10 @@ pub enum WorkError {
     /// The database could not be reached (the cause is logged where it happened).
     #[error("{}", crate::broker::DATABASE_UNAVAILABLE)]
     Unavailable,
+    /// PostgreSQL answers but takes no writes now (read-only, out of disk space); nothing was
+    /// written (the cause is logged where it happened).
+    #[error("{}", .0.message())]
+    WritesRefused(WriteRefusal),
     /// The queue or partition was deleted while the request was under way.
     #[error("the {0} no longer exists")]
     Gone(&'static str),
@@ -38,6 +42,10 @@ impl From<StoreError> for WorkError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::Missing(what) => WorkError::Gone(what),
+            StoreError::WritesRefused { refusal, .. } => {
+                tracing::warn!(error = %e, "writes refused");
+                WorkError::WritesRefused(refusal)
+            }
             e if e.is_unavailable() => {
                 tracing::warn!(error = %e, "database unavailable");
                 WorkError::Unavailable

@@ -2,7 +2,7 @@
 //! ([`crate::error::ApiError`]) turns each kind into a status and a body; below, the store
 //! ([`StoreError`]) and the actors ([`WorkError`]) have enums of their own, turned into this one.
 
-use queen_store::{Creation, LimitReached, StoreError};
+use queen_store::{Creation, LimitReached, StoreError, WriteRefusal};
 
 use crate::actors::WorkError;
 use crate::pressure::Refused;
@@ -23,8 +23,9 @@ pub enum BrokerError {
     /// or written. Not transient: it passes only when something is deleted or the limit raised.
     #[error("{}", limit_text(.0))]
     LimitReached(LimitReached),
-    /// Retry later: the database is unreachable, or what the request named changed under it. The
-    /// text is the broker's own words, fit for the client.
+    /// Retry later: the database is unreachable or refuses writes for now (read-only, out of
+    /// disk space), or what the request named changed under it. The text is the broker's own
+    /// words, fit for the client.
     #[error("{0}")]
     Unavailable(String),
     /// A bound of what the broker holds at once was reached; nothing was written.
@@ -37,6 +38,11 @@ pub enum BrokerError {
 
 /// What a 5xx caused by the database says, whatever PostgreSQL said.
 pub const DATABASE_UNAVAILABLE: &str = "the database is unavailable; retry later";
+
+/// What a 503 caused by PostgreSQL refusing writes says: why, and that it passes.
+fn writes_refused(refusal: WriteRefusal) -> String {
+    format!("{}; retry later", refusal.message())
+}
 
 impl BrokerError {
     pub fn invalid(message: impl Into<String>) -> Self {
@@ -78,6 +84,10 @@ impl From<StoreError> for BrokerError {
             tracing::error!(error = %e, "refused to write an encrypted queue in plain text");
             return BrokerError::Unavailable(e.to_string());
         }
+        if let StoreError::WritesRefused { refusal, .. } = e {
+            tracing::warn!(error = %e, "writes refused");
+            return BrokerError::Unavailable(writes_refused(refusal));
+        }
         if e.is_unavailable() {
             tracing::warn!(error = %e, "database unavailable");
             BrokerError::Unavailable(DATABASE_UNAVAILABLE.into())
@@ -91,6 +101,7 @@ impl From<WorkError> for BrokerError {
     fn from(e: WorkError) -> Self {
         match e {
             WorkError::Unavailable => BrokerError::Unavailable(e.to_string()),
+            WorkError::WritesRefused(refusal) => BrokerError::Unavailable(writes_refused(refusal)),
             WorkError::Overloaded(refused) => BrokerError::Overloaded(refused),
             WorkError::Gone(_) => BrokerError::Unavailable(format!("{e}; retry the request")),
             WorkError::Failed(_) => BrokerError::Internal(e.to_string()),

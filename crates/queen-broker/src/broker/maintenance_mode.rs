@@ -25,7 +25,7 @@ use super::Broker;
 use super::BrokerError;
 use crate::actors::push_journal::PushRoute;
 use crate::backoff::Backoff;
-use crate::metrics::Metrics;
+use crate::metrics::{GaugeHeld, Metrics};
 
 /// The switches as this broker applies them.
 pub struct MaintenanceMode {
@@ -108,7 +108,7 @@ impl MaintenanceMode {
     /// `false` at `deadline`.
     pub async fn pops_resume_by(&self, deadline: Instant) -> bool {
         let mut held = self.pops_held.subscribe();
-        let _counted = HeldPop::count(&self.metrics.paused_long_polls);
+        let _counted = GaugeHeld::count(&self.metrics.paused_long_polls);
         let resumed = tokio::time::timeout_at(deadline.into(), held.wait_for(|held| !held)).await;
         matches!(resumed, Ok(Ok(_)))
     }
@@ -121,23 +121,6 @@ impl MaintenanceMode {
     /// Push maintenance, as it changes.
     pub fn push_maintenance(&self) -> watch::Receiver<bool> {
         self.push_maintenance.subscribe()
-    }
-}
-
-/// Counts a long poll held by pop maintenance for as long as it waits (its request may be dropped
-/// at any point, when the client goes away).
-struct HeldPop<'a>(&'a prometheus::IntGauge);
-
-impl<'a> HeldPop<'a> {
-    fn count(gauge: &'a prometheus::IntGauge) -> Self {
-        gauge.inc();
-        HeldPop(gauge)
-    }
-}
-
-impl Drop for HeldPop<'_> {
-    fn drop(&mut self) {
-        self.0.dec();
     }
 }
 

@@ -20,6 +20,7 @@ use uuid::Uuid;
 use super::Broker;
 use super::BrokerError;
 use crate::actors::coordinator::{Checked, PopPlan, ScanDone};
+use crate::metrics::GaugeHeld;
 use crate::pressure::{ClientHeld, Held, Refused};
 
 /// Where a pop takes messages from.
@@ -109,6 +110,8 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
     let paused = || Ok(Delivery { paused: true, ..Delivery::default() });
     // This pop's place among the parked ones, taken when it first waits.
     let mut parked = None;
+    // Counted in `queen_long_poll_waiters` from when it first waits for messages to its end.
+    let mut waiting = None;
     if held_by_pop_maintenance(broker, request, deadline, &mut parked).await? {
         return paused();
     }
@@ -173,6 +176,7 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
         if parked.is_none() {
             parked = Some(Parked::take(broker, request)?);
         }
+        waiting.get_or_insert_with(|| GaugeHeld::count(&broker.metrics.long_poll_waiters));
         let mut woken = Vec::with_capacity(seen.len());
         for (queue, seen) in seen {
             woken.push(broker.coordinator.park(queue, seen)?);
@@ -350,9 +354,7 @@ async fn pop_queue(
             // would count against the messages as a failed delivery.
             if !request.auto_ack {
                 let claimed: Vec<i64> = claims.iter().map(|c| c.partition_id).collect();
-                if let Err(back) = cursors::give_back_claims(&client, lease_id, &claimed).await {
-                    tracing::warn!(error = %back, "could not give back the claims of a failed pop");
-                }
+                give_back(broker, client, lease_id, &claimed).await;
             }
             return Err(e);
         }
@@ -373,6 +375,24 @@ async fn pop_queue(
         messages,
         paused: false,
     }))
+}
+
+/// Gives back what a pop claimed and could not hand out ([`cursors::give_back_claims`]), on the
+/// pop's connection, or on another when that one was lost (its backend terminated while it read
+/// the segments): the claim committed before the read, so its leases would otherwise stand until
+/// they run out, and count against messages nobody was given.
+async fn give_back(broker: &Broker, client: deadpool_postgres::Object, lease_id: Uuid, claimed: &[i64]) {
+    let mut result = cursors::give_back_claims(&client, lease_id, claimed).await;
+    if let Err(queen_store::StoreError::Unavailable(_)) = result {
+        drop(client);
+        result = match broker.pool.get().await {
+            Ok(other) => cursors::give_back_claims(&other, lease_id, claimed).await,
+            Err(e) => Err(e.into()),
+        };
+    }
+    if let Err(back) = result {
+        tracing::warn!(error = %back, "could not give back the claims of a failed pop");
+    }
 }
 
 /// The claimed messages, read from their segments (through the segment cache).

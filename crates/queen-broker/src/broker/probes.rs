@@ -1,5 +1,5 @@
 //! What the probes and the metrics scrape ask of the broker: whether PostgreSQL answers, whether
-//! it holds the schema this build needs, and the gauges read from the database.
+//! it holds the schema this build needs and takes writes, and the gauges read from the database.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -21,15 +21,37 @@ pub async fn database_reachable(broker: &Broker) -> bool {
     matches!(tokio::time::timeout(PROBE_TIMEOUT, probe).await, Ok(Some(_)))
 }
 
-/// The schema is at the version this broker needs (another broker may have rolled the database
-/// back or replaced it).
-pub async fn schema_current(broker: &Broker) -> bool {
+/// What readiness finds of PostgreSQL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// It answers, holds the schema this broker needs, and takes writes.
+    Ready,
+    /// It answers with the schema, but its transactions are read-only (`default_transaction_read_only`
+    /// on, or a hot standby): no push, pop or ack can be served.
+    ReadOnly,
+    /// It does not answer within the probe timeout, or its schema is not the version this broker
+    /// needs (another broker may have rolled the database back or replaced it).
+    Unavailable,
+}
+
+/// Whether PostgreSQL lets this broker serve, on one pooled connection: the schema version, then
+/// `transaction_read_only` (the setting a new transaction of the pool's sessions gets; a write
+/// refused for lack of disk space cannot be foreseen without writing, and is not looked for).
+pub async fn readiness(broker: &Broker) -> Readiness {
     let check = async {
         let client = broker.pool.get().await.ok()?;
-        queen_store::migrations::current_version(&client).await.ok()
+        let version = queen_store::migrations::current_version(&client).await.ok()?;
+        if version < queen_store::migrations::latest_version() {
+            return Some(Readiness::Unavailable);
+        }
+        let answer = client.simple_query("SHOW transaction_read_only").await.ok()?;
+        let read_only = answer.iter().find_map(|message| match message {
+            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(|value| value == "on"),
+            _ => None,
+        })?;
+        Some(if read_only { Readiness::ReadOnly } else { Readiness::Ready })
     };
-    let latest = queen_store::migrations::latest_version();
-    matches!(tokio::time::timeout(PROBE_TIMEOUT, check).await, Ok(Some(version)) if version >= latest)
+    tokio::time::timeout(PROBE_TIMEOUT, check).await.ok().flatten().unwrap_or(Readiness::Unavailable)
 }
 
 /// Brings the gauges a scrape reports up to date: the pool, the database failures, the segment

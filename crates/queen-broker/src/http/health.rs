@@ -3,7 +3,8 @@
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Serialize;
 
-use crate::broker::{Broker, probes};
+use crate::broker::Broker;
+use crate::broker::probes::{self, Readiness};
 
 #[derive(Serialize)]
 struct Health {
@@ -19,17 +20,25 @@ pub async fn health(broker: web::Data<Broker>) -> HttpResponse {
     HttpResponse::Ok().json(Health { status: "healthy", database, version: env!("CARGO_PKG_VERSION") })
 }
 
-/// The broker can serve: PostgreSQL answers and holds the schema this broker needs.
+/// The broker can serve: PostgreSQL answers, holds the schema this broker needs, and takes
+/// writes. While it is read-only the answer is 503 with `database: "read-only"`: a broker that
+/// can take no push (and no pop or ack, which write leases and cursors) is not ready, though it
+/// stays alive (`/health`) and recovers by itself when writes are taken again.
 pub async fn ready(broker: web::Data<Broker>) -> HttpResponse {
-    if !broker.is_shutting_down() && probes::schema_current(&broker).await {
-        HttpResponse::Ok().json(Health { status: "ready", database: "connected", version: env!("CARGO_PKG_VERSION") })
-    } else {
-        HttpResponse::ServiceUnavailable().json(Health {
-            status: "unavailable",
-            database: "unreachable",
-            version: env!("CARGO_PKG_VERSION"),
-        })
-    }
+    let readiness = if broker.is_shutting_down() { Readiness::Unavailable } else { probes::readiness(&broker).await };
+    let database = match readiness {
+        Readiness::Ready => {
+            let version = env!("CARGO_PKG_VERSION");
+            return HttpResponse::Ok().json(Health { status: "ready", database: "connected", version });
+        }
+        Readiness::ReadOnly => "read-only",
+        Readiness::Unavailable => "unreachable",
+    };
+    HttpResponse::ServiceUnavailable().json(Health {
+        status: "unavailable",
+        database,
+        version: env!("CARGO_PKG_VERSION"),
+    })
 }
 
 /// `GET /metrics`: the Prometheus text format when the request accepts it (Prometheus asks for

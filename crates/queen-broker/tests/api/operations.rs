@@ -171,3 +171,67 @@ async fn status_and_resource_routes_report_the_data() {
     assert_eq!(one_partition.body["messages"][0]["transactionId"], "3");
     assert_eq!(app.get("/api/v1/messages").await.status, StatusCode::BAD_REQUEST, "queue is required");
 }
+
+/// Turns `app`'s database read-only, or back, for the sessions the broker opens next, and ends
+/// the ones it has so that its pool opens new ones (a database's settings apply at connection).
+async fn set_read_only(app: &TestApp, on: bool) {
+    let admin = app.db.connect().await;
+    // A new session of a read-only database is read-only itself: not this one.
+    admin.batch_execute("SET default_transaction_read_only = off").await.expect("SET");
+    let name = app.db.name();
+    let setting = if on { "SET default_transaction_read_only = on" } else { "RESET default_transaction_read_only" };
+    admin.batch_execute(&format!("ALTER DATABASE {name} {setting}")).await.expect("ALTER DATABASE");
+    admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+            &[&name],
+        )
+        .await
+        .expect("the broker's sessions end");
+}
+
+/// Pushes until an answer is `wanted` (the pool may first hand out a session that was ended).
+async fn push_until(
+    app: &TestApp,
+    id: &str,
+    wanted: impl Fn(&crate::helpers::Answer) -> bool,
+) -> crate::helpers::Answer {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    for attempt in 0.. {
+        let item = json!({"queue": "fenced", "partition": "p", "transactionId": format!("{id}-{attempt}"), "payload": attempt});
+        let answer = app.post("/api/v1/push", &json!({"items": [item]})).await;
+        if wanted(&answer) {
+            return answer;
+        }
+        assert!(std::time::Instant::now() < deadline, "no push answered as wanted; the last: {answer:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    unreachable!("the attempts do not end")
+}
+
+#[actix_web::test]
+async fn a_read_only_database_is_a_503_that_says_so_and_not_ready_until_it_takes_writes() {
+    let app = TestApp::spawn().await;
+    app.push_one("fenced", "p", "before", json!(0)).await;
+    set_read_only(&app, true).await;
+
+    let refused = push_until(&app, "refused", |answer| {
+        answer.status == StatusCode::SERVICE_UNAVAILABLE
+            && answer.body["error"] != "the database is unavailable; retry later"
+    })
+    .await;
+    assert_eq!(refused.body["error"], "PostgreSQL is read-only and not accepting writes; retry later", "{refused:?}");
+    assert_eq!(refused.body["code"], "unavailable");
+    let popped = app.pop("queue/fenced", "batch=1").await;
+    assert_eq!(popped.status, StatusCode::SERVICE_UNAVAILABLE, "a pop leases (a write): {popped:?}");
+    let ready = app.get("/ready").await;
+    assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE, "{ready:?}");
+    assert_eq!(ready.body["database"], "read-only", "{ready:?}");
+    assert_eq!(app.get("/health").await.status, StatusCode::OK);
+    assert!(app.metric("queen_db_errors_total{kind=\"read_only\"}").await >= 1.0);
+
+    set_read_only(&app, false).await;
+    push_until(&app, "back", |answer| answer.status == StatusCode::CREATED).await;
+    assert_eq!(app.get("/ready").await.status, StatusCode::OK);
+    assert_eq!(app.pop("queue/fenced", "batch=10").await.messages().len(), 2, "before, and the push after");
+}
