@@ -45,6 +45,10 @@ pub struct HttpConfig {
     /// answered 408 and closed (slow clients). Counted from when a worker first looks at the
     /// connection, so a busy broker reads heads late: generous, unlike actix's 5 s.
     pub request_head_timeout_ms: u64,
+    /// How long a request's whole body may take to arrive, counted from when its handler starts
+    /// reading it; a body still incomplete then is answered 408 with `Connection: close` (slow
+    /// clients). actix bounds only the head (`request_head_timeout_ms`), not the body.
+    pub request_body_timeout_ms: u64,
     /// HTTPS: the certificate chain the listener serves, PEM (the server's certificate first);
     /// set with `tls_key_file`, or neither for plain HTTP. Reloaded when it changes or on SIGHUP.
     pub tls_cert_file: Option<PathBuf>,
@@ -62,6 +66,7 @@ impl Default for HttpConfig {
             shutdown_timeout_seconds: 30,
             max_connections: 16 * 1024,
             request_head_timeout_ms: 30_000,
+            request_body_timeout_ms: 30_000,
             tls_cert_file: None,
             tls_key_file: None,
         }
@@ -568,6 +573,9 @@ impl Config {
         }
         if self.http.request_head_timeout_ms < 1000 {
             return Err(invalid("http.request_head_timeout_ms", "must be at least 1000"));
+        }
+        if self.http.request_body_timeout_ms < 1000 {
+            return Err(invalid("http.request_body_timeout_ms", "must be at least 1000"));
         }
         let set = |path: &Option<PathBuf>| path.as_ref().is_some_and(|p| !p.as_os_str().is_empty());
         match (set(&self.http.tls_cert_file), set(&self.http.tls_key_file)) {

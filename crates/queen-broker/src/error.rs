@@ -27,6 +27,9 @@ pub enum ApiError {
     Conflict(String),
     #[error("{0}")]
     PayloadTooLarge(String),
+    /// The request body did not arrive within `http.request_body_timeout_ms`: 408.
+    #[error("{0}")]
+    RequestTimeout(String),
     /// The broker is stopping: retry on another broker. The text is shown to the client.
     #[error("{0}")]
     Unavailable(String),
@@ -61,6 +64,7 @@ impl ApiError {
             ApiError::Forbidden(_) => "forbidden",
             ApiError::Conflict(_) => "conflict",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
+            ApiError::RequestTimeout(_) => "request_timeout",
             ApiError::Broker(BrokerError::QueueFull { .. }) => "queue_full",
             ApiError::Broker(BrokerError::LimitReached(_)) => "limit_reached",
             ApiError::Unavailable(_) | ApiError::Broker(BrokerError::Unavailable(_)) => "unavailable",
@@ -124,6 +128,7 @@ impl ResponseError for ApiError {
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Broker(BrokerError::QueueFull { .. } | BrokerError::LimitReached(_)) => {
                 StatusCode::TOO_MANY_REQUESTS
             }
@@ -151,6 +156,10 @@ impl ResponseError for ApiError {
         }
         if let ApiError::Unauthorized(_) = self {
             response.insert_header(("WWW-Authenticate", "Bearer"));
+        }
+        if let ApiError::RequestTimeout(_) = self {
+            // A body that did not arrive in time is not read further: the connection is done.
+            response.force_close();
         }
         let details = match self {
             ApiError::Broker(BrokerError::QueueFull { queue, depth, max_size, .. }) => {

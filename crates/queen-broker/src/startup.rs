@@ -53,7 +53,11 @@ impl Application {
     pub async fn build(config: Config) -> Result<Self, StartError> {
         let cipher = config.encryption.cipher()?.map(Arc::new);
         let auth = crate::auth::Authenticator::from_config(&config.auth)?;
+        // The first log line says where the database is (the embedded one's data directory).
         let database = Database::open(&config).await?;
+        // Every connection is a descriptor: a 1024 soft limit would cap clients far below
+        // `http.max_connections`.
+        raise_open_file_limit(config.http.max_connections);
         let pool = queen_store::pool::build_pool(database.target.clone(), &config.database.pool_settings())
             .map_err(StartError::Migrate)?;
         migrate_with_retries(&pool).await?;
@@ -180,6 +184,42 @@ async fn wait_for_signal() {
             tracing::error!("cannot listen for SIGTERM and SIGINT; stop the broker with SIGKILL");
             std::future::pending::<()>().await;
         }
+    }
+}
+
+/// Raises this process's soft limit on open files to its hard limit, and logs the outcome;
+/// warns when it stays below `max_connections` (connections past it are not accepted).
+fn raise_open_file_limit(max_connections: usize) {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        tracing::warn!("cannot read the open-file limit");
+        return;
+    };
+    let limit = if soft < hard {
+        match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => {
+                tracing::info!(
+                    from = soft,
+                    to = hard,
+                    "raised the open-file limit from {soft} to its hard limit {hard}"
+                );
+                hard
+            }
+            Err(e) => {
+                tracing::warn!(soft, hard, error = %e, "cannot raise the open-file limit");
+                soft
+            }
+        }
+    } else {
+        tracing::info!(limit = soft, "the open-file limit is {soft}");
+        soft
+    };
+    if limit < max_connections as u64 {
+        tracing::warn!(
+            limit,
+            max_connections,
+            "the open-file limit is below http.max_connections: connections past it will not be accepted"
+        );
     }
 }
 

@@ -18,7 +18,7 @@ pub async fn single(
     caller: Caller,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let body = read_body(payload, broker.config.http.max_body_bytes, &broker.body_bytes).await?;
+    let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
     let body = JsonObject::parse_body(&body, false)?;
     let group = group_of(&body)?;
     let request = parse_ack(&body, &group)?;
@@ -27,7 +27,7 @@ pub async fn single(
 }
 
 pub async fn batch(broker: web::Data<Broker>, caller: Caller, payload: web::Payload) -> Result<HttpResponse, ApiError> {
-    let body = read_body(payload, broker.config.http.max_body_bytes, &broker.body_bytes).await?;
+    let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
     let body = JsonObject::parse_body(&body, false)?;
     let group = group_of(&body)?;
     let items = body.objects("acknowledgments")?.ok_or_else(|| ApiError::bad_request("acknowledgments is required"))?;
@@ -107,8 +107,16 @@ pub fn parse_ack(item: &JsonObject<'_>, group: &str) -> Result<AckRequest, ApiEr
         status: status(item)?,
         fence: lease_id(item)?.map_or(LeaseFence::Unfenced, LeaseFence::Lease),
         consumer_group: group.to_owned(),
-        error: item.string("error")?,
+        error: item.string("error")?.map(storable_text),
     })
+}
+
+/// An ack's `error` as PostgreSQL can store it: `text` cannot hold U+0000, so each one becomes
+/// U+FFFD. The error is a diagnostic (often a stack trace) that ends up in the dead letter; an ack
+/// is not refused over it, or a consumer whose failures carry a NUL could never give up on its
+/// message.
+fn storable_text(text: String) -> String {
+    if text.contains('\0') { text.replace('\0', "\u{FFFD}") } else { text }
 }
 
 /// One item's verdict as the client reads it.

@@ -184,7 +184,8 @@ fn bearer(req: &ServiceRequest) -> Result<&str, AuthFailure> {
 
 async fn check_scope(broker: &Broker, identity: &Identity, scope: Scope, req: &ServiceRequest) -> Result<(), ApiError> {
     let caller = Caller(Some(identity.clone()));
-    let param = |name| req.match_info().get(name).map(str::to_owned);
+    // Decoded as the handler decodes it, so that both see the same name.
+    let param = |name| super::body::path_param(req.match_info(), name).ok();
     match scope {
         Scope::Body => Ok(()),
         Scope::PathQueue => caller.check_queues(param("queue").as_deref()),

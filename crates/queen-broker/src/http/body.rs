@@ -3,13 +3,19 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
+use actix_web::dev::{Path, Url};
+use actix_web::error::PayloadError;
 use actix_web::web::{Bytes, BytesMut, Payload};
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
+use tokio::time::{Instant, timeout_at};
 
+use crate::broker::Broker;
 use crate::error::ApiError;
+use crate::names::{self, NameKind};
 use crate::pressure::{Bound, Held};
 
 /// A request body, holding its bytes' place in the broker's bound on bodies in flight until the
@@ -27,15 +33,34 @@ impl std::ops::Deref for Body {
     }
 }
 
-/// Reads the whole body, refusing (413) one larger than `limit` bytes, and (503) one whose bytes
-/// would take the broker past `in_flight`, the bound on body bytes held across requests. Bytes
-/// are counted as they arrive; a refused body is read to its end without being kept, so that the
-/// client gets the answer (the server would otherwise close the connection on a body left unread,
-/// and the client could see the connection reset instead).
-pub async fn read_body(mut payload: Payload, limit: usize, in_flight: &Arc<Bound>) -> Result<Body, ApiError> {
+/// Reads the whole body, refusing (413) one larger than `limit` bytes, (503) one whose bytes
+/// would take the broker past `limits.body_bytes_in_flight`, the bound on body bytes held across
+/// requests, and (408) one that has not arrived whole within `http.request_body_timeout_ms` of
+/// the handler starting to read it (actix bounds only the head; a client trickling its body would
+/// otherwise hold its connection, and its bytes' place, for as long as it likes). Bytes are
+/// counted as they arrive; a refused body is read to its end without being kept (within the same
+/// deadline), so that the client gets the answer (the server would otherwise close the connection
+/// on a body left unread, and the client could see the connection reset instead).
+pub async fn read_body(payload: Payload, limit: usize, broker: &Broker) -> Result<Body, ApiError> {
+    let timeout = Duration::from_millis(broker.config.http.request_body_timeout_ms);
+    read_within(payload, limit, timeout, &broker.body_bytes).await
+}
+
+async fn read_within<S>(
+    mut payload: S,
+    limit: usize,
+    timeout: Duration,
+    in_flight: &Arc<Bound>,
+) -> Result<Body, ApiError>
+where
+    S: Stream<Item = Result<Bytes, PayloadError>> + Unpin,
+{
+    let deadline = Instant::now() + timeout;
+    let late =
+        || ApiError::RequestTimeout(format!("the request body did not arrive within {} ms", timeout.as_millis()));
     let mut body = BytesMut::new();
     let mut place = in_flight.hold(0)?;
-    while let Some(chunk) = payload.next().await {
+    while let Some(chunk) = timeout_at(deadline, payload.next()).await.map_err(|_| late())? {
         let chunk = chunk.map_err(|e| ApiError::bad_request(format!("could not read the request body: {e}")))?;
         if body.len() + chunk.len() > limit {
             return Err(ApiError::PayloadTooLarge(format!("the request body exceeds the limit of {limit} bytes")));
@@ -43,17 +68,59 @@ pub async fn read_body(mut payload: Payload, limit: usize, in_flight: &Arc<Bound
         if let Err(refused) = place.grow(chunk.len()) {
             let mut read = body.len() + chunk.len();
             drop((body, place));
-            while let Some(Ok(chunk)) = payload.next().await {
-                read += chunk.len();
-                if read > limit {
-                    break;
+            let drain = async {
+                while let Some(Ok(chunk)) = payload.next().await {
+                    read += chunk.len();
+                    if read > limit {
+                        break;
+                    }
                 }
-            }
+            };
+            let _ = timeout_at(deadline, drain).await;
             return Err(refused.into());
         }
         body.extend_from_slice(&chunk);
     }
     Ok(Body { bytes: body.freeze(), _place: place })
+}
+
+/// The deepest a request body may nest arrays and objects: what `serde_json` reads. Members are
+/// kept as raw JSON, which is read without a depth limit, and parts of a body are stored and
+/// served again at the same depth (payloads in pop answers, unknown options in configure
+/// answers): a deeper body would be accepted and then answered as JSON that readers with a depth
+/// or recursion limit (`serde_json`, Python's `json`) cannot read, which no consumer could get
+/// past.
+const MAX_NESTING: usize = 127;
+
+/// How deep arrays and objects nest in JSON text, strings skipped (the syntax is not checked);
+/// counting stops past [`MAX_NESTING`].
+fn nesting_depth(text: &[u8]) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for &byte in text {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if byte == b'\\' {
+                escaped = true;
+            } else if byte == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+                if deepest > MAX_NESTING {
+                    break;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
 }
 
 /// A JSON object whose members are kept as raw JSON, so each can be checked (and payloads kept
@@ -73,6 +140,11 @@ impl<'a> JsonObject<'a> {
                 return Ok(Self { members: BTreeMap::new(), path: String::new() });
             }
             return Err(ApiError::bad_request("the request body is empty; a JSON object is required"));
+        }
+        if nesting_depth(body) > MAX_NESTING {
+            return Err(ApiError::bad_request(format!(
+                "the request body nests arrays and objects more than {MAX_NESTING} levels deep"
+            )));
         }
         let members = serde_json::from_slice(body).map_err(|e| {
             if e.is_data() {
@@ -179,4 +251,72 @@ pub fn query_int(query: &BTreeMap<String, String>, key: &str, min: u64, max: u64
             })
         })
         .transpose()
+}
+
+/// Path parameter `name` as the client meant it. actix decodes a matched path except `%25`,
+/// `%2B` and `%2F` (so that they cannot change how it splits); they are decoded here, so that a
+/// name holding `%`, `+` or `/` is the same in a path as in a body.
+pub fn path_param(path: &Path<Url>, name: &str) -> Result<String, ApiError> {
+    let raw = path.get(name).unwrap_or_default();
+    percent_encoding::percent_decode_str(raw)
+        .decode_utf8()
+        .map(Cow::into_owned)
+        .map_err(|_| ApiError::bad_request(format!("{name} in the path is not UTF-8 once decoded")))
+}
+
+/// A queue, partition or group name from the path, decoded ([`path_param`]) and checked.
+pub fn path_name(path: &Path<Url>, name: &str, kind: NameKind) -> Result<String, ApiError> {
+    let value = path_param(path, name)?;
+    names::check(kind, name, &value).map_err(ApiError::BadRequest)?;
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::stream;
+
+    use super::*;
+    use crate::metrics::Metrics;
+    use crate::pressure::Limited;
+
+    fn in_flight(limit: usize) -> Arc<Bound> {
+        Bound::new(Limited::BodyBytes, limit, &Metrics::new(10))
+    }
+
+    #[tokio::test]
+    async fn a_body_that_does_not_arrive_within_the_timeout_is_a_408_and_gives_its_bytes_back() {
+        let bound = in_flight(1024);
+        let trickle = stream::iter([Ok(Bytes::from_static(b"{\"items\""))]).chain(stream::pending());
+        let started = Instant::now();
+        let error = read_within(trickle, 1024, Duration::from_millis(100), &bound).await.err().expect("a timeout");
+        assert!(matches!(error, ApiError::RequestTimeout(_)), "{error:?}");
+        assert_eq!(error.to_string(), "the request body did not arrive within 100 ms");
+        assert!(started.elapsed() < Duration::from_secs(5), "cut off at the deadline");
+        assert_eq!(bound.held(), 0, "the bytes read are given back");
+    }
+
+    #[tokio::test]
+    async fn the_deadline_is_for_the_whole_body_not_each_chunk() {
+        let bound = in_flight(1024);
+        // Each chunk comes well within the timeout, the whole body does not.
+        let slow = stream::unfold(0, |sent| async move {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            Some((Ok::<_, PayloadError>(Bytes::from_static(b" ")), sent + 1))
+        });
+        let error =
+            read_within(Box::pin(slow), 1024, Duration::from_millis(200), &bound).await.err().expect("a timeout");
+        assert!(matches!(error, ApiError::RequestTimeout(_)), "{error:?}");
+    }
+
+    #[tokio::test]
+    async fn a_whole_body_within_the_limits_is_read() {
+        let bound = in_flight(1024);
+        let chunks = stream::iter([Ok(Bytes::from_static(b"{}")), Ok(Bytes::from_static(b" "))]);
+        let body = read_within(chunks, 1024, Duration::from_secs(5), &bound).await.expect("a body");
+        assert_eq!(&*body, b"{} ");
+        assert_eq!(bound.held(), 3, "held while the request has it");
+        let chunks = stream::iter([Ok(Bytes::from(vec![b' '; 2000]))]);
+        let error = read_within(chunks, 1024, Duration::from_secs(5), &bound).await.err().expect("too large");
+        assert!(matches!(error, ApiError::PayloadTooLarge(_)), "{error:?}");
+    }
 }

@@ -17,7 +17,7 @@ pub async fn handle(
     caller: Caller,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let body = read_body(payload, broker.config.http.max_body_bytes, &broker.body_bytes).await?;
+    let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
     let body = JsonObject::parse_body(&body, false)?;
     let queue = body.required_string("queue")?;
     names::check(NameKind::Queue, "queue", &queue).map_err(ApiError::BadRequest)?;
@@ -28,9 +28,27 @@ pub async fn handle(
             serde_json::from_str(raw.get()).map_err(|_| ApiError::bad_request("options must be a JSON object"))?
         }
     };
+    if let Some((key, _)) = options.iter().find(|(key, value)| holds_nul(key, value)) {
+        return Err(ApiError::bad_request(format!(
+            "options.{} must not contain the character U+0000, which PostgreSQL cannot store",
+            key.escape_debug()
+        )));
+    }
     let request = Configure { namespace: label(&body, "namespace")?, task: label(&body, "task")?, options };
     let stored = configure(&broker, &queue, &request).await?;
     Ok(HttpResponse::Ok().json(Configured::from(&stored)))
+}
+
+/// Whether an option's name or value holds U+0000 anywhere: PostgreSQL's `jsonb`, where unknown
+/// options are kept, cannot store it, and the write would fail.
+fn holds_nul(key: &str, value: &Value) -> bool {
+    key.contains('\0')
+        || match value {
+            Value::String(text) => text.contains('\0'),
+            Value::Array(items) => items.iter().any(|item| holds_nul("", item)),
+            Value::Object(members) => members.iter().any(|(key, member)| holds_nul(key, member)),
+            _ => false,
+        }
 }
 
 fn label(body: &JsonObject<'_>, key: &str) -> Result<Option<String>, ApiError> {
@@ -71,5 +89,20 @@ impl<'a> From<&'a Queue> for Configured<'a> {
             options: queue_options::echo(queue),
             ignored_options: queue_options::ignored(queue),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::holds_nul;
+
+    #[test]
+    fn nul_characters_are_found_in_option_names_and_values_at_any_depth() {
+        assert!(holds_nul("x\0", &json!(1)));
+        assert!(holds_nul("x", &json!({"a": [1, {"b\0": 2}]})));
+        assert!(holds_nul("x", &json!([["\u{0}"]])));
+        assert!(!holds_nul("x", &json!({"a": ["\\0", "\u{1}", 0]})));
     }
 }

@@ -11,12 +11,10 @@ use super::body::{JsonObject, query_bool, query_int, query_pairs, read_body};
 use super::timestamp;
 use crate::broker::{Broker, groups};
 use crate::error::ApiError;
-use crate::names::{self, NameKind};
+use crate::names::NameKind;
 
 fn path_name(req: &HttpRequest, key: &str, kind: NameKind) -> Result<String, ApiError> {
-    let value = req.match_info().get(key).unwrap_or_default().to_owned();
-    names::check(kind, key, &value).map_err(ApiError::BadRequest)?;
-    Ok(value)
+    super::body::path_name(req.match_info(), key, kind)
 }
 
 fn parse_time(field: &str, text: &str) -> Result<DateTime<Utc>, ApiError> {
@@ -67,7 +65,7 @@ async fn seek(
 ) -> Result<HttpResponse, ApiError> {
     let group = path_name(req, "group", NameKind::ConsumerGroup)?;
     let queue = path_name(req, "queue", NameKind::Queue)?;
-    let body = read_body(payload, broker.config.http.max_body_bytes, &broker.body_bytes).await?;
+    let body = read_body(payload, broker.config.http.max_body_bytes, broker).await?;
     let target = seek_target(&body, partition_id.is_some())?;
     let Some(moved) = groups::seek(broker, &queue, partition_id, &group, target).await? else {
         return Err(ApiError::NotFound(match partition_id {
@@ -135,7 +133,7 @@ pub async fn update_subscription(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let group = path_name(&req, "group", NameKind::ConsumerGroup)?;
-    let body = read_body(payload, broker.config.http.max_body_bytes, &broker.body_bytes).await?;
+    let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
     let body = JsonObject::parse_body(&body, false)?;
     let at = parse_time("subscriptionTimestamp", &body.required_string("subscriptionTimestamp")?)?;
     let queues = groups::update_subscription(&broker, &group, at).await?;

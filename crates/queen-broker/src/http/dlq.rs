@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use uuid::Uuid;
 
-use super::body::{query_int, query_pairs};
+use super::body::{path_param, query_int, query_pairs};
 use super::messages::partition_id;
 use super::timestamp;
 use crate::broker::{Broker, messages};
@@ -124,8 +124,8 @@ struct Moved {
 /// Puts the message's dead letters back into its partition as one new message.
 pub async fn retry(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let partition = partition_id(&req)?;
-    let transaction_id = req.match_info().get("transaction_id").unwrap_or_default();
-    let moved = match messages::requeue(&broker, partition, transaction_id).await? {
+    let transaction_id = path_param(req.match_info(), "transaction_id")?;
+    let moved = match messages::requeue(&broker, partition, &transaction_id).await? {
         Requeue::Moved(moved) => moved,
         Requeue::NoDeadLetter => {
             return Err(ApiError::NotFound(format!(
@@ -159,8 +159,8 @@ pub async fn retry(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpRe
 /// Deletes the message's dead letters (never the message itself: the log is immutable).
 pub async fn delete(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let partition = partition_id(&req)?;
-    let transaction_id = req.match_info().get("transaction_id").unwrap_or_default();
-    let deleted = messages::delete_dead_letters(&broker, partition, transaction_id).await?;
+    let transaction_id = path_param(req.match_info(), "transaction_id")?;
+    let deleted = messages::delete_dead_letters(&broker, partition, &transaction_id).await?;
     if deleted == 0 {
         return Err(ApiError::NotFound(format!(
             "no dead letter for message {transaction_id:?} of partition {partition}"

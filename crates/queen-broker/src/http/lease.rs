@@ -32,7 +32,7 @@ pub async fn extend(
 ) -> Result<HttpResponse, ApiError> {
     let raw = req.match_info().get("lease_id").unwrap_or_default();
     let lease_id = Uuid::parse_str(raw).map_err(|_| ApiError::bad_request(format!("{raw:?} is not a lease id")))?;
-    let body = read_body(payload, broker.config.http.max_body_bytes, &broker.body_bytes).await?;
+    let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
     let body = JsonObject::parse_body(&body, true)?;
     let seconds = body
         .integer("seconds")?

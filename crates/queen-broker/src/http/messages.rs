@@ -5,6 +5,7 @@ use queen_store::messages::{GroupProgress, StoredMessage};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
+use super::body::path_param;
 use super::{StoredMessageJson, timestamp};
 use crate::broker::{Broker, messages};
 use crate::error::ApiError;
@@ -51,8 +52,8 @@ fn status(groups: &[GroupProgress]) -> &'static str {
 
 pub async fn get(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let partition_id = partition_id(&req)?;
-    let transaction_id = req.match_info().get("transaction_id").unwrap_or_default();
-    let message: StoredMessage = messages::find(&broker, partition_id, transaction_id)
+    let transaction_id = path_param(req.match_info(), "transaction_id")?;
+    let message: StoredMessage = messages::find(&broker, partition_id, &transaction_id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no message {transaction_id:?} in partition {partition_id}")))?;
     let json = String::from_utf8(message.frame.payload.clone())

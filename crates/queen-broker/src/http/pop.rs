@@ -11,7 +11,7 @@ use queen_store::cursors::CursorSeed;
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::body::{query_bool, query_int, query_pairs};
+use super::body::{path_name, query_bool, query_int, query_pairs};
 use super::{StoredMessageJson, timestamp};
 use crate::broker::Broker;
 use crate::broker::pop::{Delivery, PopRequest, PopSource, pop};
@@ -24,8 +24,7 @@ pub async fn pop_queue(broker: web::Data<Broker>, req: HttpRequest) -> Result<Ht
 }
 
 pub async fn pop_partition(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
-    let partition = req.match_info().get("partition").unwrap_or_default().to_owned();
-    names::check(NameKind::Partition, "partition", &partition).map_err(ApiError::BadRequest)?;
+    let partition = path_name(req.match_info(), "partition", NameKind::Partition)?;
     let source = PopSource::Queue { queue: queue_of(&req)?, partition: Some(partition) };
     handle(broker, req, source).await
 }
@@ -48,9 +47,7 @@ pub async fn pop_namespace(broker: web::Data<Broker>, req: HttpRequest) -> Resul
 }
 
 fn queue_of(req: &HttpRequest) -> Result<String, ApiError> {
-    let queue = req.match_info().get("queue").unwrap_or_default().to_owned();
-    names::check(NameKind::Queue, "queue", &queue).map_err(ApiError::BadRequest)?;
-    Ok(queue)
+    path_name(req.match_info(), "queue", NameKind::Queue)
 }
 
 async fn handle(broker: web::Data<Broker>, req: HttpRequest, source: PopSource) -> Result<HttpResponse, ApiError> {

@@ -22,7 +22,7 @@ pub async fn handle(
         return Err(ApiError::bad_request("binary push bodies are not supported by this broker; send JSON"));
     }
     let started = std::time::Instant::now();
-    let body = read_body(payload, broker.config.http.max_body_bytes, &broker.body_bytes).await?;
+    let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
     let mut items = parse_items(&body, broker.config.push.max_items)?;
     stamp(&caller, &mut items)?;
     let results = push(&broker, items).await?;

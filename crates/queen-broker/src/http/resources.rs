@@ -6,12 +6,10 @@ use serde_json::{Map, Value};
 
 use crate::broker::{Broker, queue_options, queues};
 use crate::error::ApiError;
-use crate::names::{self, NameKind};
+use crate::names::NameKind;
 
 fn queue_name(req: &HttpRequest) -> Result<String, ApiError> {
-    let queue = req.match_info().get("queue").unwrap_or_default().to_owned();
-    names::check(NameKind::Queue, "queue", &queue).map_err(ApiError::BadRequest)?;
-    Ok(queue)
+    super::body::path_name(req.match_info(), "queue", NameKind::Queue)
 }
 
 #[derive(Serialize)]

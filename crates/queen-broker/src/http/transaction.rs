@@ -24,7 +24,7 @@ pub async fn handle(
     if req.content_type() == "application/x-queen-push" {
         return Err(ApiError::bad_request("binary transaction bodies are not supported by this broker; send JSON"));
     }
-    let body = read_body(payload, broker.config.http.max_body_bytes, &broker.body_bytes).await?;
+    let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
     let mut bundle = parse_bundle(&body, broker.config.push.max_items)?;
     let mut acked = Vec::new();
     for operation in &mut bundle.operations {

@@ -13,6 +13,7 @@ mod failures;
 mod fanout;
 mod fleet;
 mod fusion;
+mod fuzzed_bodies;
 mod group_admin;
 mod groups;
 mod helpers;

@@ -241,3 +241,20 @@ async fn a_message_reports_each_groups_progress_and_is_completed_when_all_passed
         StatusCode::NOT_FOUND
     );
 }
+
+#[actix_web::test]
+async fn names_holding_percent_plus_or_slash_are_the_same_in_a_path_as_in_a_body() {
+    let app = TestApp::spawn().await;
+    let pushed =
+        app.push(json!([{"queue": "100%+q", "partition": "p%", "transactionId": "a/b%c+d", "payload": 1}])).await;
+    assert_eq!(pushed[0]["status"], "queued");
+    // Encoded as a client encodes path segments: `%`, `+` and `/` escaped.
+    let popped = app.pop("queue/100%25%2Bq/partition/p%25", "batch=1").await;
+    assert_eq!(popped.transaction_ids(), vec!["a/b%c+d"], "{:?}", popped.body);
+    let partition_id = pushed[0]["partition_id"].as_str().expect("a partition id");
+    let message = app.get(&format!("/api/v1/messages/{partition_id}/a%2Fb%25c%2Bd")).await;
+    assert_eq!(message.status, StatusCode::OK, "{:?}", message.body);
+    assert_eq!(message.body["transactionId"], "a/b%c+d");
+    let queue = app.get("/api/v1/resources/queues/100%25%2Bq").await;
+    assert_eq!(queue.status, StatusCode::OK, "{:?}", queue.body);
+}
