@@ -693,3 +693,47 @@ async fn storm_of_killed_backends_under_load_balances_the_ledger() {
         assert!(broker.wait(Duration::ZERO).await.is_none(), "a broker exited:\n{}", broker.log().join("\n"));
     }
 }
+
+/// How long each stall of the ledger test holds its lock: several lock timeouts.
+const STALL: Duration = Duration::from_secs(3);
+
+#[tokio::test]
+async fn stalled_statements_under_load_answer_503_and_balance_the_ledger() {
+    const QUEUE: &str = "stalled_load";
+    let db = TestDatabase::create("chaos_stalled_load").await;
+    let sql = db.connect().await;
+    let holder = Holder(db.connect().await);
+    let settings = [("QUEEN_DATABASE__LOCK_TIMEOUT_MS", "500"), ("QUEEN_DATABASE__STATEMENT_TIMEOUT_MS", "5000")];
+    let mut brokers = Vec::new();
+    for _ in 0..2 {
+        brokers.push(BrokerProcess::start(queen_binary(), &["--database-url", db.url()], &settings).await);
+    }
+    let bases: Vec<String> = brokers.iter().map(BrokerProcess::url).collect();
+    let workload = Workload::start(Plan::new(bases.clone(), QUEUE)).await;
+    workload.until_acknowledged(100, Duration::from_secs(30)).await;
+    let http = queen_testkit::http().build().expect("a client");
+    let refused = "queen_db_errors_total{kind=\"refused\"}";
+    let mut before = 0.0;
+    for base in &bases {
+        before += metric_at(&http, base, refused).await;
+    }
+    // Appends wait on the partition rows, then claims and acks on the cursor rows: each past the
+    // lock timeout, while producers and consumers go on.
+    for lock in ["LOCK TABLE queen.partitions IN EXCLUSIVE MODE", "LOCK TABLE queen.log_consumers IN EXCLUSIVE MODE"] {
+        holder.hold(lock).await;
+        tokio::time::sleep(STALL).await;
+        holder.release().await;
+        workload.until_acknowledged(50, Duration::from_secs(30)).await;
+    }
+    let mut after = 0.0;
+    for base in &bases {
+        after += metric_at(&http, base, refused).await;
+    }
+    assert!(after > before, "statements timed out on the held locks ({before} then {after})");
+    let ledger = workload.finish(&sql, Duration::from_secs(60)).await;
+    println!("stalled under load: {} statements timed out; {}", after - before, ledger.summary());
+    ledger.verify(&sql, QUEUE, &["g1", "g2"]).await;
+    for broker in &mut brokers {
+        assert!(broker.wait(Duration::ZERO).await.is_none(), "a broker exited:\n{}", broker.log().join("\n"));
+    }
+}
