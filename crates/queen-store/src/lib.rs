@@ -14,6 +14,7 @@ pub mod messages;
 pub mod migrations;
 pub mod owners;
 pub mod pool;
+pub mod probes;
 pub mod queues;
 pub mod retention;
 pub mod segment_cache;

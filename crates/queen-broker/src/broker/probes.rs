@@ -16,7 +16,7 @@ const LAG_REFRESH: Duration = Duration::from_secs(10);
 pub async fn database_reachable(broker: &Broker) -> bool {
     let probe = async {
         let client = broker.pool.get().await.ok()?;
-        client.simple_query("SELECT 1").await.ok()
+        queen_store::probes::ping(&client).await.ok()
     };
     matches!(tokio::time::timeout(PROBE_TIMEOUT, probe).await, Ok(Some(_)))
 }
@@ -44,11 +44,7 @@ pub async fn readiness(broker: &Broker) -> Readiness {
         if version < queen_store::migrations::latest_version() {
             return Some(Readiness::Unavailable);
         }
-        let answer = client.simple_query("SHOW transaction_read_only").await.ok()?;
-        let read_only = answer.iter().find_map(|message| match message {
-            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(|value| value == "on"),
-            _ => None,
-        })?;
+        let read_only = queen_store::probes::transactions_read_only(&client).await.ok()?;
         Some(if read_only { Readiness::ReadOnly } else { Readiness::Ready })
     };
     tokio::time::timeout(PROBE_TIMEOUT, check).await.ok().flatten().unwrap_or(Readiness::Unavailable)

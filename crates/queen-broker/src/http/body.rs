@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use actix_web::HttpRequest;
 use actix_web::dev::{Path, Url};
 use actix_web::error::PayloadError;
 use actix_web::web::{Bytes, BytesMut, Payload};
@@ -264,9 +265,10 @@ pub fn path_param(path: &Path<Url>, name: &str) -> Result<String, ApiError> {
         .map_err(|_| ApiError::bad_request(format!("{name} in the path is not UTF-8 once decoded")))
 }
 
-/// A queue, partition or group name from the path, decoded ([`path_param`]) and checked.
-pub fn path_name(path: &Path<Url>, name: &str, kind: NameKind) -> Result<String, ApiError> {
-    let value = path_param(path, name)?;
+/// A queue, partition or group name from the request's path, decoded ([`path_param`]) and
+/// checked.
+pub fn path_name(req: &HttpRequest, name: &str, kind: NameKind) -> Result<String, ApiError> {
+    let value = path_param(req.match_info(), name)?;
     names::check(kind, name, &value).map_err(ApiError::BadRequest)?;
     Ok(value)
 }

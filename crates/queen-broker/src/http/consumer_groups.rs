@@ -7,15 +7,11 @@ use chrono::{DateTime, Utc};
 use queen_store::groups::{CursorLag, Registration, SeekTarget};
 use serde::Serialize;
 
-use super::body::{JsonObject, query_bool, query_int, query_pairs, read_body};
+use super::body::{JsonObject, path_name, query_bool, query_int, query_pairs, read_body};
 use super::timestamp;
 use crate::broker::{Broker, groups};
 use crate::error::ApiError;
 use crate::names::NameKind;
-
-fn path_name(req: &HttpRequest, key: &str, kind: NameKind) -> Result<String, ApiError> {
-    super::body::path_name(req.match_info(), key, kind)
-}
 
 fn parse_time(field: &str, text: &str) -> Result<DateTime<Utc>, ApiError> {
     DateTime::parse_from_rfc3339(text)

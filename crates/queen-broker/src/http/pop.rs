@@ -24,7 +24,7 @@ pub async fn pop_queue(broker: web::Data<Broker>, req: HttpRequest) -> Result<Ht
 }
 
 pub async fn pop_partition(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
-    let partition = path_name(req.match_info(), "partition", NameKind::Partition)?;
+    let partition = path_name(&req, "partition", NameKind::Partition)?;
     let source = PopSource::Queue { queue: queue_of(&req)?, partition: Some(partition) };
     handle(broker, req, source).await
 }
@@ -47,7 +47,7 @@ pub async fn pop_namespace(broker: web::Data<Broker>, req: HttpRequest) -> Resul
 }
 
 fn queue_of(req: &HttpRequest) -> Result<String, ApiError> {
-    path_name(req.match_info(), "queue", NameKind::Queue)
+    path_name(req, "queue", NameKind::Queue)
 }
 
 async fn handle(broker: web::Data<Broker>, req: HttpRequest, source: PopSource) -> Result<HttpResponse, ApiError> {

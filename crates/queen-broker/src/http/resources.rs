@@ -9,7 +9,7 @@ use crate::error::ApiError;
 use crate::names::NameKind;
 
 fn queue_name(req: &HttpRequest) -> Result<String, ApiError> {
-    super::body::path_name(req.match_info(), "queue", NameKind::Queue)
+    super::body::path_name(req, "queue", NameKind::Queue)
 }
 
 #[derive(Serialize)]

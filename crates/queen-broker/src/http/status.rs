@@ -226,7 +226,7 @@ pub async fn queue_statuses(broker: web::Data<Broker>, req: HttpRequest) -> Resu
 
 /// `GET /status/queues/{queue}`: one queue, its partitions and its groups' lag.
 pub async fn queue_status(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
-    let name = super::body::path_name(req.match_info(), "queue", NameKind::Queue)?;
+    let name = super::body::path_name(&req, "queue", NameKind::Queue)?;
     let QueueStatus { queue, partitions, lags } = stats::queue_status(&broker, &name, MAX_PAGE as i64)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("queue {name:?} not found")))?;
