@@ -10,7 +10,7 @@ use serde_json::json;
 
 use crate::cluster::{DATABASE, Pair, Replication};
 use crate::load::{Plan, Workload};
-use crate::support::queen_binary;
+use crate::support::{assert_running, start_brokers};
 
 /// The reconnection bound the brokers must meet after a promotion.
 const RECONNECT_BOUND: Duration = Duration::from_secs(10);
@@ -33,10 +33,7 @@ struct Failover {
 async fn fail_over(replication: Replication) -> Failover {
     let label = format!("failover_{replication:?}").to_lowercase();
     let pair = Pair::start(&label, replication).await;
-    let mut brokers = Vec::new();
-    for _ in 0..2 {
-        brokers.push(BrokerProcess::start(queen_binary(), &["--database-url", &pair.url()], &[]).await);
-    }
+    let mut brokers = start_brokers(&pair.url(), 2, &[]).await;
     let bases: Vec<String> = brokers.iter().map(BrokerProcess::url).collect();
     let workload = Workload::start(Plan::new(bases.clone(), "failover")).await;
     workload.until_acknowledged(300, Duration::from_secs(60)).await;
@@ -93,16 +90,14 @@ async fn fail_over(replication: Replication) -> Failover {
     let acknowledged = summary.acknowledged;
     let lost = match replication {
         Replication::Synchronous => {
-            ledger.verify(&new_primary, "failover", &["g1", "g2"]).await;
+            ledger.verify(&new_primary).await;
             Vec::new()
         }
-        Replication::Asynchronous => ledger.verify_allowing_loss(&new_primary, "failover", &["g1", "g2"]).await,
+        Replication::Asynchronous => ledger.verify_allowing_loss(&new_primary).await,
     };
     let wrongly_lost: Vec<&String> = lost.iter().filter(|id| replicated.contains(*id)).collect();
     assert!(wrongly_lost.is_empty(), "pushes the standby had received were lost: {wrongly_lost:?}");
-    for broker in &mut brokers {
-        assert!(broker.wait(Duration::ZERO).await.is_none(), "a broker exited:\n{}", broker.log().join("\n"));
-    }
+    assert_running(&mut brokers).await;
     Failover { reconnect, lost, acknowledged_while_behind, acknowledged }
 }
 

@@ -60,12 +60,19 @@ pub enum AckSeen {
     Cut,
 }
 
-#[derive(Debug, Default)]
+/// The ledger of one queue's messages and the groups that consume it.
+#[derive(Debug)]
 pub struct Ledger {
+    queue: &'static str,
+    groups: Vec<&'static str>,
     state: Mutex<State>,
 }
 
 impl Ledger {
+    pub fn new(queue: &'static str, groups: Vec<&'static str>) -> Ledger {
+        Ledger { queue, groups, state: Mutex::default() }
+    }
+
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -134,15 +141,15 @@ impl Ledger {
         }
     }
 
-    /// Checks every promise against the database of `queue`, read through `db`, for `groups`;
-    /// panics with every violation found.
-    pub async fn verify(&self, db: &Client, queue: &str, groups: &[&str]) {
-        self.check(db, queue, groups, Acks::Durable).await;
+    /// Checks every promise against the queue's database, read through `db`; panics with every
+    /// violation found.
+    pub async fn verify(&self, db: &Client) {
+        self.check(db, Acks::Durable).await;
     }
 
-    async fn check(&self, db: &Client, queue: &str, groups: &[&str], acks: Acks) {
-        let stored = stored_messages(db, queue).await;
-        let copies = extra_copies(db, queue).await;
+    async fn check(&self, db: &Client, acks: Acks) {
+        let stored = stored_messages(db, self.queue).await;
+        let copies = extra_copies(db, self.queue).await;
         let state = self.state();
         let mut report = String::new();
         let lost: Vec<&String> = state.acknowledged.iter().filter(|id| !stored.contains_key(*id)).collect();
@@ -151,7 +158,7 @@ impl Ledger {
         note(&mut report, "stored messages no producer pushed", &foreign);
         note(&mut report, "partitions with more frames than messages (two copies)", &copies);
         note(&mut report, "deliveries of messages no producer pushed", &state.unknown);
-        for group in groups {
+        for group in &self.groups {
             let mut missing = Vec::new();
             let mut twice = Vec::new();
             let mut unexplained = Vec::new();
@@ -184,8 +191,8 @@ impl Ledger {
     /// acknowledged pushes and acks (asynchronous replication): lost pushes are counted, not
     /// failed, and a message may be committed again when its first commit was lost; every other
     /// promise is checked on what is stored. Returns the acknowledged pushes that were lost.
-    pub async fn verify_allowing_loss(&self, db: &Client, queue: &str, groups: &[&str]) -> Vec<String> {
-        let stored = stored_messages(db, queue).await;
+    pub async fn verify_allowing_loss(&self, db: &Client) -> Vec<String> {
+        let stored = stored_messages(db, self.queue).await;
         let lost: Vec<String> = {
             let mut state = self.state();
             let lost: Vec<String> = state.acknowledged.iter().filter(|id| !stored.contains_key(*id)).cloned().collect();
@@ -196,7 +203,7 @@ impl Ledger {
             state.seen.retain(|(_, id), _| stored.contains_key(id));
             lost
         };
-        self.check(db, queue, groups, Acks::MayBeLost).await;
+        self.check(db, Acks::MayBeLost).await;
         lost
     }
 }

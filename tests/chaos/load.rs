@@ -82,7 +82,7 @@ impl Workload {
         let answer = http.post(format!("{}/api/v1/configure", plan.bases[0])).json(&options).send().await;
         assert_eq!(answer.expect("configure").status(), StatusCode::OK, "the queue is configured");
 
-        let ledger = Arc::new(Ledger::default());
+        let ledger = Arc::new(Ledger::new(plan.queue, plan.groups.clone()));
         let (producing, consuming) = (Arc::new(AtomicBool::new(true)), Arc::new(AtomicBool::new(true)));
         let producers = (0..plan.producers)
             .map(|p| tokio::spawn(produce(plan.clone(), p, http.clone(), Arc::clone(&ledger), Arc::clone(&producing))))

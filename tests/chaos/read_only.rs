@@ -19,7 +19,7 @@ use tokio_postgres::error::SqlState;
 
 use crate::cluster::{DATABASE, Single};
 use crate::load::{Plan, Workload};
-use crate::support::queen_binary;
+use crate::support::{assert_running, start_brokers};
 
 /// The queue the workload uses; probes go to [`PROBE_QUEUE`], which the ledger does not check.
 const QUEUE: &str = "read_only";
@@ -175,10 +175,7 @@ struct Recovery {
 /// balances.
 async fn refuse_writes_under_load(pg: &Single, database: &str, fault: Fault<'_>) -> Observed {
     let url = pg.server.url(database);
-    let mut brokers = Vec::new();
-    for _ in 0..2 {
-        brokers.push(BrokerProcess::start(queen_binary(), &["--database-url", &url], &[]).await);
-    }
+    let mut brokers = start_brokers(&url, 2, &[]).await;
     let bases: Vec<String> = brokers.iter().map(BrokerProcess::url).collect();
     let http = queen_testkit::http().timeout(Duration::from_secs(5)).build().expect("a client");
 
@@ -327,9 +324,9 @@ async fn refuse_writes_under_load(pg: &Single, database: &str, fault: Fault<'_>)
         ledger.summary(),
         finishing.elapsed()
     );
-    ledger.verify(&db, QUEUE, &["g1", "g2"]).await;
-    for (b, broker) in brokers.iter_mut().enumerate() {
-        assert!(broker.wait(Duration::ZERO).await.is_none(), "broker {b} exited:\n{}", broker.log().join("\n"));
+    ledger.verify(&db).await;
+    assert_running(&mut brokers).await;
+    for (b, broker) in brokers.iter().enumerate() {
         let log = broker.log();
         let line = log.iter().find(|line| line.contains(why));
         assert!(line.is_some(), "broker {b} logged no line that says {why:?}:\n{}", log.join("\n"));

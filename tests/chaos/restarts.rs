@@ -8,7 +8,7 @@ use serde_json::json;
 
 use crate::cluster::{DATABASE, Single};
 use crate::load::{Plan, Workload};
-use crate::support::queen_binary;
+use crate::support::{assert_running, start_brokers};
 
 /// Long polls parked on each broker in each round.
 const PARKED: usize = 4;
@@ -63,10 +63,7 @@ fn park(http: &reqwest::Client, b: usize, base: &str, queue: &str) -> Vec<tokio:
 #[tokio::test]
 async fn three_restarts_under_load_answer_every_parked_long_poll_and_lose_nothing() {
     let mut pg = Single::start("restarts", &[]).await;
-    let mut brokers = Vec::new();
-    for _ in 0..2 {
-        brokers.push(BrokerProcess::start(queen_binary(), &["--database-url", &pg.url()], &[]).await);
-    }
+    let mut brokers = start_brokers(&pg.url(), 2, &[]).await;
     let bases: Vec<String> = brokers.iter().map(BrokerProcess::url).collect();
     let http = queen_testkit::http().timeout(Duration::from_secs(40)).build().expect("a client");
     let workload = Workload::start(Plan { long_poll: false, ..Plan::new(bases.clone(), "restarts") }).await;
@@ -120,8 +117,6 @@ async fn three_restarts_under_load_answer_every_parked_long_poll_and_lose_nothin
     let db = pg.server.connect(DATABASE).await;
     let ledger = workload.finish(&db, Duration::from_secs(90)).await;
     println!("restarts: {}", ledger.summary());
-    ledger.verify(&db, "restarts", &["g1", "g2"]).await;
-    for broker in &mut brokers {
-        assert!(broker.wait(Duration::ZERO).await.is_none(), "a broker exited:\n{}", broker.log().join("\n"));
-    }
+    ledger.verify(&db).await;
+    assert_running(&mut brokers).await;
 }

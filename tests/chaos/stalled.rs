@@ -27,7 +27,7 @@ use tokio_postgres::Client;
 
 use crate::ledger::extra_copies;
 use crate::load::{Plan, Workload};
-use crate::support::queen_binary;
+use crate::support::{assert_running, listen_backends, queen_binary, start_brokers};
 
 /// Far beyond every bound below: a stalled request shows as a bound missed, not as a client
 /// giving up.
@@ -336,7 +336,7 @@ async fn stalled(label: &str, statement_timeout_ms: &str, lock_timeout_ms: &str,
     assert_eq!(popped.transaction_ids(), ["seed0", "m1", "after", "crowd0"], "the new group is served from the start");
     assert_eq!(extra_copies(&sql, QUEUE).await, Vec::<String>::new(), "no partition holds a second copy");
 
-    assert!(broker.wait(Duration::ZERO).await.is_none(), "the broker exited:\n{}", broker.log().join("\n"));
+    assert_running(std::slice::from_mut(&mut broker)).await;
     println!(
         "stalled ({fired}; statement_timeout {statement_timeout_ms} ms, lock_timeout {lock_timeout_ms} ms): {took:?}"
     );
@@ -384,21 +384,6 @@ async fn terminate(sql: &Client, pid: i32) {
     assert!(done, "backend {pid} was terminated");
 }
 
-/// The LISTEN backends of the test's database, with whether they are listening (idle after
-/// their `LISTEN`).
-async fn listeners(sql: &Client) -> Vec<(i32, bool)> {
-    sql.query(
-        "SELECT pid, state = 'idle' AND query LIKE 'LISTEN%' FROM pg_stat_activity
-          WHERE datname = current_database() AND application_name = 'queen-listen' ORDER BY pid",
-        &[],
-    )
-    .await
-    .expect("pg_stat_activity")
-    .iter()
-    .map(|row| (row.get(0), row.get(1)))
-    .collect()
-}
-
 /// What one request blocked on a lock did when its backend was terminated.
 struct Cut {
     answer: Answer,
@@ -433,10 +418,12 @@ async fn killed_backends_mid_operation_answer_503_and_the_retry_succeeds() {
     let settings = [("QUEEN_DATABASE__STATEMENT_TIMEOUT_MS", "60000"), ("QUEEN_DATABASE__LOCK_TIMEOUT_MS", "60000")];
     let first = BrokerProcess::start(queen_binary(), &["--database-url", db.url()], &settings).await;
     let sql = &sql;
-    until("the first broker listens", Duration::from_secs(30), || async move { listeners(sql).await.len() == 1 }).await;
-    let first_listener = listeners(sql).await[0].0;
+    until("the first broker listens", Duration::from_secs(30), || async move { listen_backends(sql).await.len() == 1 })
+        .await;
+    let first_listener = listen_backends(sql).await[0].0;
     let second = BrokerProcess::start(queen_binary(), &["--database-url", db.url()], &settings).await;
-    until("both brokers listen", Duration::from_secs(30), || async move { listeners(sql).await.len() == 2 }).await;
+    until("both brokers listen", Duration::from_secs(30), || async move { listen_backends(sql).await.len() == 2 })
+        .await;
     let (api, other) = (Api::new(first.url()), Api::new(second.url()));
     api.configure(QUEUE).await;
     assert_eq!(api.push(QUEUE, "p", "seed").await.pushed(), "queued");
@@ -508,7 +495,7 @@ async fn killed_backends_mid_operation_answer_503_and_the_retry_succeeds() {
     terminate(sql, first_listener).await;
     let lost = Instant::now();
     until("the first broker listens again", Duration::from_secs(10), || async move {
-        let now = listeners(sql).await;
+        let now = listen_backends(sql).await;
         now.len() == 2 && now.iter().all(|(pid, listening)| *pid != first_listener && *listening)
     })
     .await;
@@ -522,9 +509,7 @@ async fn killed_backends_mid_operation_answer_503_and_the_retry_succeeds() {
 
     assert_eq!(extra_copies(sql, QUEUE).await, Vec::<String>::new(), "no partition holds a second copy");
     let mut brokers = [first, second];
-    for broker in &mut brokers {
-        assert!(broker.wait(Duration::ZERO).await.is_none(), "a broker exited:\n{}", broker.log().join("\n"));
-    }
+    assert_running(&mut brokers).await;
     for (what, cut) in &report {
         println!(
             "killed {what}: waited in `{}`, answered {} {:?} after the termination ({:?} in all)",
@@ -659,10 +644,7 @@ async fn storm_of_killed_backends_under_load_balances_the_ledger() {
     let connecting = Instant::now();
     let sql = db.connect().await;
     let connect_took = connecting.elapsed();
-    let mut brokers = Vec::new();
-    for _ in 0..2 {
-        brokers.push(BrokerProcess::start(queen_binary(), &["--database-url", db.url()], &[]).await);
-    }
+    let mut brokers = start_brokers(db.url(), 2, &[]).await;
     let bases: Vec<String> = brokers.iter().map(BrokerProcess::url).collect();
     let workload = Workload::start(Plan::new(bases.clone(), QUEUE)).await;
     workload.until_acknowledged(60, Duration::from_secs(30)).await;
@@ -687,11 +669,9 @@ async fn storm_of_killed_backends_under_load_balances_the_ledger() {
         "storm: {} kills in {} rounds ({:?}); {} pushes acknowledged ({during} during the storm), {} deliveries, {} redeliveries",
         storm.kills, storm.rounds, storm.kinds, summary.acknowledged, summary.deliveries, summary.redeliveries
     );
-    ledger.verify(&sql, QUEUE, &["g1", "g2"]).await;
+    ledger.verify(&sql).await;
     assert!(storm.kills >= 20, "the storm terminated backends: {storm:?}");
-    for broker in &mut brokers {
-        assert!(broker.wait(Duration::ZERO).await.is_none(), "a broker exited:\n{}", broker.log().join("\n"));
-    }
+    assert_running(&mut brokers).await;
 }
 
 /// How long each stall of the ledger test holds its lock: several lock timeouts.
@@ -704,10 +684,7 @@ async fn stalled_statements_under_load_answer_503_and_balance_the_ledger() {
     let sql = db.connect().await;
     let holder = Holder(db.connect().await);
     let settings = [("QUEEN_DATABASE__LOCK_TIMEOUT_MS", "500"), ("QUEEN_DATABASE__STATEMENT_TIMEOUT_MS", "5000")];
-    let mut brokers = Vec::new();
-    for _ in 0..2 {
-        brokers.push(BrokerProcess::start(queen_binary(), &["--database-url", db.url()], &settings).await);
-    }
+    let mut brokers = start_brokers(db.url(), 2, &settings).await;
     let bases: Vec<String> = brokers.iter().map(BrokerProcess::url).collect();
     let workload = Workload::start(Plan::new(bases.clone(), QUEUE)).await;
     workload.until_acknowledged(100, Duration::from_secs(30)).await;
@@ -732,8 +709,6 @@ async fn stalled_statements_under_load_answer_503_and_balance_the_ledger() {
     assert!(after > before, "statements timed out on the held locks ({before} then {after})");
     let ledger = workload.finish(&sql, Duration::from_secs(60)).await;
     println!("stalled under load: {} statements timed out; {}", after - before, ledger.summary());
-    ledger.verify(&sql, QUEUE, &["g1", "g2"]).await;
-    for broker in &mut brokers {
-        assert!(broker.wait(Duration::ZERO).await.is_none(), "a broker exited:\n{}", broker.log().join("\n"));
-    }
+    ledger.verify(&sql).await;
+    assert_running(&mut brokers).await;
 }
