@@ -399,3 +399,50 @@ async fn a_rolling_restart_under_steady_consumption_redelivers_nothing() {
         assert!(again.is_empty(), "group {group}: redelivered (transaction id, delivery attempts): {again:?}");
     }
 }
+
+/// The state `/api/v1/status/brokers` at `base` gives the broker listening on `port`.
+async fn listed_state(http: &reqwest::Client, base: &str, port: u16) -> Option<String> {
+    let answer: Value = http.get(format!("{base}/api/v1/status/brokers")).send().await.ok()?.json().await.ok()?;
+    let brokers = answer["brokers"].as_array()?;
+    let listed = brokers.iter().find(|b| b["id"].as_str().is_some_and(|id| id.contains(&format!(":{port}:"))))?;
+    listed["state"].as_str().map(str::to_owned)
+}
+
+async fn listed_states(http: &reqwest::Client, base: &str, ports: &[u16]) -> Vec<String> {
+    let mut states = Vec::new();
+    for &port in ports {
+        states.push(listed_state(http, base, port).await.unwrap_or_default());
+    }
+    states
+}
+
+#[tokio::test]
+async fn the_fleet_list_tells_a_stopped_broker_from_a_missing_one() {
+    let db = TestDatabase::create("e2e_fleet_list").await;
+    let beat = [("QUEEN_STATS__SAMPLE_INTERVAL_SECONDS", "1")];
+    let mut brokers = Vec::new();
+    for _ in 0..3 {
+        brokers.push(BrokerProcess::start(queen_binary(), &["--database-url", db.url()], &beat).await);
+    }
+    let http = queen_testkit::http().build().expect("an HTTP client");
+    let watcher = brokers[0].url();
+    let ports: Vec<u16> = brokers.iter().map(BrokerProcess::port).collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while listed_states(&http, &watcher, &ports).await != ["live", "live", "live"] {
+        assert!(Instant::now() < deadline, "every broker is listed live");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // One shuts down gracefully and says so; another is killed and stops beating.
+    brokers[1].signal(Signal::SIGTERM);
+    assert!(brokers[1].wait(Duration::from_secs(30)).await.is_some_and(|s| s.success()), "a clean exit");
+    brokers[2].signal(Signal::SIGKILL);
+    brokers[2].wait(Duration::from_secs(10)).await.expect("killed");
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while seen != ["live", "stopped", "missing"] {
+        assert!(Instant::now() < deadline, "the list shows the stop and the kill, last seen {seen:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        seen = listed_states(&http, &watcher, &ports).await;
+    }
+}

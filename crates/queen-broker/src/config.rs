@@ -24,6 +24,7 @@ pub struct Config {
     pub encryption: EncryptionConfig,
     pub auth: AuthConfig,
     pub metrics: MetricsConfig,
+    pub stats: StatsConfig,
     pub log: LogConfig,
 }
 
@@ -455,6 +456,21 @@ impl Default for MetricsConfig {
     }
 }
 
+/// What the dashboard's fleet list and history are made of.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StatsConfig {
+    /// Every broker records its heartbeat and its traffic this often, and one broker of the fleet
+    /// samples the consumer lag; the history's resolution.
+    pub sample_interval_seconds: u64,
+}
+
+impl Default for StatsConfig {
+    fn default() -> Self {
+        Self { sample_interval_seconds: 10 }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LogConfig {
@@ -604,6 +620,9 @@ impl Config {
         }
         if self.maintenance.interval_ms < 100 {
             return Err(invalid("maintenance.interval_ms", "must be at least 100"));
+        }
+        if !(1..=3600).contains(&self.stats.sample_interval_seconds) {
+            return Err(invalid("stats.sample_interval_seconds", "must be between 1 and 3600"));
         }
         if self.maintenance.batch_segments == 0 {
             return Err(invalid("maintenance.batch_segments", "must be at least 1"));

@@ -89,6 +89,8 @@ impl Application {
         // Replays what the journal holds whenever push maintenance is off (now, if a previous run
         // left pushes in it).
         actix_web::rt::spawn(crate::broker::push_buffer::keep_draining(broker.clone()));
+        // The fleet list and the history the dashboard shows.
+        actix_web::rt::spawn(crate::broker::fleet::keep_beating(broker.clone()));
         let app_broker = broker.clone();
         let server = HttpServer::new(move || {
             App::new()
@@ -138,6 +140,7 @@ impl Application {
             if !stopper.drain(limit).await {
                 tracing::warn!("work still under way after http.shutdown_timeout_seconds is cut short");
             }
+            crate::broker::fleet::leave(&stopper).await;
             handle.stop(true).await;
         });
         let served = server.await;

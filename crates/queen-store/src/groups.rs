@@ -3,6 +3,7 @@
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
+use uuid::Uuid;
 
 use crate::cursors::CursorSeed;
 use crate::{Creation, LimitReached, StoreError};
@@ -287,6 +288,8 @@ pub struct CursorLag {
     pub lag_messages: i64,
     /// Age of the oldest message past the cursor; 0 when there is none.
     pub lag_seconds: f64,
+    /// The live lease on the partition, if any: its id and expiry.
+    pub lease_id: Option<Uuid>,
     pub lease_expires_at: Option<DateTime<Utc>>,
     pub total_consumed: i64,
     pub last_consumed_at: Option<DateTime<Utc>>,
@@ -294,31 +297,41 @@ pub struct CursorLag {
     pub redelivery_count: i32,
 }
 
-/// Every cursor (of `group`, when given) with its lag, oldest-lagging first within a group. The
-/// age comes from the segment holding the first unconsumed message, found through the primary
-/// key, so the cost is per cursor, not per message.
-pub async fn cursor_lags(client: &impl GenericClient, group: Option<&str>) -> Result<Vec<CursorLag>, StoreError> {
-    let rows = client
-        .query(
-            "SELECT c.consumer_group, q.name, p.name, p.id, c.committed, p.last_offset,
-                    GREATEST(p.last_offset - GREATEST(c.committed, p.retained_from - 1), 0) AS lag,
-                    COALESCE(EXTRACT(EPOCH FROM now() - oldest.created_at)::float8, 0) AS lag_seconds,
-                    CASE WHEN c.lease_expires_at > now() THEN c.lease_expires_at END,
-                    c.total_consumed, c.last_consumed_at, c.retry_count, c.redelivery_count
-               FROM queen.log_consumers c
-               JOIN queen.partitions p ON p.id = c.partition_id
-               JOIN queen.queues q ON q.id = p.queue_id
-               LEFT JOIN LATERAL (
-                   SELECT s.created_at FROM queen.log_segments s
-                    WHERE s.partition_id = p.id AND p.last_offset > GREATEST(c.committed, p.retained_from - 1)
-                      AND s.base_offset <= GREATEST(c.committed, p.retained_from - 1) + 1
-                    ORDER BY s.base_offset DESC LIMIT 1
-               ) oldest ON true
-              WHERE $1::text IS NULL OR c.consumer_group = $1
-              ORDER BY c.consumer_group, q.name, p.name",
-            &[&group],
-        )
-        .await?;
+/// Every cursor `c` with its partition `p`, queue `q`, and `oldest`: the segment holding its
+/// first unread message (no row when nothing is unread), found through the primary key, so
+/// reading lag costs an index probe per cursor, never a walk of the messages.
+pub(crate) const CURSORS_WITH_OLDEST_UNREAD: &str = "queen.log_consumers c
+       JOIN queen.partitions p ON p.id = c.partition_id
+       JOIN queen.queues q ON q.id = p.queue_id
+       LEFT JOIN LATERAL (
+           SELECT s.created_at FROM queen.log_segments s
+            WHERE s.partition_id = p.id AND p.last_offset > GREATEST(c.committed, p.retained_from - 1)
+              AND s.base_offset <= GREATEST(c.committed, p.retained_from - 1) + 1
+            ORDER BY s.base_offset DESC LIMIT 1
+       ) oldest ON true";
+/// Messages stored past the cursor, over [`CURSORS_WITH_OLDEST_UNREAD`].
+pub(crate) const LAG_MESSAGES: &str = "GREATEST(p.last_offset - GREATEST(c.committed, p.retained_from - 1), 0)";
+/// Age in seconds of the first unread message, 0 when there is none.
+pub(crate) const LAG_SECONDS: &str = "COALESCE(EXTRACT(EPOCH FROM now() - oldest.created_at)::float8, 0)";
+
+/// Every cursor (of `group`, on `queue`, when given) with its lag, ordered by group, queue and
+/// partition name.
+pub async fn cursor_lags(
+    client: &impl GenericClient,
+    group: Option<&str>,
+    queue: Option<&str>,
+) -> Result<Vec<CursorLag>, StoreError> {
+    let sql = format!(
+        "SELECT c.consumer_group, q.name, p.name, p.id, c.committed, p.last_offset,
+                {LAG_MESSAGES}, {LAG_SECONDS},
+                CASE WHEN c.lease_expires_at > now() THEN c.lease_id END,
+                CASE WHEN c.lease_expires_at > now() THEN c.lease_expires_at END,
+                c.total_consumed, c.last_consumed_at, c.retry_count, c.redelivery_count
+           FROM {CURSORS_WITH_OLDEST_UNREAD}
+          WHERE ($1::text IS NULL OR c.consumer_group = $1) AND ($2::text IS NULL OR q.name = $2)
+          ORDER BY c.consumer_group, q.name, p.name"
+    );
+    let rows = client.query(&sql, &[&group, &queue]).await?;
     Ok(rows
         .iter()
         .map(|row| CursorLag {
@@ -330,11 +343,12 @@ pub async fn cursor_lags(client: &impl GenericClient, group: Option<&str>) -> Re
             last_offset: row.get(5),
             lag_messages: row.get(6),
             lag_seconds: row.get(7),
-            lease_expires_at: row.get(8),
-            total_consumed: row.get(9),
-            last_consumed_at: row.get(10),
-            retry_count: row.get(11),
-            redelivery_count: row.get(12),
+            lease_id: row.get(8),
+            lease_expires_at: row.get(9),
+            total_consumed: row.get(10),
+            last_consumed_at: row.get(11),
+            retry_count: row.get(12),
+            redelivery_count: row.get(13),
         })
         .collect())
 }

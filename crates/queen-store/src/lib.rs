@@ -7,6 +7,7 @@ pub mod dlq;
 pub mod embedded;
 mod error;
 pub mod events;
+pub mod fleet;
 pub mod groups;
 pub mod listen;
 pub mod log;

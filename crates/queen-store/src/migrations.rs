@@ -36,6 +36,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(7, "0007_system_state"),
     migration!(8, "0008_delivery_guarantees"),
     migration!(9, "0009_dead_letter_producer"),
+    migration!(10, "0010_fleet_history"),
 ];
 
 /// The newest schema version this build knows.

@@ -141,7 +141,7 @@ pub async fn overview(
     group: Option<&str>,
 ) -> Result<(Vec<CursorLag>, Vec<Registration>), BrokerError> {
     let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
-    let lags = groups::cursor_lags(&client, group).await?;
+    let lags = groups::cursor_lags(&client, group, None).await?;
     let registrations = groups::registrations(&client, group).await?;
     Ok((lags, registrations))
 }

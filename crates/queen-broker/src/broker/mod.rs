@@ -3,6 +3,7 @@
 pub mod access;
 pub mod ack;
 mod error;
+pub mod fleet;
 pub mod groups;
 pub mod leases;
 pub mod maintenance_mode;

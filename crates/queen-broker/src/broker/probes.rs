@@ -71,7 +71,7 @@ pub async fn refresh_metrics(broker: &Broker) {
     }
     let lags = async {
         let client = broker.pool.get().await.ok()?;
-        queen_store::groups::cursor_lags(&client, None).await.ok()
+        queen_store::groups::cursor_lags(&client, None, None).await.ok()
     };
     let Ok(Some(lags)) = tokio::time::timeout(PROBE_TIMEOUT, lags).await else { return };
     let mut totals: BTreeMap<(&str, &str), (i64, f64)> = BTreeMap::new();

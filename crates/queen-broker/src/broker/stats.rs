@@ -45,7 +45,7 @@ pub async fn queues_with_lag(
 ) -> Result<(Vec<QueueStats>, Vec<CursorLag>), BrokerError> {
     let client = client(broker).await?;
     let queues = stats::queues(&client, None, filter.namespace, filter.task, filter.limit, filter.offset).await?;
-    Ok((queues, groups::cursor_lags(&client, None).await?))
+    Ok((queues, groups::cursor_lags(&client, None, None).await?))
 }
 
 /// A page of partitions (of one queue, when named), the most recently pushed first.
@@ -68,7 +68,7 @@ pub async fn queue_status(
     let client = client(broker).await?;
     let Some(queue) = stats::queues(&client, Some(name), None, None, 1, 0).await?.pop() else { return Ok(None) };
     let partitions = stats::partitions(&client, Some(name), max_partitions, 0).await?;
-    let lags = groups::cursor_lags(&client, None).await?.into_iter().filter(|c| c.queue == name).collect();
+    let lags = groups::cursor_lags(&client, None, Some(name)).await?;
     Ok(Some(QueueStatus { queue, partitions, lags }))
 }
 

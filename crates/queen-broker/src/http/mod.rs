@@ -6,6 +6,7 @@ pub mod authorize;
 mod body;
 mod configure;
 mod consumer_groups;
+mod dashboard;
 mod dlq;
 pub mod gate;
 mod health;
@@ -104,6 +105,8 @@ api! {
     "/health" { get => health::health, PUBLIC; }
     "/ready" { get => health::ready, PUBLIC; }
     "/metrics" { get => health::metrics, read_only(Scope::Fleet); }
+    "/dashboard" { get => dashboard::asset, PUBLIC; }
+    "/dashboard/{asset:.*}" { get => dashboard::asset, PUBLIC; }
     "/api/v1/configure" { post => configure::handle, admin(Scope::Body); }
     "/api/v1/push" { post => push::handle, read_write(Scope::Body); }
     "/api/v1/pop" { get => pop::pop_namespace, read_write(Scope::Fleet); }
@@ -120,6 +123,8 @@ api! {
     "/api/v1/status/queues" { get => status::queue_statuses, read_only(Scope::Fleet); }
     "/api/v1/status/queues/{queue}" { get => status::queue_status, read_only(Scope::PathQueue); }
     "/api/v1/status/analytics" { get => status::analytics, read_only(Scope::Fleet); }
+    "/api/v1/status/brokers" { get => status::brokers, read_only(Scope::Fleet); }
+    "/api/v1/status/history" { get => status::history, read_only(Scope::Fleet); }
     "/api/v1/messages" { get => status::list_messages, read_only(Scope::QueryQueue); }
     "/api/v1/resources/queues/{queue}" {
         get => resources::get_queue, read_only(Scope::PathQueue);

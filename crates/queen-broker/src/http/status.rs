@@ -13,6 +13,7 @@ use serde_json::{Map, Value};
 
 use super::body::{query_int, query_pairs};
 use super::{StoredMessageJson, timestamp};
+use crate::broker::fleet::{self, HistoryPoint, MAX_HISTORY_MINUTES};
 use crate::broker::stats::{self, QueueFilter, QueueStatus};
 use crate::broker::{Broker, messages, queue_options};
 use crate::error::ApiError;
@@ -224,16 +225,134 @@ pub async fn queue_statuses(broker: web::Data<Broker>, req: HttpRequest) -> Resu
     Ok(HttpResponse::Ok().json(serde_json::json!({ "queues": queues, "limit": limit, "offset": offset })))
 }
 
-/// `GET /status/queues/{queue}`: one queue, its partitions and its groups' lag.
+/// One group's cursor on one partition: how far behind it is and who holds the partition.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct CursorJson<'a> {
+    group: &'a str,
+    partition: &'a str,
+    partition_id: String,
+    committed: i64,
+    last_offset: i64,
+    lag_messages: i64,
+    lag_seconds: f64,
+    lease_id: Option<uuid::Uuid>,
+    lease_expires_at: Option<String>,
+}
+
+impl<'a> From<&'a CursorLag> for CursorJson<'a> {
+    fn from(c: &'a CursorLag) -> Self {
+        CursorJson {
+            group: &c.group,
+            partition: &c.partition,
+            partition_id: c.partition_id.to_string(),
+            committed: c.committed,
+            last_offset: c.last_offset,
+            lag_messages: c.lag_messages,
+            lag_seconds: c.lag_seconds,
+            lease_id: c.lease_id,
+            lease_expires_at: c.lease_expires_at.map(timestamp),
+        }
+    }
+}
+
+/// `GET /status/queues/{queue}`: one queue, its partitions, its groups' lag, and every group's
+/// cursor on every partition.
 pub async fn queue_status(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let name = super::body::path_name(&req, "queue", NameKind::Queue)?;
     let QueueStatus { queue, partitions, lags } = stats::queue_status(&broker, &name, MAX_PAGE as i64)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("queue {name:?} not found")))?;
+    let cursors: Vec<CursorJson<'_>> = lags.iter().map(CursorJson::from).collect();
     let mut by_queue = lag_by_queue(&lags);
     let partitions: Vec<PartitionJson> = partitions.into_iter().map(PartitionJson::from).collect();
     let status = with_groups(queue, &mut by_queue);
-    Ok(HttpResponse::Ok().json(serde_json::json!({ "queue": status, "partitions": partitions })))
+    Ok(HttpResponse::Ok().json(serde_json::json!({ "queue": status, "partitions": partitions, "cursors": cursors })))
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct BrokerJson {
+    id: String,
+    version: String,
+    started_at: String,
+    last_seen_at: String,
+    state: &'static str,
+    buffered_messages: i64,
+    buffer_healthy: bool,
+    /// The broker that answers.
+    #[serde(rename = "self")]
+    is_self: bool,
+}
+
+/// `GET /status/brokers`: the brokers of the fleet heard of in the last hour, and the fleet's
+/// maintenance switches.
+pub async fn brokers(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
+    let (seen, modes) = fleet::brokers(&broker).await?;
+    let brokers: Vec<BrokerJson> = seen
+        .into_iter()
+        .map(|b| BrokerJson {
+            is_self: b.id == broker.broker_id,
+            id: b.id,
+            version: b.version,
+            started_at: timestamp(b.started_at),
+            last_seen_at: timestamp(b.seen_at),
+            state: b.state.name(),
+            buffered_messages: b.buffered_messages,
+            buffer_healthy: b.buffer_healthy,
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(serde_json::json!({
+        "heartbeatSeconds": broker.config.stats.sample_interval_seconds,
+        "maintenance": { "push": modes.push_maintenance, "pop": modes.pop_maintenance },
+        "brokers": brokers,
+    })))
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct HistoryPointJson {
+    at: String,
+    pushed: i64,
+    delivered: i64,
+    acked: i64,
+    failed: i64,
+    dead_lettered: i64,
+    lag_messages: Option<i64>,
+    lag_seconds: Option<f64>,
+}
+
+impl From<HistoryPoint> for HistoryPointJson {
+    fn from(p: HistoryPoint) -> Self {
+        HistoryPointJson {
+            at: timestamp(p.at),
+            pushed: p.traffic.pushed,
+            delivered: p.traffic.delivered,
+            acked: p.traffic.acked,
+            failed: p.traffic.failed,
+            dead_lettered: p.traffic.dead_lettered,
+            lag_messages: p.lag.map(|(messages, _)| messages),
+            lag_seconds: p.lag.map(|(_, seconds)| seconds),
+        }
+    }
+}
+
+/// `GET /status/history?minutes=60`: the fleet's traffic and consumer lag per sample interval.
+pub async fn history(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    let query = query_pairs(req.query_string())?;
+    let minutes = query_int(&query, "minutes", 1, MAX_HISTORY_MINUTES)?.unwrap_or(60);
+    let (interval, points) = fleet::history(&broker, minutes).await?;
+    let (from, to) = match (points.first(), points.last()) {
+        (Some(first), Some(last)) => (Some(timestamp(first.at)), Some(timestamp(last.at))),
+        _ => (None, None),
+    };
+    let points: Vec<HistoryPointJson> = points.into_iter().map(HistoryPointJson::from).collect();
+    Ok(HttpResponse::Ok().json(serde_json::json!({
+        "intervalSeconds": interval.as_secs(),
+        "from": from,
+        "to": to,
+        "points": points,
+    })))
 }
 
 /// `GET /status/analytics`: this broker's traffic since it started (from its counters), the

@@ -5,6 +5,7 @@ mod bad_input;
 mod capacity;
 mod concurrency;
 mod creation_limits;
+mod dashboard;
 mod database_tls;
 mod delivery;
 mod encryption;

@@ -1,0 +1,265 @@
+//! The fleet as the dashboard shows it: each broker's heartbeat (`brokers`), its traffic per
+//! heartbeat (`traffic_samples`), and the fleet's consumer lag sampled by one broker per interval
+//! (`lag_samples`). Everything here is kept for a day.
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::GenericClient;
+
+use crate::StoreError;
+use crate::groups::{CURSORS_WITH_OLDEST_UNREAD, LAG_MESSAGES, LAG_SECONDS};
+
+/// Transaction advisory lock giving one broker the lag sampler's turn ("queenlag").
+const LAG_SAMPLER_LOCK_KEY: i64 = 0x7175_6565_6e6c_6167;
+
+/// Heartbeats a broker may miss before it is reported missing.
+const MISSED_BEATS: f64 = 3.0;
+
+/// Messages a broker handled since its previous sample.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Traffic {
+    pub pushed: i64,
+    pub delivered: i64,
+    pub acked: i64,
+    pub failed: i64,
+    pub dead_lettered: i64,
+}
+
+impl Traffic {
+    fn is_empty(&self) -> bool {
+        *self == Traffic::default()
+    }
+
+    /// Both together.
+    pub fn plus(self, other: Traffic) -> Traffic {
+        Traffic {
+            pushed: self.pushed + other.pushed,
+            delivered: self.delivered + other.delivered,
+            acked: self.acked + other.acked,
+            failed: self.failed + other.failed,
+            dead_lettered: self.dead_lettered + other.dead_lettered,
+        }
+    }
+}
+
+/// What a broker says of itself at a heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Heartbeat<'a> {
+    pub broker_id: &'a str,
+    pub version: &'a str,
+    pub started_at: DateTime<Utc>,
+    /// It is draining for a graceful shutdown.
+    pub stopping: bool,
+    pub buffered_messages: i64,
+    pub buffer_healthy: bool,
+    pub traffic: Traffic,
+}
+
+/// Records the heartbeat, and the traffic when there was any, in one statement.
+pub async fn beat(client: &impl GenericClient, beat: &Heartbeat<'_>) -> Result<(), StoreError> {
+    let t = beat.traffic;
+    client
+        .execute(
+            "WITH broker AS (
+                 INSERT INTO queen.brokers (id, version, started_at, seen_at, stopping, buffered_messages, buffer_healthy)
+                 VALUES ($1, $2, $3, now(), $4, $5, $6)
+                 ON CONFLICT (id) DO UPDATE
+                    SET seen_at = now(), stopping = EXCLUDED.stopping, stopped_at = NULL,
+                        buffered_messages = EXCLUDED.buffered_messages, buffer_healthy = EXCLUDED.buffer_healthy
+             )
+             INSERT INTO queen.traffic_samples (sampled_at, broker_id, pushed, delivered, acked, failed, dead_lettered)
+             SELECT now(), $1, $7, $8, $9, $10, $11 WHERE $12",
+            &[
+                &beat.broker_id,
+                &beat.version,
+                &beat.started_at,
+                &beat.stopping,
+                &beat.buffered_messages,
+                &beat.buffer_healthy,
+                &t.pushed,
+                &t.delivered,
+                &t.acked,
+                &t.failed,
+                &t.dead_lettered,
+                &!t.is_empty(),
+            ],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Marks the broker stopped: it shut down gracefully.
+pub async fn leave(client: &impl GenericClient, broker_id: &str) -> Result<(), StoreError> {
+    client
+        .execute(
+            "UPDATE queen.brokers SET stopping = true, stopped_at = now(), seen_at = now() WHERE id = $1",
+            &[&broker_id],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Samples the fleet's consumer lag, unless another broker did within the last `interval_seconds`
+/// or is doing it now, and prunes what is older than a day. Whether this call sampled.
+pub async fn sample_lag(client: &mut deadpool_postgres::Client, interval_seconds: f64) -> Result<bool, StoreError> {
+    let tx = client.transaction().await?;
+    // A little under the interval, so that brokers whose timers drift do not skip a turn.
+    let due: bool = tx
+        .query_one(
+            "SELECT pg_try_advisory_xact_lock($1)
+                AND NOT EXISTS (SELECT 1 FROM queen.lag_samples
+                                 WHERE sampled_at > now() - make_interval(secs => $2::float8 * 0.9))",
+            &[&LAG_SAMPLER_LOCK_KEY, &interval_seconds],
+        )
+        .await?
+        .get(0);
+    if !due {
+        return Ok(false);
+    }
+    let sample = format!(
+        "INSERT INTO queen.lag_samples (sampled_at, lag_messages, lag_seconds)
+         SELECT now(), COALESCE(sum({LAG_MESSAGES}), 0)::bigint, COALESCE(max({LAG_SECONDS}), 0)
+           FROM {CURSORS_WITH_OLDEST_UNREAD}"
+    );
+    tx.execute(&sample, &[]).await?;
+    tx.batch_execute(
+        "DELETE FROM queen.lag_samples WHERE sampled_at < now() - interval '1 day';
+         DELETE FROM queen.traffic_samples WHERE sampled_at < now() - interval '1 day';
+         DELETE FROM queen.brokers WHERE seen_at < now() - interval '1 day';",
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// A broker as the fleet last heard of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerSeen {
+    pub id: String,
+    pub version: String,
+    pub started_at: DateTime<Utc>,
+    pub seen_at: DateTime<Utc>,
+    pub state: BrokerState,
+    pub buffered_messages: i64,
+    pub buffer_healthy: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BrokerState {
+    /// Beating.
+    Live,
+    /// Draining for a graceful shutdown.
+    Stopping,
+    /// Shut down gracefully.
+    Stopped,
+    /// Not heard of for a few heartbeats, without having stopped: crashed, or cut off.
+    Missing,
+}
+
+impl BrokerState {
+    pub fn name(self) -> &'static str {
+        match self {
+            BrokerState::Live => "live",
+            BrokerState::Stopping => "stopping",
+            BrokerState::Stopped => "stopped",
+            BrokerState::Missing => "missing",
+        }
+    }
+}
+
+/// The brokers heard of within the last `within_seconds`, oldest first; a broker that missed a few
+/// heartbeats of `interval_seconds` is missing.
+pub async fn brokers(
+    client: &impl GenericClient,
+    interval_seconds: f64,
+    within_seconds: f64,
+) -> Result<Vec<BrokerSeen>, StoreError> {
+    let rows = client
+        .query(
+            "SELECT id, version, started_at, seen_at,
+                    CASE WHEN stopped_at IS NOT NULL THEN 'stopped'
+                         WHEN seen_at < now() - make_interval(secs => $1::float8 * $2::float8) THEN 'missing'
+                         WHEN stopping THEN 'stopping'
+                         ELSE 'live' END,
+                    buffered_messages, buffer_healthy
+               FROM queen.brokers
+              WHERE seen_at > now() - make_interval(secs => $3)
+              ORDER BY started_at, id",
+            &[&interval_seconds, &MISSED_BEATS, &within_seconds],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|row| BrokerSeen {
+            id: row.get(0),
+            version: row.get(1),
+            started_at: row.get(2),
+            seen_at: row.get(3),
+            state: match row.get::<_, &str>(4) {
+                "stopped" => BrokerState::Stopped,
+                "missing" => BrokerState::Missing,
+                "stopping" => BrokerState::Stopping,
+                _ => BrokerState::Live,
+            },
+            buffered_messages: row.get(5),
+            buffer_healthy: row.get(6),
+        })
+        .collect())
+}
+
+/// The fleet's recent past in intervals of `interval_seconds` aligned to the Unix epoch: the
+/// traffic summed over brokers, and the lag samples (the latest of each interval).
+#[derive(Debug, Clone, PartialEq)]
+pub struct History {
+    /// The database's clock when read: the history ends in the interval holding it.
+    pub now: DateTime<Utc>,
+    pub traffic: Vec<(DateTime<Utc>, Traffic)>,
+    /// Interval start, messages behind, age of the oldest unread message in seconds.
+    pub lag: Vec<(DateTime<Utc>, i64, f64)>,
+}
+
+/// The last `span_seconds` of history, oldest interval first; intervals without a sample are
+/// absent.
+pub async fn history(
+    client: &impl GenericClient,
+    interval_seconds: f64,
+    span_seconds: f64,
+) -> Result<History, StoreError> {
+    let now: DateTime<Utc> = client.query_one("SELECT now()", &[]).await?.get(0);
+    let traffic = client
+        .query(
+            "SELECT date_bin(make_interval(secs => $1), sampled_at, 'epoch'::timestamptz) AS at,
+                    sum(pushed)::bigint, sum(delivered)::bigint, sum(acked)::bigint, sum(failed)::bigint,
+                    sum(dead_lettered)::bigint
+               FROM queen.traffic_samples
+              WHERE sampled_at >= $3::timestamptz - make_interval(secs => $2)
+              GROUP BY 1 ORDER BY 1",
+            &[&interval_seconds, &span_seconds, &now],
+        )
+        .await?
+        .iter()
+        .map(|row| {
+            let traffic = Traffic {
+                pushed: row.get(1),
+                delivered: row.get(2),
+                acked: row.get(3),
+                failed: row.get(4),
+                dead_lettered: row.get(5),
+            };
+            (row.get(0), traffic)
+        })
+        .collect();
+    let lag = client
+        .query(
+            "SELECT DISTINCT ON (1) date_bin(make_interval(secs => $1), sampled_at, 'epoch'::timestamptz),
+                    lag_messages, lag_seconds
+               FROM queen.lag_samples
+              WHERE sampled_at >= $3::timestamptz - make_interval(secs => $2)
+              ORDER BY 1, sampled_at DESC",
+            &[&interval_seconds, &span_seconds, &now],
+        )
+        .await?
+        .iter()
+        .map(|row| (row.get(0), row.get(1), row.get(2)))
+        .collect();
+    Ok(History { now, traffic, lag })
+}
