@@ -2,6 +2,7 @@
 # Checks formatting and lints, then runs every test of the project, setting up what they need on
 # a fresh machine:
 #   - PostgreSQL server binaries (installed with apt-get only when missing);
+#   - Chromium and chromedriver for the dashboard's browser tests (likewise);
 #   - a Python virtual environment with the official client (tests/compat/requirements.txt);
 #   - the shared PostgreSQL test cluster, which the test harness starts under target/ and this
 #     script stops when the tests end.
@@ -23,6 +24,17 @@ if ! have_pg_binaries; then
     echo "== installing PostgreSQL server binaries"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+fi
+
+# Chromium and its WebDriver, for the dashboard's browser tests (tests/dashboard).
+if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "Chromium or chromedriver is missing; install them (apt-get install chromium chromium-driver) and rerun." >&2
+        exit 1
+    fi
+    echo "== installing Chromium and chromedriver"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
 fi
 
 # promtool, to check the Prometheus output: taken out of Debian's prometheus package without

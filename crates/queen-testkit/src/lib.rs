@@ -10,6 +10,7 @@
 
 mod json_server;
 mod process;
+pub mod pytest;
 pub mod tls_cluster;
 
 use std::path::{Path, PathBuf};

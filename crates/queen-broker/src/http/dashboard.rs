@@ -32,6 +32,17 @@ assets! {
     "index.html" => "text/html; charset=utf-8",
     "app.css" => "text/css; charset=utf-8",
     "app.js" => "text/javascript; charset=utf-8",
+    "dom.js" => "text/javascript; charset=utf-8",
+    "api.js" => "text/javascript; charset=utf-8",
+    "ui.js" => "text/javascript; charset=utf-8",
+    "charts.js" => "text/javascript; charset=utf-8",
+    "actions.js" => "text/javascript; charset=utf-8",
+    "overview.js" => "text/javascript; charset=utf-8",
+    "queue.js" => "text/javascript; charset=utf-8",
+    "groups.js" => "text/javascript; charset=utf-8",
+    "dlq.js" => "text/javascript; charset=utf-8",
+    "message.js" => "text/javascript; charset=utf-8",
+    "icon.svg" => "image/svg+xml",
 }
 
 /// The page is served for `/dashboard` and `/dashboard/`; everything it loads comes from
