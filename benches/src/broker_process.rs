@@ -9,8 +9,6 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
-use crate::client::QueenClient;
-
 /// How long a broker may take to answer `/ready`.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a broker may take to exit after SIGTERM before it is killed.
@@ -82,7 +80,7 @@ impl BrokerProcess {
     }
 
     async fn wait_ready(&mut self) -> Result<(), BrokerError> {
-        let client = QueenClient::new(&self.url, None).map_err(|e| BrokerError::NotReady {
+        let client = crate::workload::connect(&self.url, None).map_err(|e| BrokerError::NotReady {
             last_error: e.to_string(),
             log: self.log.clone(),
             tail: String::new(),
@@ -93,7 +91,7 @@ impl BrokerProcess {
                 return Err(BrokerError::Exited { status, log: self.log.clone(), tail: log_tail(&self.log) });
             }
             let last_error = match client.ready().await {
-                Ok(()) => return Ok(()),
+                Ok(_) => return Ok(()),
                 Err(e) => e.to_string(),
             };
             if started.elapsed() > START_TIMEOUT {

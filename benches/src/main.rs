@@ -8,7 +8,6 @@
 mod broker_process;
 mod ceiling;
 mod cli;
-mod client;
 mod environment;
 mod generator;
 mod ledger;
@@ -26,7 +25,6 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use crate::cli::{CeilingArgs, Cli, Command, RunArgs};
-use crate::client::QueenClient;
 use crate::environment::Environment;
 use crate::procfs::Watched;
 use crate::report::Report;
@@ -88,7 +86,7 @@ fn finish(report: &Report, out: &Path) -> ExitCode {
 }
 
 async fn run_one(args: RunArgs) -> Result<Report, Box<dyn Error>> {
-    let client = QueenClient::new(&args.url, args.token.as_deref())?;
+    let client = workload::connect(&args.url, args.token.as_deref())?;
     client.ready().await.map_err(|e| format!("the broker at {} is not ready: {e}", args.url))?;
     let environment = Environment::collect(args.url.clone(), suite::load_flags(&args.load));
     let watched = Watched { broker: args.broker_pid, postgres: args.postgres_pid };

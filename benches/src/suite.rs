@@ -7,7 +7,6 @@ use queen_store::embedded::{EmbeddedOptions, EmbeddedPostgres};
 
 use crate::broker_process::{BrokerError, BrokerProcess};
 use crate::cli::{LoadArgs, SuiteArgs};
-use crate::client::QueenClient;
 use crate::environment::{Environment, fdatasync_probe};
 use crate::procfs::Watched;
 use crate::report::Report;
@@ -124,7 +123,7 @@ impl Suite<'_> {
             Ok(broker) => broker,
             Err(e) => return ScenarioReport::failed(scenario, e.to_string()),
         };
-        let client = match QueenClient::new(broker.url(), None) {
+        let client = match crate::workload::connect(broker.url(), None) {
             Ok(client) => client,
             Err(e) => return ScenarioReport::failed(scenario, e.to_string()),
         };

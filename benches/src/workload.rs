@@ -9,12 +9,12 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use queen_client::{AckStatus, Client, Message, Pop, PushItem, PushStatus, RetryPolicy, SubscriptionMode};
 use serde::Serialize;
 use serde_json::value::RawValue;
 use tokio::task::JoinSet;
 
-use crate::client::{PopQuery, PoppedMessage, PushItem, QueenClient};
-use crate::generator::MessageGenerator;
+use crate::generator::{MessageGenerator, PayloadStamp};
 use crate::ledger::{Ledger, PushOutcome};
 use crate::procfs::{CpuReading, CpuUsage, Watched};
 use crate::stats::LatencyRecorder;
@@ -88,10 +88,23 @@ impl ErrorLog {
     }
 }
 
+/// A client of the broker at `url` as the load generator uses it: with the wire contract's
+/// timeouts and without retries of its own, so that every failed call is seen and counted, and a
+/// push that is sent again cannot answer `duplicate` for a fresh transaction id.
+pub fn connect(url: &str, token: Option<&str>) -> Result<Client, queen_client::Error> {
+    let builder = Client::builder().url(url).retry_policy(RetryPolicy::no_retries());
+    match token {
+        Some(token) => builder.token(token).build(),
+        None => builder.build(),
+    }
+}
+
 /// One queue under load: what was pushed to it and delivered from it.
 #[derive(Debug)]
 pub struct Stream {
     pub queue: String,
+    /// The queue's name as every pushed item shares it.
+    queue_name: Arc<str>,
     /// `None` is queue mode.
     groups: Vec<Option<String>>,
     pub ledger: Ledger,
@@ -110,6 +123,7 @@ impl Stream {
     pub fn new(queue: String, generator: MessageGenerator, groups: Vec<Option<String>>, measure_latency: bool) -> Self {
         let names = groups.iter().map(|g| g.clone().unwrap_or_else(|| QUEUE_MODE.to_owned())).collect();
         Self {
+            queue_name: queue.as_str().into(),
             queue,
             groups,
             ledger: Ledger::new(generator, names),
@@ -157,7 +171,7 @@ pub enum Until {
 }
 
 /// Pushes batches of `batch` messages back to back until `until`.
-pub async fn produce(stream: Arc<Stream>, client: QueenClient, batch: usize, partitioning: Partitioning, until: Until) {
+pub async fn produce(stream: Arc<Stream>, client: Client, batch: usize, partitioning: Partitioning, until: Until) {
     loop {
         let limit = match until {
             Until::Deadline(deadline) if Instant::now() >= deadline => return,
@@ -173,7 +187,7 @@ pub async fn produce(stream: Arc<Stream>, client: QueenClient, batch: usize, par
 
 /// Pushes single messages at `per_second` until the deadline, each on its own task so a slow
 /// request does not delay the next one.
-pub async fn produce_paced(stream: Arc<Stream>, client: QueenClient, per_second: u32, deadline: Instant) {
+pub async fn produce_paced(stream: Arc<Stream>, client: Client, per_second: u32, deadline: Instant) {
     let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(per_second.max(1))));
     let mut requests = JoinSet::new();
     while Instant::now() < deadline {
@@ -188,27 +202,29 @@ pub async fn produce_paced(stream: Arc<Stream>, client: QueenClient, per_second:
 }
 
 /// One push request; whether it succeeded.
-async fn push_once(stream: &Stream, client: &QueenClient, seqs: Range<u64>, partitioning: Partitioning) -> bool {
+async fn push_once(stream: &Stream, client: &Client, seqs: Range<u64>, partitioning: Partitioning) -> bool {
     let generator = stream.ledger.generator();
-    let request_partition = match partitioning {
-        Partitioning::PerRequest(count) => Some(stream.next_request.fetch_add(1, Ordering::Relaxed) % count as u64),
+    // A request to one partition names it once, and its items share the name.
+    let request_partition: Option<Arc<str>> = match partitioning {
+        Partitioning::PerRequest(count) => {
+            Some(format!("p{}", stream.next_request.fetch_add(1, Ordering::Relaxed) % count as u64).into())
+        }
         Partitioning::PerMessage(_) => None,
     };
     let sent_us = generator.now_us();
-    let items: Vec<PushItem<'_>> = seqs
+    let items: Vec<PushItem> = seqs
         .clone()
         .map(|seq| {
-            let partition = match partitioning {
-                Partitioning::PerRequest(_) => request_partition.unwrap_or(0),
-                Partitioning::PerMessage(count) => seq % count as u64,
+            let partition: Arc<str> = match (&request_partition, partitioning) {
+                (Some(name), _) => Arc::clone(name),
+                (None, Partitioning::PerMessage(count)) => format!("p{}", seq % count as u64).into(),
+                (None, Partitioning::PerRequest(_)) => "p0".into(),
             };
-            PushItem {
-                queue: &stream.queue,
-                partition: format!("p{partition}"),
-                transaction_id: generator.transaction_id(seq),
-                payload: RawValue::from_string(generator.payload(seq, sent_us))
-                    .expect("the generator writes valid JSON"),
-            }
+            // The payload is JSON text already: pushed as it is, not encoded again.
+            let payload =
+                RawValue::from_string(generator.payload(seq, sent_us)).expect("the generator writes valid JSON");
+            PushItem::identified(Arc::clone(&stream.queue_name), generator.transaction_id(seq), payload)
+                .with_partition(partition)
         })
         .collect();
     match client.push(&items).await {
@@ -216,19 +232,19 @@ async fn push_once(stream: &Stream, client: &QueenClient, seqs: Range<u64>, part
             let outcomes: Vec<(u64, PushOutcome)> = seqs
                 .zip(&results)
                 .map(|(seq, result)| {
-                    let outcome = match result.status.as_str() {
-                        "queued" => PushOutcome::Queued,
-                        "duplicate" => PushOutcome::Duplicate,
+                    let outcome = match result.status {
+                        PushStatus::Queued => PushOutcome::Queued,
+                        PushStatus::Duplicate => PushOutcome::Duplicate,
                         _ => PushOutcome::Failed,
                     };
                     (seq, outcome)
                 })
                 .collect();
             let queued = outcomes.iter().filter(|(_, o)| *o == PushOutcome::Queued).count() as u64;
-            let refused: Vec<&str> = results
+            let refused: Vec<PushStatus> = results
                 .iter()
-                .filter(|r| !matches!(r.status.as_str(), "queued" | "duplicate"))
-                .map(|r| r.status.as_str())
+                .map(|r| r.status)
+                .filter(|status| !matches!(status, PushStatus::Queued | PushStatus::Duplicate))
                 .collect();
             if let Some(status) = refused.first() {
                 let message = format!("push: {} items answered {status:?}", refused.len());
@@ -263,7 +279,7 @@ pub struct PopTrace {
 }
 
 impl PopTrace {
-    fn record(&self, messages: &[PoppedMessage]) {
+    fn record(&self, messages: &[Message]) {
         let index = self.pops.fetch_add(1, Ordering::Relaxed);
         let mut first = self.first_served.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         for message in messages {
@@ -290,7 +306,7 @@ pub struct Consumers {
 impl Consumers {
     pub fn start(
         stream: &Arc<Stream>,
-        client: &QueenClient,
+        client: &Client,
         per_group: usize,
         plan: PopPlan,
         trace: Option<Arc<PopTrace>>,
@@ -322,7 +338,7 @@ impl Consumers {
 
 struct Consumer {
     stream: Arc<Stream>,
-    client: QueenClient,
+    client: Client,
     group: usize,
     plan: PopPlan,
     trace: Option<Arc<PopTrace>>,
@@ -332,17 +348,18 @@ struct Consumer {
 impl Consumer {
     async fn run(self) {
         let stream = &self.stream;
-        let group = stream.groups[self.group].as_deref();
-        let query = PopQuery {
-            queue: &stream.queue,
-            group,
-            batch: self.plan.batch,
-            partitions: self.plan.partitions,
-            wait: self.plan.wait,
-        };
+        let mut pop = Pop::queue(stream.queue.as_str())
+            .batch(u32::try_from(self.plan.batch).unwrap_or(u32::MAX))
+            .partitions(u32::try_from(self.plan.partitions).unwrap_or(u32::MAX));
+        if let Some(wait) = self.plan.wait {
+            pop = pop.wait(wait);
+        }
+        if let Some(group) = &stream.groups[self.group] {
+            pop = pop.group(group.as_str()).subscription_mode(SubscriptionMode::All);
+        }
         while !self.stop.load(Ordering::Relaxed) {
-            let messages = match self.client.pop(&query).await {
-                Ok(messages) => messages,
+            let messages = match self.client.pop(&pop).await {
+                Ok(delivery) => delivery.messages,
                 Err(error) => {
                     stream.errors.note(&stream.errors.pop, 1, format!("pop: {error}"));
                     tokio::time::sleep(ERROR_BACKOFF).await;
@@ -360,23 +377,29 @@ impl Consumer {
             }
             if let Some(latency) = &stream.latency {
                 let generator = stream.ledger.generator();
-                latency.record_all(messages.iter().filter_map(|m| m.stamp()).map(|s| generator.latency_us(s)));
+                let stamps = messages.iter().filter_map(|m| m.json::<PayloadStamp>().ok());
+                latency.record_all(stamps.map(|s| generator.latency_us(s)));
             }
             stream.ledger.record_deliveries(self.group, messages.iter().map(|m| m.transaction_id.as_str()));
             stream.delivered.fetch_add(messages.len() as u64, Ordering::Relaxed);
-            self.ack(group, &messages).await;
+            self.ack(&messages).await;
         }
     }
 
-    /// Acks the delivery, trying again on a failed call: acks are idempotent, and an ack that
-    /// never lands leaves the messages leased until their lease expires.
-    async fn ack(&self, group: Option<&str>, messages: &[PoppedMessage]) {
+    /// Acks the delivery in one batch, trying again on a failed call: acks are idempotent, and
+    /// an ack that never lands leaves the messages leased until their lease expires.
+    async fn ack(&self, messages: &[Message]) {
         let errors = &self.stream.errors;
         for attempt in 1..=ACK_ATTEMPTS {
-            match self.client.ack(group, messages).await {
-                Ok(refusals) => {
-                    if let Some(error) = refusals.first_error {
-                        errors.note(&errors.ack_refused, refusals.count as u64, format!("ack refused: {error}"));
+            match self.client.ack_messages(messages, AckStatus::Completed).await {
+                Ok(results) => {
+                    let refused: Vec<&str> = results
+                        .iter()
+                        .filter(|r| !r.success)
+                        .map(|r| r.error.as_deref().unwrap_or("refused"))
+                        .collect();
+                    if let Some(error) = refused.first() {
+                        errors.note(&errors.ack_refused, refused.len() as u64, format!("ack refused: {error}"));
                     }
                     return;
                 }

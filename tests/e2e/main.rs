@@ -1,5 +1,6 @@
 //! End-to-end tests: real `queen` processes, as an operator runs them.
 
+mod client;
 mod fleet;
 mod maintenance;
 mod overload;

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::cli::LoadArgs;
-use crate::client::QueenClient;
 use crate::generator::MessageGenerator;
 use crate::ledger::Verification;
 use crate::procfs::Watched;
@@ -183,7 +182,7 @@ struct Outcome {
 
 /// What every scenario runs with.
 pub struct Harness {
-    pub client: QueenClient,
+    pub client: queen_client::Client,
     pub load: LoadArgs,
     pub watched: Watched,
     /// Makes queue names unique, so runs against a long-lived broker do not meet old data.
@@ -193,7 +192,7 @@ pub struct Harness {
 }
 
 impl Harness {
-    pub fn new(client: QueenClient, load: LoadArgs, watched: Watched) -> Self {
+    pub fn new(client: queen_client::Client, load: LoadArgs, watched: Watched) -> Self {
         let run_id = format!("{:x}", chrono::Utc::now().timestamp_millis());
         Self { client, load, watched, run_id, epoch: Instant::now() }
     }

@@ -110,7 +110,8 @@ async fn measure(harness: &Harness, stream: &Arc<Stream>, partitions: usize) -> 
 /// meanwhile (`None` when the broker does not export the metric).
 async fn candidate_phase(harness: &Harness, stream: &Arc<Stream>) -> Result<Option<CandidatePlans>, String> {
     let read_plans = || async {
-        let text = harness.client.metrics().await.map_err(|e| format!("reading the broker's metrics: {e}"))?;
+        let text =
+            harness.client.metrics_prometheus().await.map_err(|e| format!("reading the broker's metrics: {e}"))?;
         Ok::<_, String>(parse_candidate_plans(&text))
     };
     let consumers = start_consumers(harness, stream);

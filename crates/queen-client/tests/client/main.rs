@@ -1,0 +1,13 @@
+//! The client against real brokers: each test starts a broker in-process on a database of its own
+//! and speaks to it through `queen_client` only.
+
+mod acks;
+mod admin;
+mod consume;
+mod failover;
+mod groups;
+mod helpers;
+mod leases;
+mod push_pop;
+mod tls;
+mod transactions;
