@@ -6,6 +6,7 @@ pub mod backoff;
 pub mod broker;
 pub mod cli;
 pub mod config;
+pub mod connection;
 pub mod database;
 pub mod error;
 pub mod http;

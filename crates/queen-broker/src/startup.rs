@@ -100,6 +100,8 @@ impl Application {
                 .wrap(from_fn(http::request_id::assign))
                 .configure(http::routes)
         })
+        // A parked long poll looks at its connection to tell whether its client is still there.
+        .on_connect(crate::connection::remember)
         .workers(workers)
         // The HTTP server counts connections per worker.
         .max_connections(max_connections.div_ceil(workers))

@@ -20,6 +20,7 @@ use uuid::Uuid;
 use super::Broker;
 use super::BrokerError;
 use crate::actors::coordinator::{Checked, PopPlan, ScanDone};
+use crate::connection::ClientConnection;
 use crate::metrics::GaugeHeld;
 use crate::pressure::{ClientHeld, Held, Refused};
 
@@ -51,6 +52,9 @@ pub struct PopRequest {
     /// The client's address, whose parked long polls are bounded by `limits.long_polls_per_client`
     /// (not counted when unknown).
     pub client: Option<IpAddr>,
+    /// The connection the pop came on: a long poll whose client closed it ends, claiming nothing
+    /// (unknown over HTTPS).
+    pub connection: Option<ClientConnection>,
 }
 
 /// One message handed to a consumer.
@@ -121,7 +125,8 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
         super::groups::register_on_first_pop(broker, &[queue], &request.group, request.seed).await?;
     }
     loop {
-        if broker.is_shutting_down() {
+        // Nobody would receive what a pop whose client left claimed: it would stay leased.
+        if broker.is_shutting_down() || request.connection.is_some_and(ClientConnection::is_closed) {
             return Ok(Delivery::default());
         }
         if held_by_pop_maintenance(broker, request, deadline, &mut parked).await? {
@@ -186,11 +191,17 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
             return Ok(Delivery::default());
         }
         // Woken (by any of the queues), or the time came: either way, look again (or give up past
-        // the deadline).
-        if woken.is_empty() {
-            tokio::time::sleep_until(wake_at.into()).await;
-        } else {
-            let _ = tokio::time::timeout_at(wake_at.into(), futures::future::select_all(woken)).await;
+        // the deadline). A client that leaves meanwhile gives its places back at once.
+        let woken_or_due = async {
+            if woken.is_empty() {
+                tokio::time::sleep_until(wake_at.into()).await;
+            } else {
+                let _ = tokio::time::timeout_at(wake_at.into(), futures::future::select_all(woken)).await;
+            }
+        };
+        tokio::select! {
+            () = woken_or_due => {}
+            () = ClientConnection::closed(request.connection) => return Ok(Delivery::default()),
         }
     }
 }

@@ -15,6 +15,7 @@ use super::body::{path_name, query_bool, query_int, query_pairs};
 use super::{StoredMessageJson, timestamp};
 use crate::broker::Broker;
 use crate::broker::pop::{Delivery, PopRequest, PopSource, pop};
+use crate::connection::ClientConnection;
 use crate::error::ApiError;
 use crate::names::{self, NameKind, QUEUE_MODE_GROUP};
 
@@ -53,7 +54,8 @@ fn queue_of(req: &HttpRequest) -> Result<String, ApiError> {
 async fn handle(broker: web::Data<Broker>, req: HttpRequest, source: PopSource) -> Result<HttpResponse, ApiError> {
     let query = query_pairs(req.query_string())?;
     let client = client_address(&req, broker.config.limits.trust_forwarded_for);
-    let (request, autopilot) = parse_query(&broker, source, &query, client)?;
+    let (mut request, autopilot) = parse_query(&broker, source, &query, client)?;
+    request.connection = req.conn_data::<ClientConnection>().copied();
     let started = std::time::Instant::now();
     let delivery = pop(&broker, &request).await?;
     let wait = if request.wait { "true" } else { "false" };
@@ -106,6 +108,7 @@ fn parse_query(
         lease_seconds,
         seed,
         client,
+        connection: None,
     };
     Ok((request, autopilot && (batch.is_none() || partitions.is_none())))
 }

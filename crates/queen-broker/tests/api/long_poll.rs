@@ -91,3 +91,36 @@ async fn waiting_pops_hold_no_database_connection() {
     assert!(elapsed < Duration::from_secs(1), "push and pop took {elapsed:?} beside parked pops");
     assert!(answers.iter().all(|a| a.status == StatusCode::OK), "every waiter was woken by its push");
 }
+
+/// Sends a long poll on a raw connection, waits until it parks, then closes the connection the
+/// way a client that gives up does.
+async fn abandon_a_long_poll(app: &TestApp, queue: &str) {
+    use tokio::io::AsyncWriteExt;
+    let address = app.base.trim_start_matches("http://");
+    let mut socket = tokio::net::TcpStream::connect(address).await.expect("a connection");
+    let request =
+        format!("GET /api/v1/pop/queue/{queue}?batch=1&wait=true&timeout=30000 HTTP/1.1\r\nHost: {address}\r\n\r\n");
+    socket.write_all(request.as_bytes()).await.expect("the request");
+    until_parked(app, 1).await;
+    drop(socket);
+}
+
+#[actix_web::test]
+async fn a_long_poll_whose_client_left_claims_nothing_and_gives_its_place_back() {
+    let app = TestApp::spawn().await;
+    abandon_a_long_poll(&app, "left").await;
+    // Pushed at once, before the parked pop's periodic look at its connection: it is woken, and
+    // must find its client gone rather than lease the message to nobody.
+    app.push_one("left", "p", "for-whoever-is-there", json!(1)).await;
+    let popped = app.pop("queue/left", "batch=1&wait=true&timeout=5000").await;
+    assert_eq!(popped.transaction_ids(), vec!["for-whoever-is-there"], "delivered to a consumer that is there");
+    assert_eq!(popped.messages()[0]["deliveryAttempt"], 1, "never delivered to the client that left");
+
+    // Left without anything to wake it, a poll gives its place back within its next look.
+    abandon_a_long_poll(&app, "idle").await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while app.metric("queen_long_poll_waiters").await > 0.0 {
+        assert!(Instant::now() < deadline, "the abandoned poll is still parked");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
