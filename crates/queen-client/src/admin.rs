@@ -168,7 +168,7 @@ struct ConfigureBody<'a> {
 
 /// A queue's options with their effective values (defaults included), as the broker echoes
 /// them. Durations are in seconds except `retry_delay` (milliseconds).
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 #[non_exhaustive]
 pub struct QueueOptions {
@@ -210,7 +210,7 @@ pub struct QueueOptions {
 }
 
 /// The answer to a configure.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct Configured {
@@ -234,7 +234,7 @@ pub struct Configured {
 }
 
 /// A queue: its options and size.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct QueueInfo {
@@ -257,7 +257,7 @@ pub struct QueueInfo {
 }
 
 /// The answer to a queue deletion.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct QueueDeleted {
     /// Always `true` on success.
@@ -328,7 +328,7 @@ impl ListQuery {
 }
 
 /// Messages pushed and stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct MessageCounts {
     /// Ever pushed.
@@ -340,7 +340,7 @@ pub struct MessageCounts {
 }
 
 /// `/api/v1/resources/overview`: the data at a glance.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 #[non_exhaustive]
 pub struct Overview {
@@ -362,7 +362,7 @@ pub struct Overview {
 }
 
 /// A queue in a listing.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 #[non_exhaustive]
 pub struct QueueSummary {
@@ -390,7 +390,7 @@ pub struct QueueSummary {
 }
 
 /// A page of queues.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default)]
 #[non_exhaustive]
 pub struct QueuePage {
@@ -406,7 +406,7 @@ pub struct QueuePage {
 }
 
 /// A partition in a listing.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 #[non_exhaustive]
 pub struct PartitionSummary {
@@ -432,7 +432,7 @@ pub struct PartitionSummary {
 }
 
 /// A page of partitions, the most recently pushed first.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default)]
 #[non_exhaustive]
 pub struct PartitionPage {
@@ -448,7 +448,7 @@ pub struct PartitionPage {
 }
 
 /// `/api/v1/status`: the broker that answers and the data at a glance.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 #[non_exhaustive]
 pub struct BrokerStatus {
@@ -478,7 +478,7 @@ pub struct BrokerStatus {
 }
 
 /// A group's lag on a queue, in a queue's status.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 #[non_exhaustive]
 pub struct QueueGroupLag {
@@ -498,7 +498,7 @@ pub struct QueueGroupLag {
 }
 
 /// A queue with its groups' lag.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 #[non_exhaustive]
 pub struct QueueStatus {
@@ -528,7 +528,7 @@ pub struct QueueStatus {
 }
 
 /// A page of queue statuses.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default)]
 #[non_exhaustive]
 pub struct QueueStatusPage {
@@ -544,7 +544,7 @@ pub struct QueueStatusPage {
 }
 
 /// `/api/v1/status/queues/{queue}`: one queue, its partitions and its groups.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default)]
 #[non_exhaustive]
 pub struct QueueStatusDetail {
@@ -559,7 +559,7 @@ pub struct QueueStatusDetail {
 
 /// `/api/v1/status/analytics`: the answering broker's traffic since it started, the data's
 /// totals, and what maintenance removed in the last day.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 #[non_exhaustive]
 pub struct Analytics {
@@ -575,7 +575,7 @@ pub struct Analytics {
 }
 
 /// One broker's traffic since it started.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 #[non_exhaustive]
 pub struct BrokerTraffic {
@@ -601,7 +601,7 @@ pub struct BrokerTraffic {
 }
 
 /// What maintenance passes removed.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 #[non_exhaustive]
 pub struct MaintenanceSummary {
@@ -621,7 +621,7 @@ pub struct MaintenanceSummary {
 }
 
 /// Both maintenance switches (shared by the fleet) and the answering broker's push journal.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct MaintenanceStatus {
@@ -642,8 +642,162 @@ struct Switch {
     enabled: bool,
 }
 
+/// `/api/v1/status/brokers`: the brokers of the fleet heard of in the last hour (each broker
+/// records a heartbeat in the database, so any broker lists them all) and the fleet's
+/// maintenance switches.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+#[non_exhaustive]
+pub struct Fleet {
+    /// How often each broker beats (its `stats.sample_interval_seconds`); a broker not heard of
+    /// for a few beats is [`BrokerState::Missing`].
+    pub heartbeat_seconds: u64,
+    /// The fleet's maintenance switches.
+    pub maintenance: MaintenanceSwitches,
+    /// The brokers, the earliest started first.
+    pub brokers: Vec<FleetBroker>,
+    /// Members this client does not know.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// The fleet's two maintenance switches, as [`Client::brokers`] shows them.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+#[non_exhaustive]
+pub struct MaintenanceSwitches {
+    /// Push maintenance: pushes are journaled (`buffered`).
+    pub push: bool,
+    /// Pop maintenance: pops deliver nothing (`paused`).
+    pub pop: bool,
+    /// Members this client does not know.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// One broker of the fleet, as its last heartbeat says.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct FleetBroker {
+    /// Its id (host, port and process).
+    pub id: String,
+    /// Its version.
+    pub version: String,
+    /// When it started.
+    pub started_at: DateTime<Utc>,
+    /// Its last heartbeat.
+    pub last_seen_at: DateTime<Utc>,
+    /// Whether it is live, draining, stopped or missing.
+    pub state: BrokerState,
+    /// Pushes in its journal (push maintenance), at its last heartbeat.
+    #[serde(default)]
+    pub buffered_messages: i64,
+    /// Whether its journal could be written, at its last heartbeat.
+    #[serde(default)]
+    pub buffer_healthy: bool,
+    /// Whether it is the broker that answered.
+    #[serde(default, rename = "self")]
+    pub is_self: bool,
+    /// Members this client does not know.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// What a broker of the fleet is doing, as far as its heartbeats tell.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum BrokerState {
+    /// Beating.
+    Live,
+    /// Draining for a graceful shutdown.
+    Stopping,
+    /// Shut down gracefully.
+    Stopped,
+    /// Not heard of for a few heartbeats without having stopped: crashed, or cut off from the
+    /// database.
+    Missing,
+    /// A state this client does not know, as the broker named it.
+    #[serde(untagged)]
+    Other(String),
+}
+
+impl BrokerState {
+    /// The state as the broker names it: `live`, `stopping`, `stopped`, `missing`...
+    pub fn as_str(&self) -> &str {
+        match self {
+            BrokerState::Live => "live",
+            BrokerState::Stopping => "stopping",
+            BrokerState::Stopped => "stopped",
+            BrokerState::Missing => "missing",
+            BrokerState::Other(name) => name,
+        }
+    }
+}
+
+impl std::fmt::Display for BrokerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `/api/v1/status/history`: the fleet's traffic and consumer lag over the last minutes, one
+/// point per sample interval.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+#[non_exhaustive]
+pub struct History {
+    /// The interval between points, seconds (the brokers' `stats.sample_interval_seconds`).
+    pub interval_seconds: u64,
+    /// The first point's time.
+    pub from: Option<DateTime<Utc>>,
+    /// The last point's time: the interval under way.
+    pub to: Option<DateTime<Utc>>,
+    /// Every interval, oldest first, those without traffic included.
+    pub points: Vec<HistoryPoint>,
+    /// Members this client does not know.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// One interval of the fleet's history: its traffic summed over the brokers, and the consumer
+/// lag when it was sampled in that interval.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct HistoryPoint {
+    /// The interval's start.
+    pub at: DateTime<Utc>,
+    /// Messages stored from pushes.
+    #[serde(default)]
+    pub pushed: i64,
+    /// Messages delivered.
+    #[serde(default)]
+    pub delivered: i64,
+    /// Messages acknowledged.
+    #[serde(default)]
+    pub acked: i64,
+    /// Failed acknowledgements.
+    #[serde(default)]
+    pub failed: i64,
+    /// Messages dead-lettered.
+    #[serde(default)]
+    pub dead_lettered: i64,
+    /// Unread messages over every consumer group's cursors; `None` when the lag was not
+    /// sampled in this interval.
+    #[serde(default)]
+    pub lag_messages: Option<i64>,
+    /// Age of the oldest unread message, seconds; `None` when not sampled.
+    #[serde(default)]
+    pub lag_seconds: Option<f64>,
+    /// Members this client does not know.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
 /// The answer of `/health` or `/ready`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct Health {
     /// `healthy` (`/health`) or `ready` (`/ready`).
@@ -655,7 +809,7 @@ pub struct Health {
 }
 
 /// `/metrics` as JSON: every metric family with its samples.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct Metrics {
     /// The families.
@@ -678,7 +832,7 @@ impl Metrics {
 }
 
 /// A metric family.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct MetricFamily {
     /// Its name, e.g. `queen_messages_pushed_total`.
@@ -693,23 +847,23 @@ pub struct MetricFamily {
 }
 
 /// One sample of a metric family.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct MetricSample {
     /// Its labels.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
     /// A counter's or gauge's value.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<f64>,
     /// A histogram's or summary's count.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub count: Option<u64>,
     /// A histogram's or summary's sum.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sum: Option<f64>,
     /// A histogram's cumulative buckets, by upper bound.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub buckets: Option<BTreeMap<String, u64>>,
 }
 
@@ -750,7 +904,7 @@ impl StoredMessage {
 }
 
 /// The newest messages of a queue.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct MessageListing {
     /// Newest first.
@@ -810,6 +964,32 @@ impl Client {
     /// One queue with its partitions and groups (`/api/v1/status/queues/{queue}`).
     pub async fn queue_status(&self, queue: &str) -> Result<QueueStatusDetail, Error> {
         self.call(Request::get(format!("/api/v1/status/queues/{}", seg(queue)))).await
+    }
+
+    /// The brokers of the fleet heard of in the last hour, with their state and journal, and
+    /// the fleet's maintenance switches (`/api/v1/status/brokers`). Any broker answers for the
+    /// whole fleet; [`FleetBroker::is_self`] marks the one that answered.
+    ///
+    /// ```no_run
+    /// # async fn example(client: queen_client::Client) -> Result<(), queen_client::Error> {
+    /// use queen_client::BrokerState;
+    ///
+    /// let fleet = client.brokers().await?;
+    /// for broker in fleet.brokers.iter().filter(|b| b.state == BrokerState::Missing) {
+    ///     eprintln!("{} last beat at {}", broker.id, broker.last_seen_at);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn brokers(&self) -> Result<Fleet, Error> {
+        self.call(Request::get("/api/v1/status/brokers".into())).await
+    }
+
+    /// The fleet's traffic and consumer lag over the last `minutes`, one point per sample
+    /// interval, oldest first (`/api/v1/status/history`). The broker keeps a day: `minutes` is
+    /// 1 to 1440 (the dashboard asks for 60), anything else is refused ([`Error::Status`] 400).
+    pub async fn history(&self, minutes: u32) -> Result<History, Error> {
+        self.call(Request::get("/api/v1/status/history".into()).query("minutes", minutes)).await
     }
 
     /// Traffic and maintenance figures (`/api/v1/status/analytics`).
@@ -892,6 +1072,67 @@ mod tests {
             "lastPushAt":null,"createdAt":"2026-07-29T14:00:00Z","options":{},"consumerGroups":[]},"partitions":[],"cursors":[{"group":"g"}]}"#;
         let detail: QueueStatusDetail = serde_json::from_str(detail).unwrap();
         assert_eq!(detail.queue.messages.stored, 3);
+        assert!(detail.extra.contains_key("cursors"));
+    }
+
+    /// Whether `a` and `b` have the same members at every depth (values may be written
+    /// differently: `...00.000000Z` and `...00Z` are one time).
+    fn same_members(a: &Value, b: &Value) -> bool {
+        match (a, b) {
+            (Value::Object(a), Value::Object(b)) => {
+                a.len() == b.len()
+                    && a.iter().all(|(key, value)| b.get(key).is_some_and(|other| same_members(value, other)))
+            }
+            (Value::Array(a), Value::Array(b)) => {
+                a.len() == b.len() && a.iter().zip(b).all(|(a, b)| same_members(a, b))
+            }
+            _ => true,
+        }
+    }
+
+    /// Decodes the broker's JSON, encodes it, decodes that again: the same answer, written with
+    /// the broker's member names.
+    fn round_trip<T>(broker: &str) -> T
+    where
+        T: DeserializeOwned + Serialize + PartialEq + std::fmt::Debug,
+    {
+        let answer: T = serde_json::from_str(broker).unwrap();
+        let written = serde_json::to_value(&answer).unwrap();
+        let original: Value = serde_json::from_str(broker).unwrap();
+        assert!(same_members(&written, &original), "{written:#} has the members of {original:#}");
+        let again: T = serde_json::from_value(written).unwrap();
+        assert_eq!(again, answer);
+        answer
+    }
+
+    #[test]
+    fn answers_are_written_as_the_broker_writes_them_and_read_back() {
+        let fleet: Fleet = round_trip(
+            r#"{"heartbeatSeconds":10,"maintenance":{"push":false,"pop":true},"brokers":[
+                {"id":"a:6632:1","version":"0.1.0","startedAt":"2026-07-29T14:00:00.000001Z","lastSeenAt":"2026-07-29T14:05:00.000000Z",
+                 "state":"live","bufferedMessages":0,"bufferHealthy":true,"self":true},
+                {"id":"b:6632:2","version":"0.2.0","startedAt":"2026-07-29T14:00:01.000000Z","lastSeenAt":"2026-07-29T14:01:00.000000Z",
+                 "state":"rebalancing","bufferedMessages":3,"bufferHealthy":false,"self":false,"zone":"eu-1"}]}"#,
+        );
+        assert!(fleet.maintenance.pop && fleet.brokers[0].is_self);
+        assert_eq!(fleet.brokers[0].state, BrokerState::Live);
+        assert_eq!(fleet.brokers[1].state.as_str(), "rebalancing", "a state this client does not know is kept");
+        assert_eq!(fleet.brokers[1].extra["zone"], "eu-1");
+
+        let history: History = round_trip(
+            r#"{"intervalSeconds":1,"from":"2026-07-29T14:00:00.000000Z","to":"2026-07-29T14:00:01.000000Z","points":[
+                {"at":"2026-07-29T14:00:00.000000Z","pushed":5,"delivered":4,"acked":3,"failed":1,"deadLettered":0,"lagMessages":null,"lagSeconds":null},
+                {"at":"2026-07-29T14:00:01.000000Z","pushed":0,"delivered":0,"acked":0,"failed":0,"deadLettered":0,"lagMessages":2,"lagSeconds":0.5}]}"#,
+        );
+        assert_eq!((history.points[0].lag_messages, history.points[1].lag_seconds), (None, Some(0.5)));
+
+        let detail: QueueStatusDetail = round_trip(
+            r#"{"queue":{"id":1,"name":"q","namespace":null,"task":null,"partitions":1,"messages":{"pushed":3,"stored":3},
+                "lastPushAt":null,"createdAt":"2026-07-29T14:00:00.000000Z","options":{"leaseTime":60},"consumerGroups":[
+                {"name":"g","partitions":1,"lagMessages":2,"lagSeconds":1.5,"activeLeases":0}]},
+                "partitions":[{"id":"7","queue":"q","name":"p","lastOffset":3,"retainedFrom":1,"messagesStored":3,
+                "createdAt":"2026-07-29T14:00:00.000000Z","lastPushAt":null}],"cursors":[{"group":"g"}]}"#,
+        );
         assert!(detail.extra.contains_key("cursors"));
     }
 

@@ -91,7 +91,7 @@ impl DeadLetterQuery {
 }
 
 /// A page of dead letters, newest first.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct DeadLetterPage {
     /// The dead letters.
@@ -157,7 +157,7 @@ impl DeadLetter {
 }
 
 /// The answer to re-queuing a message's dead letters.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct Requeued {

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 /// What a call of this crate can fail with.
@@ -14,14 +14,18 @@ use serde_json::{Map, Value};
 #[non_exhaustive]
 pub enum Error {
     /// No answer came: the connection could not be made or was reset, the request timed out, or
-    /// the answer's body could not be read. `url` is the broker's URL tried last.
-    #[error("{url}: {source}")]
+    /// the answer's body could not be read. `url` is the broker's URL tried last; a call that
+    /// failed over names the others it tried in `tried`.
+    #[error("{url}: {source}{}", also_tried(.tried))]
     Transport {
         /// The request's URL.
         url: String,
         /// What went wrong.
         #[source]
         source: reqwest::Error,
+        /// The request's URLs at the other brokers this call tried before `url`, in the order
+        /// first tried; empty when it tried no other.
+        tried: Vec<String>,
     },
     /// The broker answered with an error status (not one of the statuses below, which have
     /// variants of their own).
@@ -96,6 +100,11 @@ pub enum Error {
     /// The client could not be built (a bad URL, an unreadable CA certificate...).
     #[error("client configuration: {0}")]
     Config(String),
+}
+
+/// ` (also tried a, b)`, or nothing.
+fn also_tried(tried: &[String]) -> String {
+    if tried.is_empty() { String::new() } else { format!(" (also tried {})", tried.join(", ")) }
 }
 
 impl Error {
@@ -191,7 +200,7 @@ impl Error {
 
 /// The broker's JSON error body: `{"error": "...", "code": "...", "requestId": "..."}` and what
 /// a refusal says beyond that (`details`, e.g. `queue`, `depth` and `maxSize` of a full queue).
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct ErrorBody {

@@ -7,7 +7,7 @@ use crate::transport::{Request, seg};
 use crate::{Client, Error};
 
 /// A consumer group and its lag on each queue it reads.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct GroupSummary {
@@ -22,7 +22,7 @@ pub struct GroupSummary {
 }
 
 /// A group on one queue.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct GroupQueueLag {
@@ -50,7 +50,7 @@ pub struct GroupQueueLag {
 }
 
 /// A group, its lag per queue and its cursor on every partition.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct GroupDetail {
@@ -62,7 +62,7 @@ pub struct GroupDetail {
 }
 
 /// A group's cursor on one partition.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct PartitionLag {
@@ -97,7 +97,7 @@ pub struct PartitionLag {
 }
 
 /// A cursor lagging behind, with its group.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct LaggingCursor {
@@ -109,7 +109,7 @@ pub struct LaggingCursor {
 }
 
 /// The answer to a group deletion.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct GroupDeleted {
@@ -125,7 +125,7 @@ pub struct GroupDeleted {
 }
 
 /// The answer to a subscription update.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct SubscriptionUpdated {
@@ -160,7 +160,7 @@ struct SeekBody {
 }
 
 /// The answer to a seek.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct Seeked {
@@ -180,7 +180,7 @@ pub struct Seeked {
 }
 
 /// One partition's cursor after a seek.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct SeekedPartition {

@@ -13,7 +13,7 @@ use crate::transport::Request;
 use crate::{Client, Error};
 
 /// The answer to a lease extension.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct LeaseExtension {
@@ -151,8 +151,10 @@ async fn renew(
     state.send_replace(RenewalState::Stopped { renewals });
 }
 
-/// What a [`LeaseGuard`] has come to.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What a [`LeaseGuard`] has come to. Serialized with its name as `state`:
+/// `{"state": "renewing", "renewals": 2, "expiresAt": "..."}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "camelCase", rename_all_fields = "camelCase")]
 #[non_exhaustive]
 pub enum RenewalState {
     /// Renewing; the lease is live as far as the guard knows.

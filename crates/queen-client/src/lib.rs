@@ -64,11 +64,16 @@
 //! # Answers
 //!
 //! The answers of the protocol's calls are typed exactly, with `#[non_exhaustive]` structs.
-//! The dashboards' reads ([`Client::overview`], [`Client::status`], [`Client::analytics`],
-//! ...) are typed with the fields the broker serves today plus an `extra` map that keeps what
-//! this client does not know. Payloads stay JSON text ([`serde_json::value::RawValue`]) until
-//! asked for with [`Message::json`], and can be pushed as JSON text ([`PushItem::raw`],
-//! [`PushItem::from_json`]) without being encoded again.
+//! The dashboards' reads ([`Client::overview`], [`Client::status`], [`Client::brokers`],
+//! [`Client::history`], [`Client::analytics`], ...) are typed with the fields the broker serves
+//! today plus an `extra` map that keeps what this client does not know. Payloads stay JSON text
+//! ([`serde_json::value::RawValue`]) until asked for with [`Message::json`], and can be pushed as
+//! JSON text ([`PushItem::raw`], [`PushItem::from_json`]) without being encoded again.
+//!
+//! Every answer also implements `Serialize`, as camelCase JSON like the broker's own answers
+//! (the `extra` members included), so that it can be logged, stored or passed on and read back
+//! as the same answer. Where the wire differs (a push's outcomes come in snake_case), the
+//! answer is written in camelCase and read in either form.
 
 #![warn(missing_docs)]
 
@@ -88,10 +93,10 @@ mod transport;
 
 pub use ack::{Ack, AckResult, AckStatus, AckVerdict};
 pub use admin::{
-    Analytics, BrokerStatus, BrokerTraffic, Configured, Health, ListQuery, MaintenanceStatus, MaintenanceSummary,
-    MessageCounts, MessageListing, MetricFamily, MetricSample, Metrics, Overview, PartitionPage, PartitionSummary,
-    QueueConfig, QueueDeleted, QueueGroupLag, QueueInfo, QueueOptions, QueuePage, QueueStatus, QueueStatusDetail,
-    QueueStatusPage, QueueSummary, StoredMessage,
+    Analytics, BrokerState, BrokerStatus, BrokerTraffic, Configured, Fleet, FleetBroker, Health, History, HistoryPoint,
+    ListQuery, MaintenanceStatus, MaintenanceSummary, MaintenanceSwitches, MessageCounts, MessageListing, MetricFamily,
+    MetricSample, Metrics, Overview, PartitionPage, PartitionSummary, QueueConfig, QueueDeleted, QueueGroupLag,
+    QueueInfo, QueueOptions, QueuePage, QueueStatus, QueueStatusDetail, QueueStatusPage, QueueSummary, StoredMessage,
 };
 pub use client::{Client, ClientBuilder, RetryPolicy};
 pub use consume::{ConsumeStats, Consumer, ConsumerHandle};

@@ -253,7 +253,7 @@ impl Pop {
 }
 
 /// What one pop delivered: messages (none when nothing was available) under one lease.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct Delivery {
@@ -270,7 +270,7 @@ pub struct Delivery {
     #[serde(default)]
     pub paused: bool,
     /// What the broker chose for a pop with autopilot.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autopilot: Option<Autopilot>,
 }
 
@@ -296,7 +296,7 @@ impl IntoIterator for Delivery {
 }
 
 /// The knobs the broker chose for a pop with [`Pop::autopilot`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct Autopilot {

@@ -156,7 +156,7 @@ struct PushBody<'a> {
 }
 
 /// What became of a pushed item.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 #[non_exhaustive]
 pub enum PushStatus {
@@ -171,7 +171,11 @@ pub enum PushStatus {
 }
 
 /// The answer for one pushed item.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+///
+/// Serialized in camelCase like the broker's other answers; read in the push answer's own
+/// snake_case (`transaction_id`) or in camelCase.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct PushOutcome {
     /// The item's position in the push.
@@ -179,11 +183,13 @@ pub struct PushOutcome {
     /// What became of it.
     pub status: PushStatus,
     /// Its transaction id.
+    #[serde(alias = "transaction_id")]
     pub transaction_id: String,
     /// The stored message's id (the original one for a duplicate).
+    #[serde(alias = "message_id")]
     pub message_id: Uuid,
     /// The partition's id; `None` while buffered.
-    #[serde(default)]
+    #[serde(default, alias = "partition_id")]
     pub partition_id: Option<String>,
     /// The message's offset in its partition; `None` while buffered.
     #[serde(default)]
@@ -295,5 +301,18 @@ mod tests {
         assert!(check_outcomes("u", ["a", "b"].into_iter(), &outcomes).is_ok());
         assert!(check_outcomes("u", ["b", "a"].into_iter(), &outcomes).is_err());
         assert!(check_outcomes("u", ["a"].into_iter(), &outcomes).is_err());
+    }
+
+    #[test]
+    fn outcomes_are_written_in_camel_case_and_read_back() {
+        let wire = r#"{"index":0,"status":"duplicate","transaction_id":"a","message_id":"0192f0c4-0000-7000-8000-000000000001","partition_id":"7","offset":3}"#;
+        let outcome: PushOutcome = serde_json::from_str(wire).unwrap();
+        let written = serde_json::to_value(&outcome).unwrap();
+        assert_eq!(
+            written,
+            serde_json::json!({"index": 0, "status": "duplicate", "transactionId": "a",
+                "messageId": "0192f0c4-0000-7000-8000-000000000001", "partitionId": "7", "offset": 3})
+        );
+        assert_eq!(serde_json::from_value::<PushOutcome>(written).unwrap(), outcome);
     }
 }

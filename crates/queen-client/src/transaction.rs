@@ -146,7 +146,8 @@ impl<'a> From<&'a Transaction> for WireTransaction<'a> {
 }
 
 /// A committed transaction.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct Committed {
     /// The id the broker gave the transaction.
@@ -155,8 +156,10 @@ pub struct Committed {
     pub results: Vec<TransactionResult>,
 }
 
-/// What one entry of a committed transaction became.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What one entry of a committed transaction became. Serialized as the verdict or the outcome
+/// itself, as the broker lists them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
 #[non_exhaustive]
 pub enum TransactionResult {
     /// An acknowledgement's verdict (every acknowledgement of a committed transaction applied).

@@ -200,6 +200,17 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     (seconds.is_finite() && seconds >= 0.0).then(|| Duration::from_secs_f64(seconds.min(3600.0)))
 }
 
+/// `error`, naming the other URLs of `tried` when no answer came.
+fn naming_tried(error: Error, mut tried: Vec<String>) -> Error {
+    match error {
+        Error::Transport { url, source, .. } => {
+            tried.retain(|t| *t != url);
+            Error::Transport { url, source, tried }
+        }
+        other => other,
+    }
+}
+
 /// A factor in `[0.8, 1.2)`, so that clients that failed together do not all retry together.
 fn jitter() -> f64 {
     let random = std::collections::hash_map::RandomState::new().build_hasher().finish();
@@ -215,6 +226,8 @@ impl Client {
         let attempts = if request.one_round { urls } else { (inner.retry.max_attempts as usize).max(urls) };
         let mut index = inner.current.load(Ordering::Relaxed) % urls;
         let (mut failed_in_round, mut round) = (0usize, 0u32);
+        // The URLs that failed, each once: a transport error names them all, not only the last.
+        let mut tried: Vec<String> = Vec::new();
         for attempt in 1.. {
             let outcome = self.attempt(request, index).await?;
             let (error, wait, unapplied, failover) = match outcome {
@@ -226,11 +239,11 @@ impl Client {
                 Attempt::Failover { error, retry_after, unapplied } => (error, retry_after, unapplied, true),
                 Attempt::Wait { error, retry_after, unapplied } => (error, Some(retry_after), unapplied, false),
             };
-            if request.replay == Replay::IfUnapplied && !unapplied {
-                return Err(error);
+            if let Some(url) = error.url().filter(|url| !tried.iter().any(|t| t == url)) {
+                tried.push(url.to_owned());
             }
-            if attempt >= attempts {
-                return Err(error);
+            if (request.replay == Replay::IfUnapplied && !unapplied) || attempt >= attempts {
+                return Err(naming_tried(error, tried));
             }
             if failover {
                 let next = (index + 1) % urls;
@@ -245,7 +258,7 @@ impl Client {
                 failed_in_round = 0;
             }
             if request.one_round {
-                return Err(error);
+                return Err(naming_tried(error, tried));
             }
             round += 1;
             let backoff = inner.retry.initial_backoff.saturating_mul(1 << (round - 1).min(16)).mul_f64(jitter());
@@ -270,7 +283,7 @@ impl Client {
             Err(source) => {
                 // A connection that could not be made carried no request.
                 let unapplied = source.is_connect();
-                let error = Error::Transport { url: url_text, source };
+                let error = Error::Transport { url: url_text, source, tried: Vec::new() };
                 return Ok(Attempt::Failover { error, retry_after: None, unapplied });
             }
         };
@@ -279,7 +292,7 @@ impl Client {
         let body = match response.bytes().await {
             Ok(body) => body,
             Err(source) => {
-                let error = Error::Transport { url: url_text, source };
+                let error = Error::Transport { url: url_text, source, tried: Vec::new() };
                 return Ok(Attempt::Failover { error, retry_after: None, unapplied: false });
             }
         };

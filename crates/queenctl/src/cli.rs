@@ -61,7 +61,7 @@ pub enum Command {
     /// Queues: list, show, configure, delete
     #[command(subcommand, after_help = queues::AFTER_HELP)]
     Queues(queues::QueuesCommand),
-    /// The broker's status, the data's totals and the maintenance switches
+    /// The broker's status, the data's totals, the maintenance switches and the fleet's brokers
     #[command(after_help = status::AFTER_HELP)]
     Status,
     /// Show or switch maintenance mode: pushes buffered (default), or pops paused (--pop)

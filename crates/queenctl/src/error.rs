@@ -83,9 +83,11 @@ impl From<Error> for Failure {
     fn from(error: Error) -> Failure {
         let ids = code_and_request_id(error.code(), error.request_id());
         match &error {
-            Error::Transport { url, source } => {
+            Error::Transport { url, source, tried, .. } => {
                 let what = if error.is_timeout() { "no answer in time".to_owned() } else { root_cause(source) };
-                Failure::new(Exit::Unreachable, format!("cannot reach the broker ({url}): {what}"))
+                // After failover the last URL's cause is shown, and every other URL tried named.
+                let also = if tried.is_empty() { String::new() } else { format!("; also tried {}", tried.join(", ")) };
+                Failure::new(Exit::Unreachable, format!("cannot reach the broker ({url}): {what}{also}"))
             }
             Error::Status { status, body, .. } => {
                 let exit = if *status == StatusCode::NOT_FOUND { Exit::NotFound } else { Exit::Failed };

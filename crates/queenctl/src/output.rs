@@ -3,6 +3,7 @@
 use std::io::Write;
 
 use chrono::{DateTime, SecondsFormat, Utc};
+use serde::Serialize;
 use serde_json::Value;
 
 use crate::error::Result;
@@ -29,14 +30,28 @@ pub fn line(text: &str) -> Result {
     print(&format!("{text}\n"))
 }
 
-/// Writes a JSON document to stdout, indented.
-pub fn json(value: &Value) -> Result {
-    line(&serde_json::to_string_pretty(value).expect("a JSON value always encodes"))
+/// An answer as a JSON value. Through a value, so that members come out in one order (by name)
+/// whatever the type, and payloads are indented with the rest.
+fn value(answer: &impl Serialize) -> Value {
+    serde_json::to_value(answer).expect("answers always encode as JSON")
 }
 
-/// Writes a JSON value to stdout on one line (a stream of them for `tail`).
-pub fn json_line(value: &Value) -> Result {
-    line(&serde_json::to_string(value).expect("a JSON value always encodes"))
+/// Writes an answer to stdout as a JSON document, indented.
+pub fn json(answer: &impl Serialize) -> Result {
+    line(&serde_json::to_string_pretty(&value(answer)).expect("a JSON value always encodes"))
+}
+
+/// Writes an answer to stdout as JSON on one line (a stream of them for `tail`).
+pub fn json_line(answer: &impl Serialize) -> Result {
+    line(&serde_json::to_string(&value(answer)).expect("a JSON value always encodes"))
+}
+
+/// A unit enum's wire name (`queued`, `completed`, `live`), as its JSON says it.
+pub fn word(variant: &impl Serialize) -> String {
+    match value(variant) {
+        Value::String(word) => word,
+        other => other.to_string(),
+    }
 }
 
 /// A note for people, on stderr: never part of what a script reads.

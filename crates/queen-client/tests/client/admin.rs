@@ -1,9 +1,11 @@
-//! Queues and the broker: configuration, listings, dashboards' reads, a full queue, typed
-//! refusals, maintenance mode, health, metrics and bearer tokens.
+//! Queues and the broker: configuration, listings, dashboards' reads, the fleet and its history,
+//! a full queue, typed refusals, maintenance mode, health, metrics and bearer tokens.
 
 use std::time::Duration;
 
-use queen_client::{Client, Error, ListQuery, Pop, PushItem, PushStatus, QueueConfig, StatusCode};
+use queen_client::{
+    Ack, BrokerState, Client, Error, History, ListQuery, Pop, PushItem, PushStatus, QueueConfig, StatusCode,
+};
 use queen_testkit::target_dir;
 use serde_json::json;
 
@@ -119,6 +121,73 @@ async fn dashboards_health_and_metrics_answer() {
     assert_eq!(metrics.value("queen_messages_pushed_total", &[("queue", "watched")]), Some(3.0));
     let text = client.metrics_prometheus().await.expect("the Prometheus text");
     assert!(text.contains("# TYPE queen_messages_pushed_total counter"), "{}", &text[..text.len().min(500)]);
+}
+
+/// The history's traffic summed over its points: pushed, delivered, acknowledged.
+fn traffic(history: &History) -> (i64, i64, i64) {
+    history.points.iter().fold((0, 0, 0), |(p, d, a), point| (p + point.pushed, d + point.delivered, a + point.acked))
+}
+
+#[actix_web::test]
+async fn the_fleet_lists_every_broker_and_its_history_counts_their_traffic() {
+    // Samples every second, so that heartbeats and traffic show at once.
+    let broker = TestBroker::start_with(|config| config.stats.sample_interval_seconds = 1).await;
+    let other_url = broker.another(|config| config.stats.sample_interval_seconds = 1).await;
+    let (client, other) = (broker.client(), client_of(&[&other_url]));
+
+    eventually("both brokers are listed live", || async {
+        client
+            .brokers()
+            .await
+            .is_ok_and(|fleet| fleet.brokers.len() == 2 && fleet.brokers.iter().all(|b| b.state == BrokerState::Live))
+    })
+    .await;
+    let fleet = client.brokers().await.expect("the fleet");
+    assert_eq!(fleet.heartbeat_seconds, 1);
+    assert!(!fleet.maintenance.push && !fleet.maintenance.pop);
+    let port = |url: &str| format!(":{}:", url.rsplit(':').next().expect("a port"));
+    let mine: Vec<_> = fleet.brokers.iter().filter(|b| b.is_self).collect();
+    assert_eq!(mine.len(), 1, "one broker answered: {fleet:?}");
+    assert!(mine[0].id.contains(&port(&broker.url)), "{fleet:?}");
+    for b in &fleet.brokers {
+        assert!(!b.version.is_empty() && b.buffer_healthy && b.buffered_messages == 0, "{b:?}");
+        assert!(b.started_at <= b.last_seen_at, "{b:?}");
+    }
+    let seen_by_other = other.brokers().await.expect("the fleet, from the other broker");
+    let theirs = seen_by_other.brokers.iter().find(|b| b.is_self).expect("the other broker answered");
+    assert!(theirs.id.contains(&port(&other_url)), "{seen_by_other:?}");
+
+    // Five pushed through one broker, two of them taken and acknowledged through the other.
+    let items: Vec<PushItem> = (0..5).map(|n| PushItem::new("charted", &n).unwrap()).collect();
+    client.push(&items).await.expect("a push");
+    let delivery = other.pop(&Pop::queue("charted").group("g").batch(2)).await.expect("a pop");
+    let acks: Vec<Ack> = delivery.messages.iter().map(Ack::completed).collect();
+    other.ack_batch(&acks).await.expect("acknowledgements");
+    eventually("the history counts both brokers' traffic", || async {
+        client.history(5).await.is_ok_and(|history| traffic(&history) == (5, 2, 2))
+    })
+    .await;
+    let history = client.history(5).await.expect("the history");
+    assert_eq!(history.interval_seconds, 1);
+    // Five minutes at one second: every interval is a point, those without traffic included.
+    assert!((300..=302).contains(&history.points.len()), "{} points", history.points.len());
+    assert_eq!(history.from, history.points.first().map(|p| p.at));
+    assert_eq!(history.to, history.points.last().map(|p| p.at));
+    eventually("a lag sample counts the three messages g has not read", || async {
+        client.history(1).await.is_ok_and(|history| history.points.iter().rev().find_map(|p| p.lag_messages) == Some(3))
+    })
+    .await;
+    for minutes in [0, 1441] {
+        let refused = client.history(minutes).await.unwrap_err();
+        assert_eq!(refused.status(), Some(StatusCode::BAD_REQUEST), "{minutes} minutes: {refused}");
+    }
+
+    // The switches are the fleet's: turned on through one broker, the other says so.
+    client.set_pop_maintenance(true).await.expect("pop maintenance on");
+    eventually("the other broker reports pop maintenance", || async {
+        other.brokers().await.is_ok_and(|fleet| fleet.maintenance.pop && !fleet.maintenance.push)
+    })
+    .await;
 }
 
 #[actix_web::test]

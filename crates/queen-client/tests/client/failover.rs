@@ -1,9 +1,10 @@
-//! Failover across the brokers of a fleet (two brokers on one database): a dead URL, a broker
-//! that dies while in use, a broker that answers 503; and a 429 retried after its Retry-After.
+//! Failover across the brokers of a fleet (two brokers on one database): a dead URL, no URL
+//! answering, a broker that dies while in use, a broker that answers 503; and a 429 retried after
+//! its Retry-After.
 
 use std::time::Duration;
 
-use queen_client::{Ack, AckVerdict, Pop, PushItem, RetryPolicy, Transaction};
+use queen_client::{Ack, AckVerdict, Error, Pop, PushItem, RetryPolicy, Transaction};
 use tokio::time::Instant;
 
 use crate::helpers::{Proxy, TestBroker, client_of, dead_url, eventually, nothing_left};
@@ -24,6 +25,24 @@ async fn with_the_first_url_dead_calls_go_to_the_next_and_stay_there() {
     let committed = fresh.commit(&transaction).await.expect("a commit through the live broker");
     assert!(matches!(&committed.results[..], [queen_client::TransactionResult::Ack(a)] if a.success));
     assert_eq!(fresh.current_url(), broker.url);
+}
+
+#[actix_web::test]
+async fn when_no_url_answers_the_error_names_every_url_tried() {
+    let (one, two) = (dead_url().await, dead_url().await);
+    let client = client_of(&[&one, &two]);
+    let error = client.status().await.unwrap_err();
+    let Error::Transport { url, tried, .. } = &error else { panic!("no answer, not {error:?}") };
+    let mut every: Vec<&str> = tried.iter().chain([url]).map(String::as_str).collect();
+    every.sort_unstable();
+    let mut expected = [format!("{one}/api/v1/status"), format!("{two}/api/v1/status")];
+    expected.sort_unstable();
+    assert_eq!(every, expected, "each URL once: {error}");
+    let text = error.to_string();
+    assert!(text.contains(&one) && text.contains(&two) && text.contains("also tried"), "{text}");
+
+    let alone = client_of(&[&one]).status().await.unwrap_err();
+    assert!(matches!(&alone, Error::Transport { tried, .. } if tried.is_empty()), "{alone:?}");
 }
 
 #[actix_web::test]

@@ -5,7 +5,6 @@ use queen_client::{Ack, AckResult, AckStatus, AckVerdict, uuid::Uuid};
 
 use crate::context::Ctx;
 use crate::error::{Failure, Result};
-use crate::json;
 use crate::output::{self, Table};
 
 const AFTER_HELP: &str = "\
@@ -80,14 +79,14 @@ pub async fn run(ctx: &Ctx, args: AckArgs) -> Result {
     }
     let result = ctx.client.ack(&ack).await?;
     if ctx.json() {
-        output::json(&json::value(&result))?;
+        output::json(&result)?;
     } else {
         let mut table = Table::new(&["PARTITION ID", "TRANSACTION ID", "GROUP", "STATUS", "VERDICT"]);
         table.row(vec![
             result.partition_id.clone(),
             result.transaction_id.clone(),
             result.consumer_group.clone(),
-            json::value(&result.status).as_str().unwrap_or_default().to_owned(),
+            output::word(&result.status),
             verdict(&result),
         ]);
         output::print(&table.render())?;

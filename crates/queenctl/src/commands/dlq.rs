@@ -8,7 +8,7 @@ use serde_json::json;
 use crate::context::{Ctx, confirm};
 use crate::error::{Failure, Result};
 use crate::output::{self, Fields, Table};
-use crate::{json, time};
+use crate::time;
 
 pub const AFTER_HELP: &str = "\
 Examples:
@@ -118,12 +118,7 @@ async fn list(ctx: &Ctx, args: ListArgs) -> Result {
     }
     let page = ctx.client.dead_letters(&query).await?;
     if ctx.json() {
-        return output::json(&json!({
-            "messages": json::value(&page.messages),
-            "total": page.total,
-            "limit": page.limit,
-            "offset": page.offset,
-        }));
+        return output::json(&page);
     }
     let mut table = Table::new(&[
         "FAILED AT",
@@ -193,7 +188,7 @@ async fn show(ctx: &Ctx, args: &MessageArgs) -> Result {
         )));
     }
     if ctx.json() {
-        return output::json(&json!({"message": json::value(&message), "deadLetters": json::value(&letters)}));
+        return output::json(&json!({"message": message, "deadLetters": letters}));
     }
     let mut fields = Fields::new();
     fields
@@ -230,7 +225,7 @@ async fn show(ctx: &Ctx, args: &MessageArgs) -> Result {
 async fn retry(ctx: &Ctx, args: &MessageArgs) -> Result {
     let requeued = ctx.client.retry_dead_letter(&args.partition_id, &args.transaction_id).await?;
     if ctx.json() {
-        return output::json(&json::requeued(&requeued));
+        return output::json(&requeued);
     }
     let what = if requeued.result == "duplicate" { "was already pushed again" } else { "pushed again" };
     output::line(&format!(

@@ -2,11 +2,9 @@
 
 use clap::{Args, Subcommand};
 use queen_client::PartitionLag;
-use serde_json::Value;
 
 use crate::context::{Ctx, confirm};
 use crate::error::{Failure, Result};
-use crate::json;
 use crate::output::{self, Fields, Table};
 
 pub const AFTER_HELP: &str = "\
@@ -83,7 +81,7 @@ pub async fn run(ctx: &Ctx, command: GroupsCommand) -> Result {
 async fn list(ctx: &Ctx) -> Result {
     let groups = ctx.client.consumer_groups().await?;
     if ctx.json() {
-        return output::json(&Value::Array(groups.iter().map(json::group_summary).collect()));
+        return output::json(&groups);
     }
     let mut table =
         Table::new(&["GROUP", "QUEUE", "PARTITIONS", "LAG", "OLDEST UNREAD", "LEASES", "CONSUMED", "LAST CONSUMED"]);
@@ -107,7 +105,7 @@ async fn list(ctx: &Ctx) -> Result {
 async fn show(ctx: &Ctx, group: &str) -> Result {
     let detail = ctx.client.consumer_group(group).await?;
     if ctx.json() {
-        return output::json(&json::group_detail(&detail));
+        return output::json(&detail);
     }
     let summary = &detail.summary;
     let mut fields = Fields::new();
@@ -178,7 +176,7 @@ fn cursor_table<'a>(cursors: impl Iterator<Item = (Option<&'a str>, &'a Partitio
 async fn lagging(ctx: &Ctx, min_lag_seconds: u64) -> Result {
     let cursors = ctx.client.lagging_groups(min_lag_seconds).await?;
     if ctx.json() {
-        return output::json(&Value::Array(cursors.iter().map(json::lagging_cursor).collect()));
+        return output::json(&cursors);
     }
     cursor_table(cursors.iter().map(|c| (Some(c.consumer_group.as_str()), &c.partition)))
         .print_or(&format!("no cursor lags {} or more", output::age(min_lag_seconds as f64)))
@@ -196,7 +194,7 @@ async fn delete(ctx: &Ctx, args: DeleteArgs) -> Result {
         return Err(Failure::not_found(format!("consumer group {:?} has no {what}{scope}", args.group)));
     }
     if ctx.json() {
-        return output::json(&json::group_deleted(&deleted));
+        return output::json(&deleted);
     }
     output::line(&format!(
         "deleted consumer group {}{scope}: {} cursor{}{}",

@@ -5,7 +5,6 @@ use queen_client::MaintenanceStatus;
 
 use crate::context::Ctx;
 use crate::error::Result;
-use crate::json;
 use crate::output::{self, Fields};
 
 const AFTER_HELP: &str = "\
@@ -48,7 +47,7 @@ pub async fn run(ctx: &Ctx, args: MaintenanceArgs) -> Result {
         (Action::On | Action::Off, true) => ctx.client.set_pop_maintenance(args.action == Action::On).await?,
     };
     if ctx.json() {
-        return output::json(&json::maintenance(&status));
+        return output::json(&status);
     }
     let on_off = |on: bool| if on { "ON" } else { "off" }.to_owned();
     let mut fields = Fields::new();

@@ -7,7 +7,6 @@ use queen_client::{Message, Pop};
 
 use crate::context::Ctx;
 use crate::error::Result;
-use crate::json;
 use crate::output::{self, Table};
 
 const AFTER_HELP: &str = "\
@@ -76,7 +75,7 @@ pub async fn run(ctx: &Ctx, args: PopArgs) -> Result {
     }
     let delivery = ctx.client.pop(&pop).await?;
     if ctx.json() {
-        return output::json(&json::delivery(&delivery));
+        return output::json(&delivery);
     }
     if delivery.paused {
         output::note("pops are paused fleet-wide (pop maintenance is on): nothing was delivered");

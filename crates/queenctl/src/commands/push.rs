@@ -11,7 +11,6 @@ use serde_json::value::RawValue;
 
 use crate::context::Ctx;
 use crate::error::{Failure, Result};
-use crate::json;
 use crate::output::{self, Table};
 
 const AFTER_HELP: &str = "\
@@ -78,7 +77,7 @@ async fn push_one(ctx: &Ctx, args: &PushArgs) -> Result {
     })?;
     let outcome = ctx.client.push_one(item(args, payload, args.transaction_id.clone())).await?;
     if ctx.json() {
-        return output::json(&json::push_outcome(&outcome));
+        return output::json(&outcome);
     }
     let mut table = Table::new(&["TRANSACTION ID", "STATUS", "MESSAGE ID", "PARTITION ID", "OFFSET"]);
     table.row(outcome_row(&outcome));
@@ -88,7 +87,7 @@ async fn push_one(ctx: &Ctx, args: &PushArgs) -> Result {
 fn outcome_row(o: &PushOutcome) -> Vec<String> {
     vec![
         o.transaction_id.clone(),
-        json::push_status(o.status).to_owned(),
+        output::word(&o.status),
         o.message_id.to_string(),
         output::maybe(o.partition_id.as_deref()),
         o.offset.map_or_else(|| "-".to_owned(), |offset| offset.to_string()),

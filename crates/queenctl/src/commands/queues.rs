@@ -8,7 +8,6 @@ use serde_json::{Value, json};
 
 use crate::context::{Ctx, confirm};
 use crate::error::{Failure, Result};
-use crate::json;
 use crate::output::{self, Fields, Table};
 
 pub const AFTER_HELP: &str = "\
@@ -186,8 +185,7 @@ async fn list(ctx: &Ctx, namespace: Option<String>, task: Option<String>, limit:
     }
     let page = ctx.client.list_queues(&query).await?;
     if ctx.json() {
-        let queues: Vec<Value> = page.queues.iter().map(json::queue_summary).collect();
-        return output::json(&json!({"queues": queues, "limit": page.limit, "offset": page.offset}));
+        return output::json(&page);
     }
     let mut table =
         Table::new(&["QUEUE", "NAMESPACE", "TASK", "PARTITIONS", "PUSHED", "STORED", "LAST PUSH", "CREATED"]);
@@ -210,12 +208,10 @@ async fn show(ctx: &Ctx, queue: &str) -> Result {
     let info = ctx.client.queue(queue).await?;
     let status = ctx.client.queue_status(queue).await?;
     if ctx.json() {
-        let partitions: Vec<Value> = status.partitions.iter().map(json::partition_summary).collect();
-        let groups: Vec<Value> = status.queue.consumer_groups.iter().map(json::queue_group_lag).collect();
         return output::json(&json!({
-            "queue": json::queue_info(&info),
-            "partitions": partitions,
-            "consumerGroups": groups,
+            "queue": info,
+            "partitions": status.partitions,
+            "consumerGroups": status.queue.consumer_groups,
         }));
     }
     let mut fields = Fields::new();
@@ -265,7 +261,7 @@ async fn show(ctx: &Ctx, queue: &str) -> Result {
 /// Every option with its wire name and effective value.
 fn options_fields(options: &QueueOptions) -> Fields {
     let mut fields = Fields::new();
-    if let Value::Object(members) = json::queue_options(options) {
+    if let Ok(Value::Object(members)) = serde_json::to_value(options) {
         for (name, value) in members {
             let text = match value {
                 Value::String(text) => text,
@@ -314,7 +310,7 @@ async fn configure(ctx: &Ctx, args: ConfigureArgs) -> Result {
     }
     let configured = ctx.client.configure(&config).await?;
     if ctx.json() {
-        return output::json(&json::configured(&configured));
+        return output::json(&configured);
     }
     let mut fields = Fields::new();
     fields
@@ -337,7 +333,7 @@ async fn delete(ctx: &Ctx, queue: &str, yes: bool) -> Result {
         return Err(Failure::not_found(format!("queue {queue:?} not found")));
     }
     if ctx.json() {
-        return output::json(&json::queue_deleted(&deleted));
+        return output::json(&deleted);
     }
     output::line(&format!("deleted queue {}", deleted.queue))
 }

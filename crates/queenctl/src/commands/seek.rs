@@ -7,7 +7,7 @@ use queen_client::SeekTarget;
 use crate::context::Ctx;
 use crate::error::Result;
 use crate::output::{self, Table};
-use crate::{json, time};
+use crate::time;
 
 const AFTER_HELP: &str = "\
 Examples:
@@ -51,7 +51,7 @@ pub async fn run(ctx: &Ctx, args: SeekArgs) -> Result {
         None => ctx.client.seek(&args.group, &args.queue, target).await?,
     };
     if ctx.json() {
-        return output::json(&json::seeked(&seeked));
+        return output::json(&seeked);
     }
     let to = match args.to {
         Some(at) => output::time(&at),

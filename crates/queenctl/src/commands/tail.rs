@@ -196,7 +196,7 @@ async fn give_back(ctx: &Ctx, delivery: &Delivery, throwaway: bool) {
 
 fn print(ctx: &Ctx, message: &Message) -> Result {
     if ctx.json() {
-        return output::json_line(&crate::json::value(message));
+        return output::json_line(message);
     }
     output::line(&format!(
         "{}  {}/{}  {}  {}",

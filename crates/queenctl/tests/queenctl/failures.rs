@@ -10,6 +10,13 @@ async fn no_broker_is_exit_3_and_failover_finds_the_live_one() {
     let down = run(&["--url", &dead, "status"], &[], None).await;
     down.fails(3, &format!("queenctl: error: cannot reach the broker ({dead}/api/v1/status): Connection refused"));
     assert_eq!(down.stderr.lines().count(), 1, "{down:#?}");
+    // With several URLs and none answering, every one is named.
+    let other_dead = dead_url().await;
+    let all_down = run(&["--url", &format!("{dead},{other_dead}"), "status"], &[], None).await;
+    all_down.fails(3, "; also tried ");
+    for needle in ["Connection refused", &dead, &other_dead] {
+        assert!(all_down.stderr.contains(needle), "stderr lacks {needle:?}: {all_down:#?}");
+    }
 
     // Several URLs fail over: the dead one is skipped.
     let urls = format!("{dead},{}", broker.url);
