@@ -84,6 +84,10 @@ cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
 echo "== cargo fmt --check and cargo clippy -D warnings"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
+# queen-client is a library for others: its docs build without a warning and its examples compile.
+echo "== queen-client: cargo doc -D warnings and doctests"
+RUSTDOCFLAGS="-D warnings" cargo doc -p queen-client --no-deps --quiet
+cargo test --doc -p queen-client --quiet
 
 if cargo nextest --version >/dev/null 2>&1; then
     cargo nextest run --workspace --profile ci "$@"

@@ -121,3 +121,17 @@ pub use chrono;
 pub use reqwest::StatusCode;
 pub use serde_json;
 pub use uuid;
+
+#[cfg(test)]
+mod tests {
+    /// The repository's README shows `examples/quickstart.rs` (which the build compiles) as it is.
+    #[test]
+    fn the_repository_readme_shows_the_quickstart_example() {
+        let readme = include_str!("../../../README.md");
+        let example = include_str!("../examples/quickstart.rs");
+        assert!(
+            readme.contains(&format!("```rust\n{example}```")),
+            "README.md's Rust example is not examples/quickstart.rs: copy the file into it"
+        );
+    }
+}
