@@ -8,6 +8,7 @@
 //!
 //! Failures panic: this crate runs only inside tests, where a panic is how a test fails.
 
+pub mod in_process;
 mod json_server;
 mod process;
 pub mod pytest;

@@ -3,8 +3,7 @@
 use std::time::Duration;
 
 use queen_broker::config::Config;
-use queen_broker::startup::Application;
-use queen_testkit::{TestDatabase, metric_at, target_dir};
+use queen_testkit::{TestDatabase, metric_at};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -72,19 +71,7 @@ impl TestApp {
     }
 
     async fn start(db: &TestDatabase, tweak: impl FnOnce(&mut Config)) -> String {
-        let mut config = Config::default();
-        config.http.host = "127.0.0.1".into();
-        config.http.port = 0;
-        config.http.workers = 2;
-        config.database.url = Some(db.url().to_owned());
-        config.database.pool_size = 8;
-        // A push journal of its own (created only if the test buffers pushes).
-        config.buffer.dir = target_dir().join("api-buffers").join(uuid::Uuid::new_v4().simple().to_string());
-        tweak(&mut config);
-        let app = Application::build(config).await.expect("the broker starts");
-        let base = format!("http://127.0.0.1:{}", app.port());
-        actix_web::rt::spawn(app.run_until_stopped());
-        base
+        queen_testkit::in_process::serve(db, tweak).await
     }
 
     pub fn url(&self, path: &str) -> String {

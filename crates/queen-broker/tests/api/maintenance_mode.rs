@@ -77,7 +77,7 @@ async fn the_switches_answer_their_state_and_refuse_bad_bodies_without_writing()
     assert_eq!(status.body["popMaintenanceMode"], false);
     assert_eq!(status.body["bufferedMessages"], 0);
     assert_eq!(status.body["bufferHealthy"], true);
-    assert!(status.body["bufferDirectory"].as_str().is_some_and(|dir| dir.contains("api-buffers")), "{status:?}");
+    assert!(status.body["bufferDirectory"].as_str().is_some_and(|dir| dir.contains("test-buffers")), "{status:?}");
 
     let on = switch(&app, PUSH_SWITCH, true).await;
     assert_eq!((&on["maintenanceMode"], &on["popMaintenanceMode"]), (&json!(true), &json!(false)));

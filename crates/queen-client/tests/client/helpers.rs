@@ -4,9 +4,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use queen_broker::config::Config;
-use queen_broker::startup::Application;
 use queen_client::{Client, Pop, RetryPolicy};
-use queen_testkit::{TestDatabase, target_dir};
+use queen_testkit::TestDatabase;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -47,20 +46,9 @@ impl TestBroker {
     }
 }
 
-/// Starts a broker on `db` exactly as the broker's own API tests do; its URL.
+/// Starts a broker on `db`; its URL.
 pub async fn serve(db: &TestDatabase, tweak: impl FnOnce(&mut Config)) -> String {
-    let mut config = Config::default();
-    config.http.host = "127.0.0.1".into();
-    config.http.port = 0;
-    config.http.workers = 2;
-    config.database.url = Some(db.url().to_owned());
-    config.database.pool_size = 8;
-    config.buffer.dir = target_dir().join("client-buffers").join(uuid::Uuid::new_v4().simple().to_string());
-    tweak(&mut config);
-    let app = Application::build(config).await.expect("the broker starts");
-    let url = format!("http://127.0.0.1:{}", app.port());
-    actix_web::rt::spawn(app.run_until_stopped());
-    url
+    queen_testkit::in_process::serve(db, tweak).await
 }
 
 /// A client of `urls` (in failover order) whose retries wait little.

@@ -6,7 +6,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use queen_broker::config::Config;
-use queen_broker::startup::Application;
 use queen_testkit::{TestDatabase, target_dir};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
@@ -32,21 +31,10 @@ impl TestBroker {
         Self::start_with(|_| {}).await
     }
 
-    /// A broker whose configuration `tweak` adjusts first; started exactly as the broker's own
-    /// API tests start theirs.
+    /// A broker whose configuration `tweak` adjusts first.
     pub async fn start_with(tweak: impl FnOnce(&mut Config)) -> TestBroker {
         let db = TestDatabase::create(&format!("ctl_{}", test_label())).await;
-        let mut config = Config::default();
-        config.http.host = "127.0.0.1".into();
-        config.http.port = 0;
-        config.http.workers = 2;
-        config.database.url = Some(db.url().to_owned());
-        config.database.pool_size = 8;
-        config.buffer.dir = target_dir().join("queenctl-buffers").join(uuid::Uuid::new_v4().simple().to_string());
-        tweak(&mut config);
-        let app = Application::build(config).await.expect("the broker starts");
-        let url = format!("http://127.0.0.1:{}", app.port());
-        actix_web::rt::spawn(app.run_until_stopped());
+        let url = queen_testkit::in_process::serve(&db, tweak).await;
         TestBroker { url, _db: db }
     }
 

@@ -1,0 +1,25 @@
+//! A broker in the test's own process: what the API, client and command-line tests talk to.
+
+use queen_broker::config::Config;
+use queen_broker::startup::Application;
+
+use crate::{TestDatabase, target_dir};
+
+/// Starts a broker on `db` inside the current actix system, as tests want one (loopback, a port
+/// of its own, two workers, a small pool, a push journal directory of its own), then as `tweak`
+/// says; its base URL. It serves until the test's runtime ends.
+pub async fn serve(db: &TestDatabase, tweak: impl FnOnce(&mut Config)) -> String {
+    let mut config = Config::default();
+    config.http.host = "127.0.0.1".into();
+    config.http.port = 0;
+    config.http.workers = 2;
+    config.database.url = Some(db.url().to_owned());
+    config.database.pool_size = 8;
+    // Created only if the test buffers pushes.
+    config.buffer.dir = target_dir().join("test-buffers").join(uuid::Uuid::new_v4().simple().to_string());
+    tweak(&mut config);
+    let app = Application::build(config).await.expect("the broker starts");
+    let base = format!("http://127.0.0.1:{}", app.port());
+    actix_web::rt::spawn(app.run_until_stopped());
+    base
+}
