@@ -125,8 +125,9 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
         super::groups::register_on_first_pop(broker, &[queue], &request.group, request.seed).await?;
     }
     loop {
-        // Nobody would receive what a pop whose client left claimed: it would stay leased.
-        if broker.is_shutting_down() || request.connection.is_some_and(ClientConnection::is_closed) {
+        // Nobody would receive what a long poll whose client left claimed: it would stay leased.
+        let client_left = request.wait && request.connection.is_some_and(ClientConnection::is_closed);
+        if broker.is_shutting_down() || client_left {
             return Ok(Delivery::default());
         }
         if held_by_pop_maintenance(broker, request, deadline, &mut parked).await? {
