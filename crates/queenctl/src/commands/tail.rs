@@ -31,8 +31,9 @@ consumers do not get it. --from then matters only if this is G's first read of t
 Ctrl-C stops it (exit 0); a long poll in flight is let finish first (up to 2 seconds), and what
 it brings is given back to a named group undelivered. A second Ctrl-C quits at once.";
 
-/// How long each poll waits for messages. Short, because a poll the broker has parked stays
-/// parked until this timeout even when tail goes away: stopping waits for it.
+/// How long each poll waits for messages. Short, because stopping waits for the poll in flight: a
+/// broker notices a plain-HTTP client that went away, but over HTTPS (or behind a proxy that keeps
+/// its connection) a parked poll stays until its timeout and could still be handed messages.
 const POLL: Duration = Duration::from_secs(2);
 
 /// The most messages one poll takes.
