@@ -184,6 +184,8 @@ struct DeletedDeadLetters {
 }
 
 /// A stored message and every consumer group's progress over it.
+// The fields of `StoredMessage` are repeated rather than flattened in: serde's `flatten` buffers
+// the members, and a buffered `RawValue` payload cannot be read back.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
