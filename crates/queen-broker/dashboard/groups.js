@@ -6,6 +6,18 @@ import { get, post, path } from "./api.js";
 import { section, actionButton, errorBox, describe, flash } from "./ui.js";
 import { skipToEnd, seekToTime, deleteGroup, groupLabel } from "./actions.js";
 
+
+/** The cells a group's lag on one queue shows, in the list and on the group's page alike. */
+function queueLagCells(q) {
+  return [
+    h("td", {}, h("a", { href: route("queues", q.queue) }, q.queue)),
+    h("td", { class: "num" }, num(q.partitions)),
+    lagCell(q.lagMessages),
+    h("td", {}, q.lagMessages > 0 ? duration(q.lagSeconds) : "–"),
+    h("td", { class: "num" }, num(q.activeLeases)),
+    h("td", { class: "num" }, num(q.totalConsumed)),
+  ];
+}
 function subscription(q) {
   if (!q.subscriptionMode) return h("span", { class: "muted" }, "not registered");
   return h("span", {}, q.subscriptionMode, q.subscriptionFrom ? [" from ", time(q.subscriptionFrom)] : null);
@@ -33,12 +45,7 @@ function listTable(groups) {
             : null,
           q
             ? [
-                h("td", {}, h("a", { href: route("queues", q.queue) }, q.queue)),
-                h("td", { class: "num" }, num(q.partitions)),
-                lagCell(q.lagMessages),
-                h("td", {}, q.lagMessages > 0 ? duration(q.lagSeconds) : "–"),
-                h("td", { class: "num" }, num(q.activeLeases)),
-                h("td", { class: "num" }, num(q.totalConsumed)),
+                ...queueLagCells(q),
                 h("td", {}, subscription(q)),
               ]
             : h("td", { colspan: 7, class: "muted" }, "no queue"),
@@ -93,12 +100,7 @@ function queuesTable(group, queues, changed, gone) {
       h(
         "tr",
         { "data-queue": q.queue },
-        h("td", {}, h("a", { href: route("queues", q.queue) }, q.queue)),
-        h("td", { class: "num" }, num(q.partitions)),
-        lagCell(q.lagMessages),
-        h("td", {}, q.lagMessages > 0 ? duration(q.lagSeconds) : "–"),
-        h("td", { class: "num" }, num(q.activeLeases)),
-        h("td", { class: "num" }, num(q.totalConsumed)),
+        ...queueLagCells(q),
         h("td", {}, q.lastConsumedAt ? ago(q.lastConsumedAt) : "never"),
         h("td", {}, subscription(q)),
         h(
