@@ -198,6 +198,9 @@ pub struct ClaimRequest<'a> {
     pub lease_seconds: Option<i32>,
     /// Commit at delivery: advance the cursor and take no lease.
     pub auto_ack: bool,
+    /// The group conflates: serve only each partition's newest visible message, retiring the
+    /// ones behind it as it is claimed (the group would never be served them).
+    pub conflation: bool,
 }
 
 /// One partition a pop claimed, and the span it delivers.
@@ -239,13 +242,11 @@ pub async fn claim(client: &impl GenericClient, request: &ClaimRequest<'_>) -> R
     let statement = client
         .prepare_cached(
             "WITH candidate AS (
-                 SELECT c.partition_id, x.ord, GREATEST(c.committed, p.retained_from - 1) AS start_after,
+                 SELECT c.partition_id, x.ord, s.start_after, s.start_after > c.committed AS skipped,
                         v.last_offset, c.lease_expires_at IS NOT NULL AS expired, q.lease_time_seconds,
                         -- The lease that ran out delivered the head message: a failed delivery.
-                        c.lease_expires_at IS NOT NULL
-                            AND COALESCE(c.leased_until, 0) > GREATEST(c.committed, p.retained_from - 1) AS head_failed,
-                        c.lease_expires_at IS NOT NULL
-                            AND COALESCE(c.leased_until, 0) > GREATEST(c.committed, p.retained_from - 1)
+                        c.lease_expires_at IS NOT NULL AND COALESCE(c.leased_until, 0) > s.start_after AS head_failed,
+                        c.lease_expires_at IS NOT NULL AND COALESCE(c.leased_until, 0) > s.start_after
                             AND c.retry_count + 1 > q.retry_limit AS exhausted
                    FROM unnest($2::bigint[]) WITH ORDINALITY AS x(partition_id, ord)
                    JOIN queen.log_consumers c ON c.partition_id = x.partition_id AND c.consumer_group = $1
@@ -264,9 +265,13 @@ pub async fn claim(client: &impl GenericClient, request: &ClaimRequest<'_>) -> R
                                        AND s.created_at <= now() - q.delayed_processing_seconds * interval '1 second'
                                      ORDER BY s.created_at DESC, s.base_offset DESC LIMIT 1), 0)
                       ELSE p.last_offset END AS last_offset) v
+                  -- Where the delivery starts: after the cursor, or, for a conflating group, just
+                  -- before the newest visible message.
+                  CROSS JOIN LATERAL (SELECT GREATEST(c.committed, p.retained_from - 1,
+                                                      CASE WHEN $8 THEN v.last_offset - 1 ELSE 0 END) AS start_after) s
                   WHERE (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
                     AND (c.retry_at IS NULL OR c.retry_at <= now())
-                    AND v.last_offset > GREATEST(c.committed, p.retained_from - 1)
+                    AND v.last_offset > s.start_after
                   ORDER BY x.ord
                     FOR UPDATE OF c SKIP LOCKED
              ), allotted AS (
@@ -282,15 +287,19 @@ pub async fn claim(client: &impl GenericClient, request: &ClaimRequest<'_>) -> R
                     lease_expires_at = CASE WHEN $7 THEN NULL
                         ELSE now() + COALESCE($6, ch.lease_time_seconds) * interval '1 second' END,
                     leased_until = CASE WHEN $7 THEN NULL ELSE ch.start_after + ch.take END,
-                    committed = CASE WHEN $7 THEN ch.start_after + ch.take ELSE c.committed END,
+                    -- Conflation retires what it skips: a new head, whose counters start over.
+                    committed = CASE WHEN $7 THEN ch.start_after + ch.take
+                                     WHEN ch.skipped AND $8 THEN ch.start_after ELSE c.committed END,
                     delivered_until = GREATEST(c.delivered_until, ch.start_after + ch.take),
-                    head_attempts = CASE WHEN $7 THEN 0 ELSE c.head_attempts + 1 END,
-                    retry_count = CASE WHEN $7 THEN 0 ELSE c.retry_count + ch.head_failed::int END,
-                    head_expiries = CASE WHEN $7 THEN 0 ELSE c.head_expiries + ch.head_failed::int END,
+                    head_attempts = CASE WHEN $7 THEN 0 WHEN ch.skipped AND $8 THEN 1 ELSE c.head_attempts + 1 END,
+                    retry_count = CASE WHEN $7 OR (ch.skipped AND $8) THEN 0 ELSE c.retry_count + ch.head_failed::int END,
+                    head_expiries = CASE WHEN $7 OR (ch.skipped AND $8) THEN 0
+                                         ELSE c.head_expiries + ch.head_failed::int END,
                     redelivery_count = c.redelivery_count + CASE WHEN ch.expired THEN 1 ELSE 0 END,
-                    total_consumed = c.total_consumed + CASE WHEN $7 THEN ch.take ELSE 0 END,
+                    total_consumed = c.total_consumed + CASE WHEN $7 THEN ch.take ELSE 0 END
+                                     + CASE WHEN ch.skipped AND $8 THEN ch.start_after - c.committed ELSE 0 END,
                     last_claimed_at = now(),
-                    last_consumed_at = CASE WHEN $7 THEN now() ELSE c.last_consumed_at END
+                    last_consumed_at = CASE WHEN $7 OR (ch.skipped AND $8) THEN now() ELSE c.last_consumed_at END
                FROM chosen ch
               WHERE c.partition_id = ch.partition_id AND c.consumer_group = $1
              RETURNING c.partition_id, ch.start_after + 1 AS first, ch.start_after + ch.take AS last,
@@ -312,6 +321,7 @@ pub async fn claim(client: &impl GenericClient, request: &ClaimRequest<'_>) -> R
                 &request.lease_id,
                 &request.lease_seconds,
                 &request.auto_ack,
+                &request.conflation,
             ],
         )
         .await?;

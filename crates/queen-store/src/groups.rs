@@ -8,14 +8,16 @@ use uuid::Uuid;
 use crate::cursors::CursorSeed;
 use crate::{Creation, LimitReached, StoreError};
 
-/// Records where `group` starts on `queue`, unless it already has a registration: the first pop
-/// of a (queue, group) pair decides, and later requests with other settings change nothing.
-/// `new` is stored as the registration time, so partitions created later are read from then.
+/// Records where `group` starts on `queue` and whether it conflates, unless it already has a
+/// registration: the first pop of a (queue, group) pair decides, and later requests with other
+/// settings change nothing. `new` is stored as the registration time, so partitions created later
+/// are read from then.
 pub async fn register(
     client: &impl GenericClient,
     queue: &str,
     group: &str,
     seed: CursorSeed,
+    conflation: bool,
 ) -> Result<(), StoreError> {
     let (mode, from): (&str, Option<DateTime<Utc>>) = match seed {
         CursorSeed::Oldest => ("all", None),
@@ -24,13 +26,26 @@ pub async fn register(
     };
     let statement = client
         .prepare_cached(
-            "INSERT INTO queen.consumer_groups_metadata (queue_name, consumer_group, subscription_mode, subscription_from)
-             VALUES ($1, $2, $3, CASE WHEN $3 = 'new' THEN now() ELSE $4 END)
+            "INSERT INTO queen.consumer_groups_metadata
+                    (queue_name, consumer_group, subscription_mode, subscription_from, conflation)
+             VALUES ($1, $2, $3, CASE WHEN $3 = 'new' THEN now() ELSE $4 END, $5)
              ON CONFLICT (queue_name, consumer_group) DO NOTHING",
         )
         .await?;
-    client.execute(&statement, &[&queue, &group, &mode, &from]).await?;
+    client.execute(&statement, &[&queue, &group, &mode, &from, &conflation]).await?;
     Ok(())
+}
+
+/// Which of `queues` the group is registered on as conflating (see [`register`]); a queue it has
+/// no registration on is not.
+pub async fn conflating(client: &impl GenericClient, queues: &[&str], group: &str) -> Result<Vec<String>, StoreError> {
+    let statement = client
+        .prepare_cached(
+            "SELECT queue_name FROM queen.consumer_groups_metadata
+              WHERE queue_name = ANY($1::text[]) AND consumer_group = $2 AND conflation",
+        )
+        .await?;
+    Ok(client.query(&statement, &[&queues, &group]).await?.iter().map(|row| row.get(0)).collect())
 }
 
 /// The class of the group-creation locks ("qgrp"); the object is the hash of the queue's name
@@ -122,6 +137,7 @@ pub async fn register_within(
     queues: &[&str],
     group: &str,
     seed: CursorSeed,
+    conflation: bool,
     uncounted: &str,
     max: i64,
 ) -> Result<(), StoreError> {
@@ -129,7 +145,7 @@ pub async fn register_within(
     // The locks in one order, whoever takes several.
     for queue in crate::queues::creation_order(queues) {
         admit(&tx, queue, group, uncounted, max).await?;
-        register(&tx, queue, group, seed).await?;
+        register(&tx, queue, group, seed, conflation).await?;
     }
     tx.commit().await?;
     Ok(())
@@ -360,13 +376,15 @@ pub struct Registration {
     pub queue: String,
     pub mode: String,
     pub from: Option<DateTime<Utc>>,
+    /// Served only the newest message of each partition.
+    pub conflation: bool,
     pub created_at: DateTime<Utc>,
 }
 
 pub async fn registrations(client: &impl GenericClient, group: Option<&str>) -> Result<Vec<Registration>, StoreError> {
     let rows = client
         .query(
-            "SELECT consumer_group, queue_name, subscription_mode, subscription_from, created_at
+            "SELECT consumer_group, queue_name, subscription_mode, subscription_from, created_at, conflation
                FROM queen.consumer_groups_metadata
               WHERE $1::text IS NULL OR consumer_group = $1
               ORDER BY consumer_group, queue_name",
@@ -380,6 +398,7 @@ pub async fn registrations(client: &impl GenericClient, group: Option<&str>) -> 
             queue: row.get(1),
             mode: row.get(2),
             from: row.get(3),
+            conflation: row.get(5),
             created_at: row.get(4),
         })
         .collect())

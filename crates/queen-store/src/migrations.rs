@@ -37,6 +37,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(8, "0008_delivery_guarantees"),
     migration!(9, "0009_dead_letter_producer"),
     migration!(10, "0010_fleet_history"),
+    migration!(11, "0011_conflation"),
 ];
 
 /// The newest schema version this build knows.

@@ -13,43 +13,49 @@ use super::BrokerError;
 use crate::actors::coordinator::Forget;
 use crate::names::QUEUE_MODE_GROUP;
 
-/// Records where a named group starts on each of the queues the first time this broker sees it
-/// pop there. Queue mode needs no registration: it always starts at the oldest retained message.
-/// A group new to a queue is registered only within `limits.max_groups_per_queue`, on all of the
-/// queues or, when one has no room for another group, on none ([`BrokerError::LimitReached`]).
-/// A registration this broker wrote or saw costs nothing; one it has not seen, a lookup.
+/// Records where a named group starts on each of the queues, and whether it conflates, the first
+/// time this broker sees it pop there; answers, for each queue, whether the group conflates there
+/// (as first registered: a later pop asking otherwise changes nothing). Queue mode needs no
+/// registration: it always starts at the oldest retained message and never conflates. A group new
+/// to a queue is registered only within `limits.max_groups_per_queue`, on all of the queues or,
+/// when one has no room for another group, on none ([`BrokerError::LimitReached`]). A registration
+/// this broker wrote or saw costs nothing; one it has not seen, a lookup.
 pub async fn register_on_first_pop(
     broker: &Broker,
     queues: &[&str],
     group: &str,
     seed: CursorSeed,
-) -> Result<(), BrokerError> {
+    conflation: bool,
+) -> Result<Vec<bool>, BrokerError> {
     if group == QUEUE_MODE_GROUP {
-        return Ok(());
+        return Ok(vec![false; queues.len()]);
     }
     let key = |queue: &str| (queue.to_owned(), group.to_owned());
-    let unseen: Vec<&str> =
-        queues.iter().copied().filter(|queue| !broker.registered.contains_key(&key(queue))).collect();
-    if unseen.is_empty() {
-        return Ok(());
-    }
-    let mut client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
-    let max = broker.config.limits.creation().groups_per_queue;
-    if max == 0 {
-        for queue in &unseen {
-            groups::register(&client, queue, group, seed).await?;
+    let mut conflates: Vec<Option<bool>> = queues.iter().map(|queue| broker.registered.get(&key(queue))).collect();
+    let unseen: Vec<&str> = queues.iter().zip(&conflates).filter(|(_, seen)| seen.is_none()).map(|(q, _)| *q).collect();
+    if !unseen.is_empty() {
+        let mut client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
+        let max = broker.config.limits.creation().groups_per_queue;
+        if max == 0 {
+            for queue in &unseen {
+                groups::register(&client, queue, group, seed, conflation).await?;
+            }
+        } else {
+            let unregistered = groups::unregistered(&client, &unseen, group).await?;
+            if !unregistered.is_empty() {
+                let unregistered: Vec<&str> = unregistered.iter().map(String::as_str).collect();
+                groups::register_within(&mut client, &unregistered, group, seed, conflation, QUEUE_MODE_GROUP, max)
+                    .await?;
+            }
         }
-    } else {
-        let unregistered = groups::unregistered(&client, &unseen, group).await?;
-        if !unregistered.is_empty() {
-            let unregistered: Vec<&str> = unregistered.iter().map(String::as_str).collect();
-            groups::register_within(&mut client, &unregistered, group, seed, QUEUE_MODE_GROUP, max).await?;
+        let conflating = groups::conflating(&client, &unseen, group).await?;
+        for (queue, flag) in queues.iter().zip(&mut conflates).filter(|(_, flag)| flag.is_none()) {
+            let stored = conflating.iter().any(|c| c == queue);
+            broker.registered.insert(key(queue), stored);
+            *flag = Some(stored);
         }
     }
-    for queue in unseen {
-        broker.registered.insert(key(queue), ());
-    }
-    Ok(())
+    Ok(conflates.into_iter().map(|flag| flag.unwrap_or(false)).collect())
 }
 
 /// Makes every broker forget what it knew about the group on the queue (every queue when

@@ -48,8 +48,9 @@ pub struct Broker {
     pub pool: Pool,
     pub config: Arc<Config>,
     pub names: Arc<NamesCache>,
-    /// (queue, group) pairs whose registration this broker has written or seen.
-    pub registered: Cache<(String, String), ()>,
+    /// (queue, group) pairs whose registration this broker has written or seen, with whether the
+    /// group conflates on the queue.
+    pub registered: Cache<(String, String), bool>,
     pub writers: Writers,
     pub groups: Groups,
     pub coordinator: CoordinatorMailbox,

@@ -49,6 +49,9 @@ pub struct PopRequest {
     pub lease_seconds: Option<i32>,
     /// Where the group starts on partitions it has never read.
     pub seed: CursorSeed,
+    /// The group asks to be served only the newest message of each partition (stored at its
+    /// registration on a queue; the stored choice wins).
+    pub conflation: bool,
     /// The client's address, whose parked long polls are bounded by `limits.long_polls_per_client`
     /// (not counted when unknown).
     pub client: Option<IpAddr>,
@@ -82,6 +85,9 @@ pub struct Delivery {
     pub messages: Vec<DeliveredMessage>,
     /// Nothing, because pop maintenance is on.
     pub paused: bool,
+    /// The pop asked for conflation, and the group is registered without it on a queue it
+    /// popped: it is served as registered.
+    pub conflation_conflict: bool,
 }
 
 enum Attempt {
@@ -121,8 +127,11 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
     }
     // One lease for whatever the pop claims, on every queue.
     let lease_id = Uuid::now_v7();
+    let mut queue_conflates = false;
     if let PopSource::Queue { queue, .. } = &request.source {
-        super::groups::register_on_first_pop(broker, &[queue], &request.group, request.seed).await?;
+        let (group, seed) = (&request.group, request.seed);
+        let conflates = super::groups::register_on_first_pop(broker, &[queue], group, seed, request.conflation).await?;
+        queue_conflates = conflates.contains(&true);
     }
     loop {
         // Nobody would receive what a long poll whose client left claimed: it would stay leased.
@@ -133,16 +142,17 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
         if held_by_pop_maintenance(broker, request, deadline, &mut parked).await? {
             return paused();
         }
-        let (names, queues) = sources(broker, request).await?;
+        let (names, queues) = sources(broker, request, queue_conflates).await?;
         let mut seen = Vec::new();
         if request.wait {
             for name in &names {
                 seen.push((Arc::clone(name), broker.coordinator.observe(Arc::clone(name)).await?));
             }
         }
-        let mut delivery = Delivery::default();
+        let conflation_conflict = request.conflation && queues.iter().any(|(_, conflates)| !conflates);
+        let mut delivery = Delivery { conflation_conflict, ..Delivery::default() };
         let mut retry_at = None;
-        for queue in &queues {
+        for (queue, conflates) in &queues {
             let budget = Budget {
                 messages: request.batch - delivery.messages.len() as u32,
                 partitions: request.max_partitions - delivery.partitions_claimed as u32,
@@ -150,7 +160,7 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
             if budget.messages == 0 || budget.partitions == 0 {
                 break;
             }
-            match pop_queue(broker, request, queue, budget, lease_id).await {
+            match pop_queue(broker, request, queue, *conflates, budget, lease_id).await {
                 Ok(Attempt::Delivered(more)) => {
                     delivery.partitions_claimed += more.partitions_claimed;
                     delivery.messages.extend(more.messages);
@@ -171,7 +181,7 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
         }
         let now = Instant::now();
         if now >= deadline {
-            return Ok(Delivery::default());
+            return Ok(Delivery { conflation_conflict, ..Delivery::default() });
         }
         let mut wake_at = retry_at
             .map(|at| now + (at - Utc::now()).to_std().unwrap_or_default() + AFTER_EXPIRY)
@@ -207,29 +217,37 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
     }
 }
 
-/// The queues a pop looks at, in serving order, with the names it parks on: the queue of a queue
-/// pop (by name even before it exists: its first push wakes the pop), or the queues of a
-/// namespace pop, registering the group on each the first time.
-async fn sources(broker: &Broker, request: &PopRequest) -> Result<(Vec<Arc<str>>, Vec<Arc<Queue>>), BrokerError> {
+/// The queues a pop looks at, in serving order, each with whether the group conflates there, and
+/// the names it parks on: the queue of a queue pop (by name even before it exists: its first push
+/// wakes the pop; `queue_conflates` as registered), or the queues of a namespace pop, registering
+/// the group on each the first time.
+async fn sources(
+    broker: &Broker,
+    request: &PopRequest,
+    queue_conflates: bool,
+) -> Result<(Vec<Arc<str>>, Vec<(Arc<Queue>, bool)>), BrokerError> {
     match &request.source {
         PopSource::Queue { queue, .. } => {
             let found = broker.names.queue(&broker.pool, queue).await?;
-            Ok((vec![Arc::from(queue.as_str())], found.into_iter().collect()))
+            Ok((vec![Arc::from(queue.as_str())], found.into_iter().map(|q| (q, queue_conflates)).collect()))
         }
         PopSource::Namespace { namespace, task } => {
             let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
-            let mut queues = queues::queues_of(&client, namespace.as_deref(), task.as_deref()).await?;
+            let queues = queues::queues_of(&client, namespace.as_deref(), task.as_deref()).await?;
             drop(client);
             let names: Vec<&str> = queues.iter().map(|queue| queue.name.as_str()).collect();
-            super::groups::register_on_first_pop(broker, &names, &request.group, request.seed).await?;
+            let (group, seed) = (&request.group, request.seed);
+            let conflates =
+                super::groups::register_on_first_pop(broker, &names, group, seed, request.conflation).await?;
+            let mut queues: Vec<(Queue, bool)> = queues.into_iter().zip(conflates).collect();
             // Queues of one priority take turns at being first.
             let turn = broker.namespace_pops.fetch_add(1, Ordering::Relaxed) as usize;
-            for tier in queues.chunk_by_mut(|a, b| a.options.priority == b.options.priority) {
+            for tier in queues.chunk_by_mut(|(a, _), (b, _)| a.options.priority == b.options.priority) {
                 let len = tier.len();
                 tier.rotate_left(turn % len);
             }
-            let names = queues.iter().map(|q| Arc::from(q.name.as_str())).collect();
-            Ok((names, queues.into_iter().map(Arc::new).collect()))
+            let names = queues.iter().map(|(q, _)| Arc::from(q.name.as_str())).collect();
+            Ok((names, queues.into_iter().map(|(queue, conflates)| (Arc::new(queue), conflates)).collect()))
         }
     }
 }
@@ -272,11 +290,13 @@ impl Parked {
     }
 }
 
-/// Pops once from one queue, within the budget, claiming under `lease_id`.
+/// Pops once from one queue, within the budget, claiming under `lease_id`; only each partition's
+/// newest message when the group `conflates` on the queue.
 async fn pop_queue(
     broker: &Broker,
     request: &PopRequest,
     queue: &Queue,
+    conflates: bool,
     budget: Budget,
     lease_id: Uuid,
 ) -> Result<Attempt, BrokerError> {
@@ -332,6 +352,7 @@ async fn pop_queue(
         lease_id,
         lease_seconds: request.lease_seconds,
         auto_ack: request.auto_ack,
+        conflation: conflates,
     };
     let Claimed { mut claims, exhausted } = cursors::claim(&client, &claim_request).await?;
     if !exhausted.is_empty() {
@@ -385,7 +406,7 @@ async fn pop_queue(
         lease_id: (!request.auto_ack).then_some(lease_id),
         partitions_claimed: claims.len(),
         messages,
-        paused: false,
+        ..Delivery::default()
     }))
 }
 

@@ -190,6 +190,8 @@ struct QueueLag {
     last_consumed_at: Option<String>,
     subscription_mode: Option<String>,
     subscription_from: Option<String>,
+    /// Registered as conflating: served only the newest message of each partition.
+    conflation: bool,
 }
 
 #[derive(Serialize)]
@@ -247,6 +249,7 @@ fn summarise(lags: &[CursorLag], registrations: &[Registration]) -> Vec<GroupSum
         let entry = groups.entry(&registration.group).or_default().entry(&registration.queue).or_default();
         entry.subscription_mode = Some(registration.mode.clone());
         entry.subscription_from = registration.from.map(timestamp);
+        entry.conflation = registration.conflation;
     }
     for cursor in lags {
         let entry = groups.entry(&cursor.group).or_default().entry(&cursor.queue).or_default();

@@ -55,8 +55,17 @@ pub struct StoredMessageJson<'a> {
     pub data: &'a serde_json::value::RawValue,
 }
 
+/// Families of the official client's API this broker does not offer: the client reads their 404
+/// as "not supported by this broker".
+const NOT_OFFERED: [(&str, &str); 2] =
+    [("/api/v1/ephemeral/", "ephemeral (in-memory) queues"), ("/streams/v1/", "the streams runtime")];
+
 async fn no_such_route(req: HttpRequest) -> Result<HttpResponse, ApiError> {
-    Err(ApiError::NotFound(format!("no route for {} {}", req.method(), req.path())))
+    let path = req.path();
+    if let Some((_, family)) = NOT_OFFERED.iter().find(|(prefix, _)| path.starts_with(prefix)) {
+        return Err(ApiError::NotFound(format!("{family}: not offered by this broker ({path})")));
+    }
+    Err(ApiError::NotFound(format!("no route for {} {}", req.method(), path)))
 }
 
 async fn method_not_allowed(req: HttpRequest) -> HttpResponse {

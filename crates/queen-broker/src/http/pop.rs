@@ -60,15 +60,21 @@ async fn handle(broker: web::Data<Broker>, req: HttpRequest, source: PopSource) 
     let delivery = pop(&broker, &request).await?;
     let wait = if request.wait { "true" } else { "false" };
     broker.metrics.pop_duration.with_label_values(&[wait]).observe(started.elapsed().as_secs_f64());
+    let conflation = ConflationEcho::of(&request, &delivery);
     if delivery.paused {
-        return Ok(HttpResponse::Ok().json(serde_json::json!({"success": true, "messages": [], "paused": true})));
+        let paused = Empty { success: true, messages: [], paused: true, conflation };
+        return Ok(HttpResponse::Ok().json(paused));
     }
     if delivery.messages.is_empty() {
-        return Ok(HttpResponse::NoContent().finish());
+        // The client checks the echo on every answer to a conflating pop: an empty one is a body.
+        return Ok(match conflation {
+            Some(_) => HttpResponse::Ok().json(Empty { success: true, messages: [], paused: false, conflation }),
+            None => HttpResponse::NoContent().finish(),
+        });
     }
     let echo =
         autopilot.then_some(AutopilotEcho { partitions: request.max_partitions, batch: request.batch, wait_ms: 0 });
-    Ok(HttpResponse::Ok().json(PopAnswer::new(&request, &delivery, echo)))
+    Ok(HttpResponse::Ok().json(PopAnswer::new(&request, &delivery, echo, conflation)))
 }
 
 /// The pop as the query asks for it, and whether the broker chose knobs for it (autopilot).
@@ -79,9 +85,6 @@ fn parse_query(
     client: Option<IpAddr>,
 ) -> Result<(PopRequest, bool), ApiError> {
     let limits = &broker.config.pop;
-    if query_bool(query, "conflation")? == Some(true) {
-        return Err(ApiError::bad_request("conflation is not supported by this broker"));
-    }
     let autopilot = query_bool(query, "autopilot")?.unwrap_or(false);
     let batch = query_int(query, "batch", 1, u64::from(limits.max_batch))?;
     let partitions = query_int(query, "partitions", 1, u64::from(limits.max_partitions))?;
@@ -90,6 +93,15 @@ fn parse_query(
     let group = names::group_or_queue_mode(query.get("consumerGroup").map(String::as_str)).to_owned();
     names::check(NameKind::ConsumerGroup, "consumerGroup", &group).map_err(ApiError::BadRequest)?;
     let auto_ack = query_bool(query, "autoAck")?.unwrap_or(false);
+    let conflation = query_bool(query, "conflation")?.unwrap_or(false);
+    if conflation && group == QUEUE_MODE_GROUP {
+        return Err(ApiError::bad_request("conflation needs a consumerGroup: queue mode cannot conflate"));
+    }
+    if conflation && auto_ack {
+        return Err(ApiError::bad_request(
+            "conflation cannot be combined with autoAck: a conflating delivery is retired by its ack",
+        ));
+    }
     let lease_seconds = query_int(query, "leaseSeconds", 1, 7 * 24 * 3600)?.map(|s| s as i32);
     let subscription = subscription_seed(
         query.get("subscriptionMode").map(String::as_str),
@@ -107,6 +119,7 @@ fn parse_query(
         timeout: Duration::from_millis(timeout_ms),
         lease_seconds,
         seed,
+        conflation,
         client,
         connection: None,
     };
@@ -162,6 +175,38 @@ struct AutopilotEcho {
     wait_ms: u32,
 }
 
+/// What a pop that asked for conflation is told, on every answer: applied, or refused because the
+/// group is registered without it (it is then served every message).
+#[derive(Serialize, Clone, Copy)]
+#[serde(rename_all = "camelCase")]
+enum ConflationEcho {
+    #[serde(rename = "conflation")]
+    Applied(bool),
+    #[serde(rename = "conflationConflict")]
+    Conflict(bool),
+}
+
+impl ConflationEcho {
+    fn of(request: &PopRequest, delivery: &Delivery) -> Option<ConflationEcho> {
+        match (request.conflation, delivery.conflation_conflict) {
+            (false, _) => None,
+            (true, false) => Some(ConflationEcho::Applied(true)),
+            (true, true) => Some(ConflationEcho::Conflict(true)),
+        }
+    }
+}
+
+/// A pop's answer without messages, when it has something to say.
+#[derive(Serialize)]
+struct Empty {
+    success: bool,
+    messages: [(); 0],
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    paused: bool,
+    #[serde(flatten)]
+    conflation: Option<ConflationEcho>,
+}
+
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct PopAnswer<'a> {
@@ -175,6 +220,8 @@ struct PopAnswer<'a> {
     partitions_claimed: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     autopilot: Option<AutopilotEcho>,
+    #[serde(flatten)]
+    conflation: Option<ConflationEcho>,
 }
 
 /// A message as the client reads it.
@@ -189,7 +236,12 @@ struct MessageJson<'a> {
 }
 
 impl<'a> PopAnswer<'a> {
-    fn new(request: &'a PopRequest, delivery: &'a Delivery, autopilot: Option<AutopilotEcho>) -> Self {
+    fn new(
+        request: &'a PopRequest,
+        delivery: &'a Delivery,
+        autopilot: Option<AutopilotEcho>,
+        conflation: Option<ConflationEcho>,
+    ) -> Self {
         let first = delivery.messages.first();
         PopAnswer {
             success: true,
@@ -221,6 +273,7 @@ impl<'a> PopAnswer<'a> {
                 .collect(),
             partitions_claimed: delivery.partitions_claimed,
             autopilot,
+            conflation,
         }
     }
 }

@@ -4,6 +4,7 @@ mod auth;
 mod bad_input;
 mod capacity;
 mod concurrency;
+mod conflation;
 mod creation_limits;
 mod dashboard;
 mod database_tls;
