@@ -118,7 +118,9 @@ async fn bad_pop_parameters_are_refused() {
         ("timeout=99999999999", "timeout"),
         ("subscriptionMode=sometimes", "subscriptionMode"),
         ("subscriptionFrom=yesterday", "subscriptionFrom"),
-        ("consumerGroup=g&conflation=true", "conflation"),
+        ("conflation=true", "consumerGroup"),
+        ("consumerGroup=g&conflation=yes", "conflation"),
+        ("consumerGroup=g&conflation=true&autoAck=true", "autoAck"),
     ] {
         let answer = app.pop("queue/q", query).await;
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{query}");
