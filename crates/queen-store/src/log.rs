@@ -245,7 +245,11 @@ pub async fn append(
 }
 
 /// [`append`] inside a transaction the caller owns: the partition row is locked first, so the
-/// duplicate check cannot race, at the price of compressing under the lock.
+/// duplicate check cannot race, at the price of compressing under the lock. The lock is the one
+/// the append's own update takes (`FOR NO KEY UPDATE`), which leaves the row's key-share locks
+/// alone: a cursor created on the partition meanwhile (its foreign key takes one) neither waits
+/// for the transaction nor, when it creates cursors on several partitions the transaction appends
+/// to, deadlocks with it.
 pub async fn append_in_transaction(
     tx: &deadpool_postgres::Transaction<'_>,
     destination: Destination<'_>,
@@ -253,7 +257,8 @@ pub async fn append_in_transaction(
     policy: &AppendPolicy,
 ) -> Result<AppendResult, StoreError> {
     let partition_id = destination.partition_id;
-    let locked = tx.query_opt("SELECT 1 FROM queen.partitions WHERE id = $1 FOR UPDATE", &[&partition_id]).await?;
+    let locked =
+        tx.query_opt("SELECT 1 FROM queen.partitions WHERE id = $1 FOR NO KEY UPDATE", &[&partition_id]).await?;
     if locked.is_none() {
         return Err(StoreError::Missing("partition"));
     }

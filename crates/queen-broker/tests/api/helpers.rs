@@ -160,6 +160,38 @@ impl TestApp {
         metric_at(&self.http, &self.base, sample).await
     }
 
+    /// A connection of the store's own kind to the test database, named `application_name`: for
+    /// driving `queen_store` directly beside the broker (holding a transaction open, say).
+    pub async fn store_connection(&self, application_name: &str) -> deadpool_postgres::Object {
+        let target: tokio_postgres::Config = self.db.url().parse().expect("the database URL");
+        let settings = queen_store::pool::PoolSettings {
+            max_size: 1,
+            wait_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(10),
+            statement_timeout: Duration::from_secs(30),
+            lock_timeout: Duration::from_secs(10),
+            application_name: application_name.into(),
+        };
+        let pool = queen_store::pool::build_pool(target, &settings).expect("a pool");
+        pool.get().await.expect("a connection")
+    }
+
+    /// The ids of a queue and one of its partitions, by name, for calls into `queen_store`.
+    pub async fn destination<'a>(&self, queue: &'a str, partition: &str) -> queen_store::log::Destination<'a> {
+        let row = self
+            .db
+            .connect()
+            .await
+            .query_one(
+                "SELECT q.id, p.id FROM queen.queues q JOIN queen.partitions p ON p.queue_id = q.id
+                  WHERE q.name = $1 AND p.name = $2",
+                &[&queue, &partition],
+            )
+            .await
+            .expect("the partition");
+        queen_store::log::Destination { queue_id: row.get(0), queue, partition_id: row.get(1) }
+    }
+
     /// One number from the database.
     pub async fn count(&self, sql: &str) -> i64 {
         self.db.connect().await.query_one(sql, &[]).await.unwrap_or_else(|e| panic!("{sql}: {e}")).get(0)

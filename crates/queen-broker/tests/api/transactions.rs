@@ -200,3 +200,34 @@ async fn an_unfenced_ack_of_a_partition_held_under_another_lease_rolls_the_bundl
     let fenced = json!({"operations": [ack_op(&mine, None)]});
     assert_eq!(app.post("/api/v1/transaction", &fenced).await.status, StatusCode::OK);
 }
+
+/// A transaction that appended to a partition holds the partition's append lock until it ends;
+/// meanwhile a pop of a group new to the partition creates its cursor there, whose foreign key
+/// takes a key-share lock on the same row. The append lock must not block that: when it did, a
+/// bundle appending to two partitions and a pop creating cursors on both deadlocked.
+#[actix_web::test]
+async fn a_transaction_appending_to_a_partition_does_not_hold_up_a_new_groups_cursor_there() {
+    use queen_store::log::{AppendPolicy, NewMessage, append_in_transaction};
+
+    let app = TestApp::spawn().await;
+    app.push_one("busy", "p", "committed", json!(1)).await;
+    let destination = app.destination("busy", "p").await;
+    let mut pusher = app.store_connection("appending").await;
+    let held = pusher.transaction().await.expect("a transaction");
+    let message = NewMessage {
+        message_id: uuid::Uuid::now_v7(),
+        transaction_id: "in-flight".into(),
+        trace_id: None,
+        producer: None,
+        payload: b"2".to_vec(),
+    };
+    append_in_transaction(&held, destination, &[message], &AppendPolicy::default()).await.expect("the append");
+
+    let pop = app.pop("queue/busy", "batch=10&consumerGroup=newcomer&subscriptionMode=all");
+    let answer = tokio::time::timeout(Duration::from_secs(5), pop).await.expect("the pop is not held up");
+    assert_eq!(answer.transaction_ids(), vec!["committed"], "{answer:?}");
+    held.commit().await.expect("the append commits");
+    app.ack_all(&answer.messages(), "completed", Some("newcomer")).await;
+    let next = app.pop("queue/busy", "batch=10&consumerGroup=newcomer").await;
+    assert_eq!(next.transaction_ids(), vec!["in-flight"], "{next:?}");
+}
