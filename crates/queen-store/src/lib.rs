@@ -3,6 +3,7 @@
 
 pub mod ack_rules;
 pub mod cursors;
+pub mod depth;
 pub mod dlq;
 pub mod embedded;
 mod error;
@@ -22,6 +23,7 @@ pub mod segment_cache;
 pub mod stats;
 pub mod system_state;
 pub mod tls;
+pub mod traces;
 
 pub use deadpool_postgres::{Pool, Transaction};
 pub use error::{Creation, FailureCounts, LimitReached, StoreError, WriteRefusal, failure_counts};

@@ -38,6 +38,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(9, "0009_dead_letter_producer"),
     migration!(10, "0010_fleet_history"),
     migration!(11, "0011_conflation"),
+    migration!(12, "0012_traces"),
 ];
 
 /// The newest schema version this build knows.

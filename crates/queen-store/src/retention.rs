@@ -9,9 +9,9 @@
 //!   slowest group holds the floor and a partition without cursors keeps everything.
 //!
 //! Segments go from the low end only; `retained_from` (the retention watermark) moves to the
-//! oldest surviving segment, and the transaction-id index entries of deleted segments go with
-//! them. Every lookup starts at the watermark, so a pass never walks deleted history. Dead
-//! letters are never touched.
+//! oldest surviving segment, and the transaction-id index entries and trace events of deleted
+//! segments go with them. Every lookup starts at the watermark, so a pass never walks deleted
+//! history. Dead letters are never touched.
 
 use deadpool_postgres::GenericClient;
 
@@ -166,6 +166,8 @@ pub async fn apply_trim(
                 )
                 .await?;
         }
+        // The trace events of the removed messages go with them.
+        crate::traces::delete_retained(&tx, trim.partition_id, last_end + 1).await?;
         tx.execute(
             "UPDATE queen.partitions SET retained_from = GREATEST(retained_from, $2) WHERE id = $1",
             &[&trim.partition_id, &(last_end + 1)],

@@ -2,6 +2,7 @@
 
 pub mod access;
 pub mod ack;
+pub mod depth;
 mod error;
 pub mod fleet;
 pub mod groups;
@@ -16,6 +17,7 @@ pub mod push_buffer;
 pub mod queue_options;
 pub mod queues;
 pub mod stats;
+pub mod traces;
 pub mod transaction;
 
 use std::sync::Arc;

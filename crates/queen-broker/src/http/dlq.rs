@@ -80,7 +80,8 @@ struct Page {
     offset: i64,
 }
 
-fn time_filter(value: Option<&String>, key: &str) -> Result<Option<DateTime<Utc>>, ApiError> {
+/// A time of the query string (`from`, `to`): ISO-8601, refused (400) otherwise.
+pub(super) fn time_filter(value: Option<&String>, key: &str) -> Result<Option<DateTime<Utc>>, ApiError> {
     value
         .map(|text| {
             DateTime::parse_from_rfc3339(text)

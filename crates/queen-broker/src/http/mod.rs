@@ -7,6 +7,7 @@ mod body;
 mod configure;
 mod consumer_groups;
 mod dashboard;
+mod depth;
 mod dlq;
 pub mod gate;
 mod health;
@@ -18,6 +19,7 @@ pub mod request_id;
 mod resources;
 mod status;
 mod system;
+mod traces;
 mod transaction;
 
 pub use push::parse_items as parse_push_body;
@@ -135,6 +137,7 @@ api! {
     "/api/v1/status/brokers" { get => status::brokers, read_only(Scope::Fleet); }
     "/api/v1/status/history" { get => status::history, read_only(Scope::Fleet); }
     "/api/v1/messages" { get => status::list_messages, read_only(Scope::QueryQueue); }
+    "/api/v1/resources/queues/{queue}/depth" { get => depth::queue_depth, read_only(Scope::PathQueue); }
     "/api/v1/resources/queues/{queue}" {
         get => resources::get_queue, read_only(Scope::PathQueue);
         delete => resources::delete_queue, admin(Scope::PathQueue);
@@ -146,6 +149,11 @@ api! {
         get => messages::get, read_only(Scope::PathPartition);
         delete => dlq::delete, admin(Scope::PathPartition);
     }
+    "/api/v1/traces" { post => traces::record, read_write(Scope::Body); }
+    // Before the message's events, which `by-name/{name}` would otherwise match.
+    "/api/v1/traces/names" { get => traces::names, read_only(Scope::Fleet); }
+    "/api/v1/traces/by-name/{name:.+}" { get => traces::by_name, read_only(Scope::Fleet); }
+    "/api/v1/traces/{partition_id}/{transaction_id:.+}" { get => traces::of_message, read_only(Scope::PathPartition); }
     "/api/v1/consumer-groups" { get => consumer_groups::list, read_only(Scope::Fleet); }
     // Before `{group}`: a literal beats the parameter only when registered first.
     "/api/v1/consumer-groups/lagging" { get => consumer_groups::lagging, read_only(Scope::Fleet); }
