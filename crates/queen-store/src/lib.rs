@@ -14,6 +14,7 @@ pub mod listen;
 pub mod log;
 pub mod messages;
 pub mod migrations;
+pub mod offset_reads;
 pub mod owners;
 pub mod pool;
 pub mod probes;

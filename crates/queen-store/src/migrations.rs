@@ -39,6 +39,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(10, "0010_fleet_history"),
     migration!(11, "0011_conflation"),
     migration!(12, "0012_traces"),
+    migration!(15, "0015_offset_reads"),
 ];
 
 /// The newest schema version this build knows.

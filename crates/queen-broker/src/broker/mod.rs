@@ -10,6 +10,7 @@ pub mod leases;
 pub mod maintenance_mode;
 pub mod messages;
 mod names_cache;
+pub mod offset_reads;
 pub mod pop;
 pub mod probes;
 pub mod push;

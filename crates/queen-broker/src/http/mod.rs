@@ -13,6 +13,7 @@ pub mod gate;
 mod health;
 mod lease;
 mod messages;
+mod offset_reads;
 mod pop;
 mod push;
 pub mod request_id;
@@ -127,6 +128,8 @@ api! {
     "/api/v1/ack/batch" { post => ack::batch, read_write(Scope::Body); }
     "/api/v1/lease/{lease_id}/extend" { post => lease::extend, read_write(Scope::PathLease); }
     "/api/v1/transaction" { post => transaction::handle, read_write(Scope::Body); }
+    "/api/v1/fetch" { post => offset_reads::fetch, read_only(Scope::Body); }
+    "/api/v1/partitions/changed" { post => offset_reads::changed, read_only(Scope::Body); }
     "/api/v1/resources/overview" { get => status::overview, read_only(Scope::Fleet); }
     "/api/v1/resources/queues" { get => status::queues, read_only(Scope::Fleet); }
     "/api/v1/resources/partitions" { get => status::partitions, read_only(Scope::QueryQueue); }

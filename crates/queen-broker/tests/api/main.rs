@@ -26,6 +26,7 @@ mod long_poll;
 mod maintenance_mode;
 mod messages;
 mod namespaces;
+mod offset_reads;
 mod operations;
 mod overload;
 mod queue_options;
