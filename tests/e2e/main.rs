@@ -2,7 +2,9 @@
 
 mod client;
 mod fleet;
+mod kv_fleet;
 mod maintenance;
 mod overload;
 mod process;
 mod support;
+mod timers_fleet;

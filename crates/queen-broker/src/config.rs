@@ -25,6 +25,7 @@ pub struct Config {
     pub auth: AuthConfig,
     pub metrics: MetricsConfig,
     pub stats: StatsConfig,
+    pub timers: TimersConfig,
     pub log: LogConfig,
 }
 
@@ -471,6 +472,29 @@ impl Default for StatsConfig {
     }
 }
 
+/// The sweep that delivers due timers (`POST /api/v1/timers`), on every broker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TimersConfig {
+    /// The shortest time between two sweeps of a broker: a due timer the broker knows of is
+    /// delivered within about this long. Knowing of it means it was scheduled through this
+    /// broker, or seen by its last probe for the next due timer.
+    pub sweep_interval_ms: u64,
+    /// The longest an idle broker goes without probing for the next due timer (one index probe):
+    /// how late a timer scheduled through another broker that died since can be delivered.
+    pub idle_probe_ms: u64,
+    /// Failed deliveries (its queue full, a creation limit, ...) after which a timer is held:
+    /// kept with its last error and not tried again until it is rescheduled. The wait between
+    /// attempts doubles from 1 s to at most a minute.
+    pub max_attempts: u32,
+}
+
+impl Default for TimersConfig {
+    fn default() -> Self {
+        Self { sweep_interval_ms: 200, idle_probe_ms: 2000, max_attempts: 20 }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LogConfig {
@@ -626,6 +650,16 @@ impl Config {
         }
         if self.maintenance.batch_segments == 0 {
             return Err(invalid("maintenance.batch_segments", "must be at least 1"));
+        }
+        let timers = &self.timers;
+        if !(10..=60_000).contains(&timers.sweep_interval_ms) {
+            return Err(invalid("timers.sweep_interval_ms", "must be between 10 and 60000"));
+        }
+        if !(timers.sweep_interval_ms..=600_000).contains(&timers.idle_probe_ms) {
+            return Err(invalid("timers.idle_probe_ms", "must be between timers.sweep_interval_ms and 600000"));
+        }
+        if !(1..=1000).contains(&timers.max_attempts) {
+            return Err(invalid("timers.max_attempts", "must be between 1 and 1000"));
         }
         if self.buffer.drain_batch_messages == 0 {
             return Err(invalid("buffer.drain_batch_messages", "must be at least 1"));

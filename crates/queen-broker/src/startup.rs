@@ -91,6 +91,8 @@ impl Application {
         actix_web::rt::spawn(crate::broker::push_buffer::keep_draining(broker.clone()));
         // The fleet list and the history the dashboard shows.
         actix_web::rt::spawn(crate::broker::fleet::keep_beating(broker.clone()));
+        // Delivers due timers, those that fell due while no broker ran first.
+        actix_web::rt::spawn(crate::services::timers::keep_sweeping(broker.clone()));
         let app_broker = broker.clone();
         let server = HttpServer::new(move || {
             App::new()

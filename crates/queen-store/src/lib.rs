@@ -10,6 +10,7 @@ mod error;
 pub mod events;
 pub mod fleet;
 pub mod groups;
+pub mod kv;
 pub mod listen;
 pub mod log;
 pub mod messages;
@@ -23,6 +24,7 @@ pub mod retention;
 pub mod segment_cache;
 pub mod stats;
 pub mod system_state;
+pub mod timers;
 pub mod tls;
 pub mod traces;
 

@@ -39,6 +39,8 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(10, "0010_fleet_history"),
     migration!(11, "0011_conflation"),
     migration!(12, "0012_traces"),
+    migration!(13, "0013_kv"),
+    migration!(14, "0014_timers"),
     migration!(15, "0015_offset_reads"),
 ];
 

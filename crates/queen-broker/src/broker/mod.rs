@@ -6,7 +6,9 @@ pub mod depth;
 mod error;
 pub mod fleet;
 pub mod groups;
+pub mod kv;
 pub mod leases;
+pub mod locks;
 pub mod maintenance_mode;
 pub mod messages;
 mod names_cache;
@@ -18,6 +20,7 @@ pub mod push_buffer;
 pub mod queue_options;
 pub mod queues;
 pub mod stats;
+pub mod timers;
 pub mod traces;
 pub mod transaction;
 
@@ -38,6 +41,7 @@ use crate::metrics::Metrics;
 use crate::pressure::{Bound, Limited, PerClient};
 use crate::services::listener::{FleetListeners, keep_listening};
 use crate::services::maintenance::{Maintenance, MaintenanceSettings};
+use crate::services::timers::SweepAlarm;
 use maintenance_mode::MaintenanceMode;
 use queen_log::Cipher;
 use queen_store::segment_cache::SegmentCache;
@@ -73,6 +77,8 @@ pub struct Broker {
     pub segments: Arc<SegmentCache>,
     /// Where pushes wait during push maintenance.
     pub journal: Journal,
+    /// Wakes the timer sweeper for timers scheduled through this broker.
+    pub timer_alarm: SweepAlarm,
     /// Identifies this broker in the leases it grants.
     pub broker_id: String,
     /// When `/metrics` last read consumer lag from the database.
@@ -237,6 +243,7 @@ impl Broker {
             cipher,
             segments,
             journal,
+            timer_alarm: SweepAlarm::default(),
             broker_id,
             lag_refreshed_at: std::sync::Mutex::new(None),
             namespace_pops: AtomicU64::new(0),

@@ -13,7 +13,9 @@ use queen_store::queues::{self, Queue};
 use super::Broker;
 use super::BrokerError;
 use super::ack::refusal_text;
+use super::kv::{self, Outcome};
 use super::push::{Admission, PushItem, Pushed, append_policy, resolve, shares_of};
+use super::timers::{self, TimerOp, TimerResult};
 use crate::actors::coordinator::DataAvailable;
 
 /// One operation of a bundle, in the caller's order.
@@ -30,13 +32,20 @@ pub struct Bundle {
     /// Every one must be live when the bundle commits; acks that name no lease of their own are
     /// fenced by them.
     pub required_leases: Vec<uuid::Uuid>,
+    /// The `kv` rider: key/value operations applied in the same PostgreSQL transaction.
+    pub kv: Option<kv::Batch>,
+    /// The `timers` rider: timers scheduled and cancelled in the same PostgreSQL transaction.
+    pub timers: Vec<TimerOp>,
 }
 
-/// What one entry of the results (every ack and every pushed item, in operation order) became.
+/// What one entry of the results (every ack and every pushed item, in operation order, then each
+/// operation of the `kv` rider, then each of the `timers` rider) became.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Applied {
     Ack { request: AckRequest, outcome: AckOutcome },
     Push(Pushed),
+    Kv(kv::OpResult),
+    Timer(TimerResult),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +53,10 @@ pub enum TransactionError {
     /// A part of the bundle was refused; nothing of it happened.
     #[error("transaction rolled back: {0}")]
     RolledBack(String),
+    /// A `required` operation of the `kv` rider failed; nothing of the bundle happened. `index` is
+    /// the operation's place among the results (after every ack and pushed item).
+    #[error("transaction rolled back: the key/value precondition at {index} failed")]
+    KvPrecondition { index: usize, verdict: kv::Verdict },
     #[error(transparent)]
     Failed(#[from] BrokerError),
 }
@@ -54,15 +67,16 @@ impl From<StoreError> for TransactionError {
     }
 }
 
-/// Runs the bundle. Its required leases are checked first; acknowledgements are applied next and
-/// pushes after, partition by partition in id order: the results do not depend on that order,
-/// and every transaction taking cursor locks before capacity locks before partition locks (in a
-/// fixed order each) keeps concurrent bundles from deadlocking. A bundle that would take a queue
-/// past its `maxSize` rolls back with [`BrokerError::QueueFull`]; one whose pushes would create
-/// queues or partitions past a creation limit is refused before anything of it is done
-/// ([`BrokerError::LimitReached`]).
+/// Runs the bundle. Its `kv` rider is judged first, then its required leases are checked;
+/// acknowledgements are applied next, the `timers` rider after them, and pushes last, partition by
+/// partition in id order: the results do not depend on that order, and every transaction taking
+/// key/value row locks before cursor locks before timer row locks before capacity locks before
+/// partition locks (in a fixed order each) keeps concurrent bundles from deadlocking. A bundle
+/// that would take a queue past its `maxSize` rolls back with [`BrokerError::QueueFull`]; one whose
+/// pushes would create queues or partitions past a creation limit is refused before anything of it
+/// is done ([`BrokerError::LimitReached`]).
 pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, TransactionError> {
-    let Bundle { operations, required_leases } = bundle;
+    let Bundle { operations, required_leases, kv, timers: mut timer_ops } = bundle;
     let mut acks = Vec::new();
     let mut items = Vec::new();
     // For each entry of the results: which ack or which pushed item it is.
@@ -108,9 +122,21 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
         queues_of_items.insert(queue.id, Arc::clone(queue));
     }
     let capped = queues_of_items.values().filter(|queue| queue.options.max_size > 0);
+    timers::seal_payloads(broker, &mut timer_ops).await?;
 
     let mut client = broker.pool.get().await.map_err(StoreError::from)?;
     let tx = client.transaction().await.map_err(StoreError::from)?;
+    // The rider's key locks come first, before any cursor or partition lock, in every bundle; a
+    // lost guard costs no ack or push work.
+    let kv_results = match &kv {
+        None => Vec::new(),
+        Some(batch) => match kv::apply_in(&tx, batch).await? {
+            Outcome::Applied(results) => results,
+            Outcome::Aborted { index, verdict } => {
+                return Err(TransactionError::KvPrecondition { index: order.len() + index, verdict });
+            }
+        },
+    };
     // Before the acks: an ack that completes its lease's span releases the lease.
     let not_live = queen_store::cursors::not_live_leases(&tx, &required_leases).await?;
     if !not_live.is_empty() {
@@ -134,6 +160,9 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
             request.transaction_id, request.partition_id
         )));
     }
+    // Timer row locks (in key order) after the cursor locks and before the capacity and partition
+    // locks, the order in which the timer sweeper takes the last three.
+    let timer_results = timers::apply_in(&tx, &timer_ops).await?;
 
     // Capacity locks in queue id order, before any partition lock, as capped pushes take them.
     let mut depths = BTreeMap::new();
@@ -170,6 +199,7 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
         }
     }
     tx.commit().await.map_err(StoreError::from)?;
+    timers::wake_sweeper(broker, &timer_ops, &timer_results);
     for (item, pushed) in items.iter().zip(&pushed) {
         if let Some(Pushed { outcome: Appended::Queued { .. }, .. }) = pushed {
             broker.metrics.messages_pushed.inc(&item.queue);
@@ -186,14 +216,17 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
     let statuses: Vec<_> = acks.iter().map(|a| a.status).collect();
     super::ack::record(&broker.metrics, &statuses, &ack_outcomes);
     let mut acks = acks.into_iter().zip(ack_outcomes).map(Some).collect::<Vec<_>>();
-    order
+    let mut applied = order
         .into_iter()
         .map(|entry| match entry {
             Entry::Ack(i) => acks[i].take().map(|(request, outcome)| Applied::Ack { request, outcome }),
             Entry::Item(i) => pushed[i].take().map(Applied::Push),
         })
         .map(|applied| applied.ok_or_else(|| BrokerError::Internal("a transaction entry has no outcome".into()).into()))
-        .collect()
+        .collect::<Result<Vec<_>, TransactionError>>()?;
+    applied.extend(kv_results.into_iter().map(Applied::Kv));
+    applied.extend(timer_results.into_iter().map(Applied::Timer));
+    Ok(applied)
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -11,7 +11,9 @@ mod depth;
 mod dlq;
 pub mod gate;
 mod health;
+mod kv;
 mod lease;
+mod locks;
 mod messages;
 mod offset_reads;
 mod pop;
@@ -20,6 +22,7 @@ pub mod request_id;
 mod resources;
 mod status;
 mod system;
+mod timers;
 mod traces;
 mod transaction;
 
@@ -128,6 +131,15 @@ api! {
     "/api/v1/ack/batch" { post => ack::batch, read_write(Scope::Body); }
     "/api/v1/lease/{lease_id}/extend" { post => lease::extend, read_write(Scope::PathLease); }
     "/api/v1/transaction" { post => transaction::handle, read_write(Scope::Body); }
+    "/api/v1/kv" { post => kv::handle, read_write(Scope::Fleet); }
+    "/api/v1/locks" { post => locks::handle, read_write(Scope::Fleet); }
+    "/api/v1/timers" { post => timers::batch, read_write(Scope::Body); }
+    "/api/v1/timers/{queue}" { get => timers::list, read_only(Scope::PathQueue); }
+    // The key is the rest of the path: it may contain `/`.
+    "/api/v1/timers/{queue}/{key:.+}" {
+        get => timers::peek, read_only(Scope::PathQueue);
+        delete => timers::cancel, read_write(Scope::PathQueue);
+    }
     "/api/v1/fetch" { post => offset_reads::fetch, read_only(Scope::Body); }
     "/api/v1/partitions/changed" { post => offset_reads::changed, read_only(Scope::Body); }
     "/api/v1/resources/overview" { get => status::overview, read_only(Scope::Fleet); }

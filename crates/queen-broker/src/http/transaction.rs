@@ -1,4 +1,4 @@
-//! `POST /api/v1/transaction`: acks and pushes, all or nothing.
+//! `POST /api/v1/transaction`: acks and pushes, all or nothing, with the `kv` and `timers` riders.
 
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use serde::Serialize;
@@ -9,7 +9,9 @@ use queen_store::ack_rules::LeaseFence;
 use super::ack::{AckResult, parse_ack};
 use super::authorize::Caller;
 use super::body::{JsonObject, read_body};
+use super::kv::{OpJson, Precondition, Rider, parse_batch};
 use super::push::{ItemResult, parse_item, stamp};
+use super::timers::{TimerResultJson, parse_rider};
 use crate::broker::Broker;
 use crate::broker::transaction::{Applied, Bundle, Operation, TransactionError, execute};
 use crate::error::ApiError;
@@ -25,7 +27,11 @@ pub async fn handle(
         return Err(ApiError::bad_request("binary transaction bodies are not supported by this broker; send JSON"));
     }
     let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
+    let body = JsonObject::parse_body(&body, false)?;
     let mut bundle = parse_bundle(&body, broker.config.push.max_items)?;
+    // The `timers` rider is read with the broker's limits, which `parse_bundle` does not know.
+    bundle.timers = parse_rider(&body, &broker)?;
+    super::timers::stamp(&caller, &mut bundle.timers)?;
     let mut acked = Vec::new();
     for operation in &mut bundle.operations {
         match operation {
@@ -34,17 +40,26 @@ pub async fn handle(
         }
     }
     caller.check_partitions(&broker, &acked).await?;
+    // Key/value state belongs to no queue: a token confined to queues may not touch it, here as on
+    // `/api/v1/kv`.
+    if bundle.kv.is_some() && caller.0.as_ref().is_some_and(|identity| identity.is_scoped()) {
+        return Err(ApiError::Forbidden("a token confined to queues may not use the kv rider".into()));
+    }
     let transaction_id = Uuid::now_v7();
     match execute(&broker, bundle).await {
         Ok(applied) => {
-            let results: Vec<EntryResult<'_>> = applied
+            let results = applied
                 .iter()
                 .enumerate()
-                .map(|(index, entry)| match entry {
-                    Applied::Ack { request, outcome } => EntryResult::Ack(AckResult::new(index, request, outcome)),
-                    Applied::Push(pushed) => EntryResult::Push(ItemResult::new(index, pushed)),
+                .map(|(index, entry)| {
+                    Ok(match entry {
+                        Applied::Ack { request, outcome } => EntryResult::Ack(AckResult::new(index, request, outcome)),
+                        Applied::Push(pushed) => EntryResult::Push(ItemResult::new(index, pushed)),
+                        Applied::Kv(result) => EntryResult::Kv(OpJson::of(result)?),
+                        Applied::Timer(result) => EntryResult::Timer(TimerResultJson::new(Some(index), result)),
+                    })
                 })
-                .collect();
+                .collect::<Result<Vec<_>, ApiError>>()?;
             Ok(HttpResponse::Ok().json(Committed { success: true, transaction_id, results }))
         }
         Err(TransactionError::RolledBack(reason)) => Ok(HttpResponse::Conflict().json(RolledBack {
@@ -53,23 +68,34 @@ pub async fn handle(
             error: format!("transaction rolled back: {reason}"),
             code: "rolled_back",
         })),
+        // Returned, not raised, by the official client: the expected end of a redelivery whose
+        // marker exists, or of a step whose lock guard no longer holds.
+        Err(ref error @ TransactionError::KvPrecondition { index, ref verdict }) => {
+            Ok(HttpResponse::Ok().json(KvRolledBack {
+                success: false,
+                transaction_id,
+                error: error.to_string(),
+                precondition: Precondition::of(index, verdict)?,
+            }))
+        }
         Err(TransactionError::Failed(e)) => Err(e.into()),
     }
 }
 
 /// The operations of a body, checked; one bad operation refuses the whole bundle. An ack that
 /// names no lease of its own is fenced by the bundle's `requiredLeases` when there are any.
-fn parse_bundle(body: &[u8], max_items: usize) -> Result<Bundle, ApiError> {
-    let body = JsonObject::parse_body(body, false)?;
-    for rider in ["kv", "timers"] {
-        if body.raw(rider).is_some() {
-            return Err(ApiError::bad_request(format!(
-                "{rider} operations in transactions are not supported by this broker"
-            )));
-        }
-    }
+fn parse_bundle(body: &JsonObject<'_>, max_items: usize) -> Result<Bundle, ApiError> {
+    let kv = match body.raw("kv") {
+        None => None,
+        Some(_) => Some(
+            parse_batch(&body, "kv", Rider::Yes)
+                .map_err(|refused| ApiError::BadRequest(format!("{} ({})", refused.detail, refused.code)))?,
+        ),
+    };
     let operations = body.objects("operations")?.ok_or_else(|| ApiError::bad_request("operations is required"))?;
-    if operations.is_empty() {
+    // A bundle of key/value or timer operations alone is a bundle (a guarded step may only write
+    // state, or only schedule).
+    if operations.is_empty() && kv.is_none() && body.raw("timers").is_none() {
         return Err(ApiError::bad_request("operations must not be empty"));
     }
     let required: Vec<String> = match body.raw("requiredLeases") {
@@ -122,7 +148,7 @@ fn parse_bundle(body: &[u8], max_items: usize) -> Result<Bundle, ApiError> {
             ))),
         })
         .collect::<Result<_, _>>()?;
-    Ok(Bundle { operations, required_leases })
+    Ok(Bundle { operations, required_leases, kv, timers: Vec::new() })
 }
 
 #[derive(Serialize)]
@@ -130,6 +156,8 @@ fn parse_bundle(body: &[u8], max_items: usize) -> Result<Bundle, ApiError> {
 enum EntryResult<'a> {
     Ack(AckResult<'a>),
     Push(ItemResult<'a>),
+    Kv(OpJson<'a>),
+    Timer(TimerResultJson<'a>),
 }
 
 #[derive(Serialize)]
@@ -138,6 +166,17 @@ struct Committed<'a> {
     success: bool,
     transaction_id: Uuid,
     results: Vec<EntryResult<'a>>,
+}
+
+/// A bundle a `kv` rider operation stopped: `reason: "kv_precondition"` and where and why.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct KvRolledBack<'a> {
+    success: bool,
+    transaction_id: Uuid,
+    error: String,
+    #[serde(flatten)]
+    precondition: Precondition<'a>,
 }
 
 #[derive(Serialize)]
@@ -154,7 +193,7 @@ mod tests {
     use super::*;
 
     fn refused(body: &str) -> String {
-        match parse_bundle(body.as_bytes(), 100) {
+        match JsonObject::parse_body(body.as_bytes(), false).and_then(|body| parse_bundle(&body, 100)) {
             Err(ApiError::BadRequest(message)) => message,
             other => panic!("{body}: expected a 400, got {other:?}"),
         }
@@ -178,7 +217,7 @@ mod tests {
                                 {{"type": "ack", "transactionId": "u", "partitionId": "2", "leaseId": "{one}"}}],
                 "requiredLeases": ["{two}", "{one}", "{two}"]}}"#
         );
-        let bundle = parse_bundle(body.as_bytes(), 10).unwrap();
+        let bundle = parse_bundle(&JsonObject::parse_body(body.as_bytes(), false).unwrap(), 10).unwrap();
         let leases = vec![Uuid::parse_str(one).unwrap(), Uuid::parse_str(two).unwrap()];
         assert_eq!(bundle.required_leases, leases, "sorted, without repeats");
         let fences: Vec<&LeaseFence> = bundle

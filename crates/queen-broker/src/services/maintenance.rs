@@ -1,4 +1,5 @@
-//! Maintenance: retention and partition clean-up, one pass every `maintenance.interval_ms`.
+//! Maintenance: retention, partition clean-up and dead key/value rows, one pass every
+//! `maintenance.interval_ms`.
 //!
 //! Every broker of a fleet schedules passes; a pass runs only on the broker that takes the
 //! maintenance advisory lock, so in a fleet one broker runs each pass and the others skip it.
@@ -17,6 +18,9 @@ use crate::metrics::Metrics;
 
 /// Most partitions one pass deletes.
 const CLEANUP_LIMIT: i64 = 1000;
+/// Dead key/value rows deleted per statement, and most statements per pass.
+const KV_PRUNE_BATCH: i64 = 1000;
+const KV_PRUNE_BATCHES: usize = 100;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MaintenanceSettings {
@@ -42,6 +46,8 @@ pub struct Maintenance {
 pub struct PassReport {
     pub trimmed: Trimmed,
     pub partitions_deleted: u64,
+    /// Expired and deleted key/value rows removed.
+    pub kv_rows_deleted: u64,
 }
 
 impl Maintenance {
@@ -109,6 +115,7 @@ async fn run_pass(
         }
         let removed = retention::clean_up_partitions(&client, settings.partition_cleanup_days, CLEANUP_LIMIT).await?;
         report.partitions_deleted = removed.len() as u64;
+        report.kv_rows_deleted = queen_store::kv::prune_dead(&client, KV_PRUNE_BATCH, KV_PRUNE_BATCHES).await?;
         retention::record_run(&client, broker_id, started_at, report.trimmed, report.partitions_deleted).await?;
         Ok::<_, StoreError>((report, removed))
     }

@@ -2,3 +2,4 @@
 
 pub mod listener;
 pub mod maintenance;
+pub mod timers;

@@ -1,0 +1,273 @@
+//! Locks and semaphores (`POST /api/v1/locks`): leases on names, with fencing tokens, made of
+//! key/value rows.
+//!
+//! A permit is the row `<name>#<slot>` of namespace [`NAMESPACE`], whose value names its owner and
+//! whose lifetime is the lease. Its **token is the row's version**: every renew rewrites the row,
+//! so the token changes and rises, and since a key's version never runs back (a released permit's
+//! row stays dead with its version; maintenance's floor covers rows it removes), a name's tokens
+//! only ever rise, across releases and re-acquires too. That is what lets a transaction be fenced
+//! by the lock: the `guard` a holder gets is a key/value `check` of its row at its token, which
+//! fails once the permit was renewed by someone else's hand, released, expired or taken again.
+//!
+//! Each operation of a call is applied in a transaction of its own: they are independent.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Duration, Utc};
+use deadpool_postgres::GenericClient;
+use queen_store::StoreError;
+use queen_store::kv::{self as store, Entry};
+
+use super::{Broker, BrokerError};
+
+/// The key/value namespace of permits; key/value writes to it are refused, so only this module
+/// writes there.
+pub const NAMESPACE: &str = "queen-locks";
+/// Longest lock name and owner, in bytes.
+pub const MAX_NAME_BYTES: usize = 256;
+pub const MAX_OWNER_BYTES: usize = 256;
+/// Most permits of one name (slots `0..limit`).
+pub const MAX_LIMIT: u32 = 1024;
+
+/// Separates a name from its slot in a permit's key; names may not contain it.
+const SLOT_SEPARATOR: char = '#';
+
+/// One operation on one lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockOp {
+    /// Take a permit of `name` (one of `limit`) for `ttl_seconds`. Without an owner, a fresh one is
+    /// made up (and the call is then not safe to repeat).
+    Acquire {
+        name: String,
+        ttl_seconds: i64,
+        owner: Option<String>,
+        limit: u32,
+    },
+    /// Extend the permit at `slot` held with `token`, which changes.
+    Renew {
+        name: String,
+        token: i64,
+        ttl_seconds: i64,
+        slot: u32,
+        owner: Option<String>,
+    },
+    Release {
+        name: String,
+        token: i64,
+        slot: u32,
+    },
+    Get {
+        name: String,
+    },
+}
+
+/// A permit held.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Permit {
+    pub name: String,
+    pub slot: u32,
+    pub token: i64,
+    pub owner: String,
+}
+
+impl Permit {
+    /// The key of the permit's row in [`NAMESPACE`], which its guard checks.
+    pub fn key(&self) -> String {
+        permit_key(&self.name, self.slot)
+    }
+}
+
+fn permit_key(name: &str, slot: u32) -> String {
+    format!("{name}{SLOT_SEPARATOR}{slot}")
+}
+
+/// A live permit of a name, as `get` and a refused acquire report it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    pub slot: u32,
+    pub owner: String,
+    pub token: i64,
+    pub since: DateTime<Utc>,
+    pub expires_at: Option<DateTime<Utc>>,
+    pub renewed_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockOutcome {
+    /// `already`: the owner held a permit of the name; it is answered as it is.
+    Acquired {
+        permit: Permit,
+        already: bool,
+    },
+    /// Every permit is held by others.
+    Held {
+        holders: Vec<Holder>,
+    },
+    Renewed {
+        permit: Permit,
+    },
+    /// The token is not the permit's any more (released, expired, taken again).
+    RenewLost {
+        holders: Vec<Holder>,
+    },
+    Released,
+    ReleaseLost,
+    State {
+        holders: Vec<Holder>,
+    },
+}
+
+/// Applies each operation in its own transaction, in order.
+pub async fn run(broker: &Broker, operations: &[LockOp]) -> Result<Vec<LockOutcome>, BrokerError> {
+    let mut client = broker.pool.get().await.map_err(StoreError::from)?;
+    let mut outcomes = Vec::with_capacity(operations.len());
+    for operation in operations {
+        let tx = client.transaction().await.map_err(StoreError::from)?;
+        let outcome = match operation {
+            LockOp::Acquire { name, ttl_seconds, owner, limit } => {
+                let owner = owner.clone().unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+                acquire(&tx, name, *ttl_seconds, owner, *limit).await?
+            }
+            LockOp::Renew { name, token, ttl_seconds, slot, owner } => {
+                renew(&tx, name, *token, *ttl_seconds, *slot, owner.as_deref()).await?
+            }
+            LockOp::Release { name, token, slot } => release(&tx, name, *token, *slot).await?,
+            LockOp::Get { name } => LockOutcome::State { holders: holders(&tx, name).await? },
+        };
+        // Refusals wrote nothing worth keeping (a placeholder row at most): roll them back.
+        if matches!(
+            outcome,
+            LockOutcome::Acquired { already: false, .. } | LockOutcome::Renewed { .. } | LockOutcome::Released
+        ) {
+            tx.commit().await.map_err(StoreError::from)?;
+        }
+        outcomes.push(outcome);
+    }
+    Ok(outcomes)
+}
+
+/// Acquires of one name take turns (a transaction advisory lock), so each sees every permit the
+/// ones before it took, and an owner repeating its acquire finds its permit.
+async fn acquire(
+    client: &impl GenericClient,
+    name: &str,
+    ttl_seconds: i64,
+    owner: String,
+    limit: u32,
+) -> Result<LockOutcome, BrokerError> {
+    store::lock_key_group(client, NAMESPACE, name).await?;
+    let holders = holders(client, name).await?;
+    if let Some(mine) = holders.iter().find(|holder| holder.owner == owner) {
+        let permit = Permit { name: name.to_owned(), slot: mine.slot, token: mine.token, owner };
+        return Ok(LockOutcome::Acquired { permit, already: true });
+    }
+    let Some(slot) = (0..limit).find(|slot| holders.iter().all(|holder| holder.slot != *slot)) else {
+        return Ok(LockOutcome::Held { holders });
+    };
+    let key = (NAMESPACE.to_owned(), permit_key(name, slot));
+    let locked = store::lock(client, &BTreeMap::from([(key.clone(), true)])).await?;
+    let now = locked.now;
+    let row = locked.rows.get(&key).ok_or_else(|| BrokerError::Internal("a permit's row was not locked".into()))?;
+    if row.is_live(now) {
+        // Not reachable while acquires take turns; a refusal rather than a second holder.
+        return Ok(LockOutcome::Held { holders });
+    }
+    let write = store::Write {
+        ns: key.0,
+        key: key.1,
+        value: Some(serde_json::json!({ "owner": owner }).to_string()),
+        version: row.next_version(now),
+        expires_at: Some(now + Duration::seconds(ttl_seconds)),
+        created_at: now,
+    };
+    let token = write.version;
+    store::store(client, now, &[write]).await?;
+    Ok(LockOutcome::Acquired { permit: Permit { name: name.to_owned(), slot, token, owner }, already: false })
+}
+
+async fn renew(
+    client: &impl GenericClient,
+    name: &str,
+    token: i64,
+    ttl_seconds: i64,
+    slot: u32,
+    owner: Option<&str>,
+) -> Result<LockOutcome, BrokerError> {
+    let key = (NAMESPACE.to_owned(), permit_key(name, slot));
+    let locked = store::lock(client, &BTreeMap::from([(key.clone(), true)])).await?;
+    let now = locked.now;
+    let held = locked.rows.get(&key).filter(|row| row.is_live(now) && row.version == token);
+    let held_owner = held.and_then(|row| owner_of(row.value.as_deref()));
+    let (Some(row), Some(held_owner)) = (held, held_owner) else {
+        return Ok(LockOutcome::RenewLost { holders: holders(client, name).await? });
+    };
+    if owner.is_some_and(|owner| owner != held_owner) {
+        return Ok(LockOutcome::RenewLost { holders: holders(client, name).await? });
+    }
+    let write = store::Write {
+        ns: key.0,
+        key: key.1,
+        value: row.value.clone(),
+        version: row.version + 1,
+        expires_at: Some(now + Duration::seconds(ttl_seconds)),
+        created_at: row.created_at,
+    };
+    let permit = Permit { name: name.to_owned(), slot, token: write.version, owner: held_owner };
+    store::store(client, now, &[write]).await?;
+    Ok(LockOutcome::Renewed { permit })
+}
+
+async fn release(client: &impl GenericClient, name: &str, token: i64, slot: u32) -> Result<LockOutcome, BrokerError> {
+    let key = (NAMESPACE.to_owned(), permit_key(name, slot));
+    let locked = store::lock(client, &BTreeMap::from([(key.clone(), true)])).await?;
+    let now = locked.now;
+    let Some(row) = locked.rows.get(&key).filter(|row| row.is_live(now) && row.version == token) else {
+        return Ok(LockOutcome::ReleaseLost);
+    };
+    // Dead, keeping its version: the next acquire's token is above this one.
+    let write = store::Write {
+        ns: key.0,
+        key: key.1,
+        value: None,
+        version: row.version,
+        expires_at: Some(now),
+        created_at: row.created_at,
+    };
+    store::store(client, now, &[write]).await?;
+    Ok(LockOutcome::Released)
+}
+
+/// The live permits of a name, by slot.
+async fn holders(client: &impl GenericClient, name: &str) -> Result<Vec<Holder>, BrokerError> {
+    let prefix = format!("{name}{SLOT_SEPARATOR}");
+    let rows = store::get_prefix(client, NAMESPACE, &prefix, None, i64::from(MAX_LIMIT), false).await?;
+    let mut holders: Vec<Holder> = rows.iter().filter_map(|entry| holder(&prefix, entry)).collect();
+    holders.sort_by_key(|holder| holder.slot);
+    Ok(holders)
+}
+
+fn holder(prefix: &str, entry: &Entry) -> Option<Holder> {
+    let slot = entry.key.strip_prefix(prefix)?.parse().ok()?;
+    Some(Holder {
+        slot,
+        owner: owner_of(entry.value.as_deref())?,
+        token: entry.version,
+        since: entry.created_at,
+        expires_at: entry.expires_at,
+        renewed_at: entry.updated_at,
+    })
+}
+
+fn owner_of(value: Option<&str>) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_str(value?).ok()?;
+    value.get("owner")?.as_str().map(str::to_owned)
+}
+
+/// Refuses a lock name holding the separator of a permit's key (the edge checks what every name
+/// must be: 1 to [`MAX_NAME_BYTES`] bytes, no control characters).
+pub fn check_name(name: &str) -> Result<(), String> {
+    if name.contains(SLOT_SEPARATOR) {
+        return Err(format!("must not contain {SLOT_SEPARATOR:?}"));
+    }
+    Ok(())
+}
