@@ -88,7 +88,7 @@ fn parse_bundle(body: &JsonObject<'_>, max_items: usize) -> Result<Bundle, ApiEr
     let kv = match body.raw("kv") {
         None => None,
         Some(_) => Some(
-            parse_batch(&body, "kv", Rider::Yes)
+            parse_batch(body, "kv", Rider::Yes)
                 .map_err(|refused| ApiError::BadRequest(format!("{} ({})", refused.detail, refused.code)))?,
         ),
     };
