@@ -93,9 +93,14 @@ where
 /// past.
 const MAX_NESTING: usize = 127;
 
+/// The deepest a message's data may nest when it does not arrive inside a push body (a timer's
+/// base64 payload): what a push can carry, which keeps a pop answer (`{"messages": [{"data": ...}]}`)
+/// within [`MAX_NESTING`].
+pub const MAX_DATA_NESTING: usize = MAX_NESTING - 3;
+
 /// How deep arrays and objects nest in JSON text, strings skipped (the syntax is not checked);
 /// counting stops past [`MAX_NESTING`].
-fn nesting_depth(text: &[u8]) -> usize {
+pub fn nesting_depth(text: &[u8]) -> usize {
     let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
     for &byte in text {
         if in_string {

@@ -14,7 +14,7 @@ use serde::de::IgnoredAny;
 use uuid::Uuid;
 
 use super::authorize::Caller;
-use super::body::{JsonObject, path_name, path_param, query_pairs, read_body};
+use super::body::{JsonObject, MAX_DATA_NESTING, nesting_depth, path_name, path_param, query_pairs, read_body};
 use super::timestamp;
 use crate::broker::Broker;
 use crate::broker::timers::{self, CancelTimer, ScheduleTimer, TimerOp, TimerOutcome, TimerResult};
@@ -263,6 +263,13 @@ fn payload_of(op: &JsonObject<'_>, max_payload: usize) -> Result<Vec<u8>, ApiErr
     } else {
         bytes
     };
+    // The data becomes a message, which pops serve inside their answer: it must not nest deeper
+    // than a push may (checked before parsing, which has no depth limit of its own here).
+    if nesting_depth(&json) > MAX_DATA_NESTING {
+        return Err(ApiError::bad_request(format!(
+            "{field} nests arrays and objects more than {MAX_DATA_NESTING} levels deep"
+        )));
+    }
     serde_json::from_slice::<IgnoredAny>(&json)
         .map_err(|e| ApiError::bad_request(format!("{field} must encode a JSON document (the message's data): {e}")))?;
     Ok(json)

@@ -133,6 +133,11 @@ async fn bad_operations_are_refused_naming_the_field_and_write_nothing() {
             "operations[0].payload must encode a JSON document",
         ),
         (json!([with("payloadZstd", json!(true))]), "operations[0].payload is not a zstd frame"),
+        // Deeper than a push may nest: a pop answer carrying it would be JSON readers give up on.
+        (
+            json!([with("payload", json!(BASE64.encode(format!("{}1{}", "[".repeat(125), "]".repeat(125)))))]),
+            "operations[0].payload nests arrays and objects more than 124 levels deep",
+        ),
         (json!([with("queue", json!(""))]), "operations[0].queue"),
         (json!([with("partition", json!("a/b"))]), "operations[0].partition"),
         (json!([with("timerKey", json!("/k"))]), "operations[0].timerKey"),
