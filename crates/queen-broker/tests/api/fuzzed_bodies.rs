@@ -1,5 +1,6 @@
 //! Structure-aware fuzzing of every request body the broker parses: push, ack, ack batch,
-//! transaction, configure, seek, subscription update and lease extension.
+//! transaction (with its `kv` and `timers` riders), configure, seek, subscription update, lease
+//! extension, key/value batches, locks, timers, trace events, fetch and changed partitions.
 //!
 //! Each test builds bodies that are mostly right (the right field names, values of the right
 //! families, references to real partitions, messages and leases set up for the case) and then
@@ -14,7 +15,9 @@
 //! 4. that what was accepted took effect as asked: pushed messages pop back with the payload text
 //!    and transaction id they were sent with, configured options are echoed and read back, acks
 //!    commit, transactions apply, leases extend, seeks and subscription updates move what they
-//!    name;
+//!    name, key/value writes read back, locks granted are held, timers peek back (or, due, are
+//!    delivered and pop back), trace events read back by message, fetches return the records of
+//!    the partitions they name and changed-partition pages list the partitions of their queue;
 //!
 //! and, for a case sent as built (no mutation, well-formed JSON), that a body of good fields is
 //! accepted and one with a field known to be bad is refused with a 400.
@@ -27,6 +30,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::future::Future;
 
 use actix_web::rt::{System, SystemRunner};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use chrono::{DateTime, Utc};
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -34,6 +39,7 @@ use proptest::test_runner::{TestCaseError, TestRunner};
 use queen_broker::config::Config;
 use reqwest::StatusCode;
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
@@ -302,9 +308,13 @@ const RAW_BROKEN: &[&str] = &[
     "\"\\u12\"",
 ];
 
+/// Arrays nested `levels` deep, as bare text.
+fn nested(levels: usize) -> Value {
+    raw(&format!("{}1{}", "[".repeat(levels), "]".repeat(levels)))
+}
+
 /// Any JSON value, as deep as a few levels.
 fn json_value(raw_kind: Raw) -> BoxedStrategy<Value> {
-    let deep = |depth: usize| raw(&format!("{}1{}", "[".repeat(depth), "]".repeat(depth)));
     let mut leaves = vec![
         (1, Just(Value::Null).boxed()),
         (1, any::<bool>().prop_map(Value::Bool).boxed()),
@@ -339,12 +349,12 @@ fn json_value(raw_kind: Raw) -> BoxedStrategy<Value> {
         Raw::Plain => {}
         Raw::Valid => {
             leaves.push((1, prop::sample::select(RAW_VALID).prop_map(raw).boxed()));
-            leaves.push((1, Just(deep(100)).boxed()));
+            leaves.push((1, Just(nested(100)).boxed()));
         }
         Raw::Any => {
             leaves.push((1, prop::sample::select(RAW_VALID).prop_map(raw).boxed()));
             leaves.push((1, prop::sample::select(RAW_BROKEN).prop_map(raw).boxed()));
-            leaves.push((1, prop::sample::select(vec![127usize, 128, 129, 20_000]).prop_map(deep).boxed()));
+            leaves.push((1, prop::sample::select(vec![127usize, 128, 129, 20_000]).prop_map(nested).boxed()));
         }
     }
     proptest::strategy::Union::new_weighted(leaves)
@@ -866,6 +876,26 @@ impl Reply {
     fn array(&self) -> Result<&Vec<Value>, TestCaseError> {
         self.json.as_ref().and_then(Value::as_array).ok_or_else(|| fail(format!("not a JSON array: {}", self.shown())))
     }
+
+    /// The answer's members, each kept as raw JSON: a whole answer may nest deeper than a JSON
+    /// reader takes (a value read back at the depth a body carried it, inside the answer's own
+    /// levels).
+    fn members(&self) -> Result<Members<'_>, TestCaseError> {
+        serde_json::from_str(&self.text)
+            .map_err(|e| fail(format!("the answer is no JSON object ({e}): {}", self.shown())))
+    }
+
+    /// The answer's `results`, each read on its own.
+    fn results(&self) -> Result<Vec<Value>, TestCaseError> {
+        let members = self.members()?;
+        let results = present(&members, "results").ok_or_else(|| fail(format!("no results: {}", self.shown())))?;
+        raw_array(results)?
+            .into_iter()
+            .map(|result| {
+                serde_json::from_str(result.get()).map_err(|e| fail(format!("a result ({e}): {}", self.shown())))
+            })
+            .collect()
+    }
 }
 
 fn fail(message: impl Into<String>) -> TestCaseError {
@@ -896,6 +926,11 @@ const FINGERPRINTED: &[&str] = &[
     "log_dlq",
     "consumer_groups_metadata",
     "system_state",
+    "message_traces",
+    "message_trace_names",
+    "kv",
+    "kv_version_floors",
+    "timers",
 ];
 
 impl Fuzz {
@@ -908,6 +943,11 @@ impl Fuzz {
                 config.limits.max_queues = 0;
                 config.limits.max_partitions_per_queue = 0;
                 config.limits.max_groups_per_queue = 0;
+                // Maintenance passes write (their record, expired keys) on their own schedule: not
+                // while cases are checked.
+                config.maintenance.interval_ms = 3_600_000;
+                // Due timers are delivered within milliseconds, and waited for.
+                config.timers.sweep_interval_ms = 10;
                 tweak(config);
             })
             .await;
@@ -985,15 +1025,16 @@ impl Fuzz {
         Ok(Reply { status, text, json })
     }
 
-    /// Sends a case and checks what every answer must satisfy (no 5xx; a 4xx is a JSON error and
-    /// wrote nothing; the verdict of an intact case); the answer.
+    /// Sends a case and checks what every answer must satisfy (no 5xx; a 4xx is a JSON error; a
+    /// 4xx, or a 2xx saying `success: false`, wrote nothing; the verdict of an intact case); the
+    /// answer.
     async fn exchange(&self, path: &str, sent: &Sent) -> Result<Reply, TestCaseError> {
         self.exchange_allowing(path, sent, &[]).await
     }
 
-    /// [`Fuzz::exchange`], except that a 409 may change the tables `on_conflict` names (the
-    /// caller checks how).
-    async fn exchange_allowing(&self, path: &str, sent: &Sent, on_conflict: &[&str]) -> Result<Reply, TestCaseError> {
+    /// [`Fuzz::exchange`], except that a call rolled back (a 409, or a 2xx saying `success:
+    /// false`) may change the tables `on_rollback` names (the caller checks how).
+    async fn exchange_allowing(&self, path: &str, sent: &Sent, on_rollback: &[&str]) -> Result<Reply, TestCaseError> {
         let before = self.fingerprint().await;
         let reply = self.send(path, sent).await?;
         for seen in [format!("{:?}", sent.expected), reply.status.as_u16().to_string()] {
@@ -1009,14 +1050,18 @@ impl Fuzz {
                 "a 4xx without a JSON error: {}",
                 shown()
             );
+        }
+        let unsuccessful = reply.json.as_ref().and_then(|body| body.get("success")) == Some(&json!(false));
+        if reply.status.is_client_error() || unsuccessful {
             let after = self.fingerprint().await;
-            let allowed = if reply.status == StatusCode::CONFLICT { on_conflict } else { &[] };
+            let rolled_back = reply.status == StatusCode::CONFLICT || unsuccessful;
+            let allowed = if rolled_back { on_rollback } else { &[] };
             let changed: Vec<&String> = after
                 .iter()
                 .filter(|(t, f)| before.get(*t) != Some(f) && !allowed.contains(&t.as_str()))
                 .map(|(t, _)| t)
                 .collect();
-            prop_assert!(changed.is_empty(), "a {} wrote to {changed:?}: {}", reply.status, shown());
+            prop_assert!(changed.is_empty(), "a refusal ({}) wrote to {changed:?}: {}", reply.status, shown());
         }
         match sent.expected {
             Good => prop_assert!(reply.status.is_success(), "a good body was refused: {}", shown()),
@@ -1134,30 +1179,31 @@ impl Fuzz {
                 }
                 continue;
             }
-            let popped = self.pop(&queue, &partition, Some("fuzz-round-trip"), 10_000).await?;
+            let popped = self.consume(&queue, &partition, "fuzz-round-trip").await?;
             let got: Vec<(String, String)> =
                 popped.messages.iter().map(|m| (m.transaction_id.clone(), m.data.get().to_owned())).collect();
             prop_assert_eq!(&got, &messages, "{:?}/{:?} popped back otherwise", queue, partition);
-            if !got.is_empty() {
-                let acks: Vec<Value> = popped
-                    .messages
-                    .iter()
-                    .map(|m| {
-                        json!({"transactionId": m.transaction_id, "partitionId": m.partition_id,
-                               "leaseId": popped.lease_id})
-                    })
-                    .collect();
-                let answer = self
-                    .app
-                    .post("/api/v1/ack/batch", &json!({"acknowledgments": acks, "consumerGroup": "fuzz-round-trip"}))
-                    .await;
-                prop_assert!(
-                    answer.body.as_array().is_some_and(|r| r.iter().all(|r| r["success"] == true)),
-                    "{answer:?}"
-                );
-            }
         }
         Ok(())
+    }
+
+    /// Pops what `group` has not consumed of a partition yet, and acknowledges it.
+    async fn consume(&self, queue: &str, partition: &str, group: &str) -> Result<Popped, TestCaseError> {
+        let popped = self.pop(queue, partition, Some(group), 10_000).await?;
+        if !popped.messages.is_empty() {
+            let acks: Vec<Value> = popped
+                .messages
+                .iter()
+                .map(|m| {
+                    json!({"transactionId": m.transaction_id, "partitionId": m.partition_id,
+                           "leaseId": popped.lease_id})
+                })
+                .collect();
+            let answer =
+                self.app.post("/api/v1/ack/batch", &json!({"acknowledgments": acks, "consumerGroup": group})).await;
+            prop_assert!(answer.body.as_array().is_some_and(|r| r.iter().all(|r| r["success"] == true)), "{answer:?}");
+        }
+        Ok(popped)
     }
 }
 
@@ -1190,6 +1236,8 @@ struct Popped {
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct PoppedMessage {
+    #[serde(default)]
+    id: String,
     transaction_id: String,
     partition_id: String,
     data: Box<RawValue>,
@@ -1260,12 +1308,22 @@ fn present<'a>(members: &Members<'a>, key: &str) -> Option<&'a RawValue> {
     members.get(key).copied().filter(|raw| raw.get() != "null")
 }
 
-fn string_of(members: &Members<'_>, key: &str) -> Result<Option<String>, TestCaseError> {
+/// Member `key` as the broker read it (absent and null are none).
+fn read_of<T: DeserializeOwned>(members: &Members<'_>, key: &str) -> Result<Option<T>, TestCaseError> {
     present(members, key)
         .map(|raw| {
-            serde_json::from_str(raw.get()).map_err(|e| fail(format!("accepted a {key} that is no string: {e}")))
+            serde_json::from_str(raw.get()).map_err(|e| fail(format!("accepted a {key} of {:.200}: {e}", raw.get())))
         })
         .transpose()
+}
+
+fn string_of(members: &Members<'_>, key: &str) -> Result<Option<String>, TestCaseError> {
+    read_of(members, key)
+}
+
+/// The elements of an array, each kept as raw JSON.
+fn raw_array(raw: &RawValue) -> Result<Vec<&RawValue>, TestCaseError> {
+    serde_json::from_str(raw.get()).map_err(|e| fail(format!("accepted what is no array ({e}): {:.200}", raw.get())))
 }
 
 fn sent_items(items: &RawValue) -> Result<Vec<SentItem>, TestCaseError> {
@@ -1286,13 +1344,17 @@ fn sent_items(items: &RawValue) -> Result<Vec<SentItem>, TestCaseError> {
 }
 
 /// The entries of a transaction body in the flat index space of its results: one per ack, one
-/// per pushed item, in operation order.
+/// per pushed item, in operation order; then the `kv` rider's operations, then the `timers`
+/// rider's.
 struct Entries {
     /// Each pushed item, with its index.
     pushed: Vec<(usize, SentItem)>,
     /// The index of each ack.
     acked: Vec<usize>,
+    /// How many acks and pushed items.
     count: usize,
+    kv: Vec<KvRead>,
+    timers: Vec<TimerRead>,
 }
 
 fn bundle_entries(bytes: &[u8]) -> Result<Entries, TestCaseError> {
@@ -1319,7 +1381,9 @@ fn bundle_entries(bytes: &[u8]) -> Result<Entries, TestCaseError> {
             other => return Err(fail(format!("accepted an operation of type {other:?}"))),
         }
     }
-    Ok(Entries { pushed, acked, count: index })
+    let kv = present(&body, "kv").map(kv_reads).transpose()?.unwrap_or_default();
+    let timers = present(&body, "timers").map(timer_reads).transpose()?.unwrap_or_default();
+    Ok(Entries { pushed, acked, count: index, kv, timers })
 }
 
 fn statuses_complete(statuses: &[Option<&str>]) -> bool {
@@ -1333,26 +1397,35 @@ const PUSH_QUEUES: &[&str] = &["orders", "ünïcödé queue", "a+b", "100%", "em
 const PUSH_PARTITIONS: &[&str] = &["Default", "p1", "客户-42", "with space"];
 const TRANSACTION_IDS: &[&str] = &["t-1", "t-2", "ünï-tx", "a/b/c", "0192f0c4-0000-7000-8000-000000000001"];
 
-fn push_item(pristine: bool) -> BoxedStrategy<Draft> {
-    let queue = member(
+/// A good queue or partition name: one of `pool` mostly, or any.
+fn pooled_name(pool: &'static [&'static str]) -> BoxedStrategy<Value> {
+    prop_oneof![3 => strings(pool), 1 => name().prop_map(Value::String)].boxed()
+}
+
+/// A queue or partition name that must be given (`good` ones), or not.
+fn required_name_member(good: BoxedStrategy<Value>, pristine: bool) -> BoxedStrategy<Member> {
+    member(
         pristine,
-        vec![
-            with(12, Good, prop_oneof![3 => strings(PUSH_QUEUES), 1 => name().prop_map(Value::String)]),
-            with(1, Bad, bad_name()),
-            left_out(1, Bad),
-            with(1, Bad, Just(Value::Null)),
-        ],
-    );
-    let partition = member(
+        vec![with(12, Good, good), with(1, Bad, bad_name()), left_out(1, Bad), with(1, Bad, Just(Value::Null))],
+    )
+}
+
+/// A partition name that may be left out: one of `pool` mostly, any good name, or not.
+fn optional_name_member(pool: &'static [&'static str], pristine: bool) -> BoxedStrategy<Member> {
+    member(
         pristine,
         vec![
             left_out(2, Good),
             with(1, Good, Just(Value::Null)),
-            with(5, Good, prop_oneof![3 => strings(PUSH_PARTITIONS), 1 => name().prop_map(Value::String)]),
+            with(5, Good, pooled_name(pool)),
             with(1, Bad, bad_name()),
         ],
-    );
-    let transaction_id = member(
+    )
+}
+
+/// A transaction id that may be left out (the broker mints one).
+fn transaction_id_member(pristine: bool) -> BoxedStrategy<Member> {
+    member(
         pristine,
         vec![
             left_out(2, Good),
@@ -1362,7 +1435,13 @@ fn push_item(pristine: bool) -> BoxedStrategy<Draft> {
             with(1, Good, Just(json!("x".repeat(255)))),
             with(1, Bad, bad_transaction_id()),
         ],
-    );
+    )
+}
+
+fn push_item(pristine: bool) -> BoxedStrategy<Draft> {
+    let queue = required_name_member(pooled_name(PUSH_QUEUES), pristine);
+    let partition = optional_name_member(PUSH_PARTITIONS, pristine);
+    let transaction_id = transaction_id_member(pristine);
     let trace_id = member(
         pristine,
         vec![
@@ -1449,20 +1528,13 @@ fn fuzzed_push_bodies() {
 /// The group the case's messages are popped by: queue mode (spelled two ways) or named.
 const GROUPS: &[Option<&str>] = &[None, Some("__QUEUE_MODE__"), Some("g-acks"), Some("ünï 组")];
 
+/// Values no consumer group may be.
+fn bad_group() -> BoxedStrategy<Value> {
+    values(vec![json!("a/b"), json!("g".repeat(256)), json!("bell\u{7}"), json!(5), json!(true), json!([]), json!({})])
+}
+
 fn group_member(group: Option<&'static str>, pristine: bool) -> BoxedStrategy<Member> {
-    let bad = with(
-        1,
-        Bad,
-        values(vec![
-            json!("a/b"),
-            json!("g".repeat(256)),
-            json!("bell\u{7}"),
-            json!(5),
-            json!(true),
-            json!([]),
-            json!({}),
-        ]),
-    );
+    let bad = with(1, Bad, bad_group());
     let arms = match group {
         None | Some("__QUEUE_MODE__") => vec![
             left_out(4, Good),
@@ -1815,17 +1887,20 @@ fn transaction_body(group: Option<&'static str>, n: usize, pristine: bool) -> Bo
                 .boxed()
         })
         .collect();
-    // A bundle of nothing is refused: a pristine one pushes when it acks nothing.
-    let pushes = prop::collection::vec(push_operation(pristine), if pristine && n == 0 { 1..3 } else { 0..3 });
-    let rider = member(
-        pristine,
-        vec![
-            left_out(8, Good),
-            with(1, Good, Just(Value::Null)),
-            with(1, Bad, json_value(Raw::Plain).prop_filter("not null", |v| !v.is_null())),
-        ],
-    );
-    let rider = (prop::sample::select(vec!["kv", "timers"]), rider);
+    // A bundle of nothing is refused, one of rider operations alone is not (see below).
+    let pushes = prop::collection::vec(push_operation(pristine), 0..3);
+    let rider = |operations: BoxedStrategy<(Value, Verdict)>| {
+        member(
+            pristine,
+            vec![
+                left_out(6, Good),
+                with(1, Good, Just(Value::Null)),
+                (3, Good, operations.prop_map(|(value, verdict)| (Some(value), verdict)).boxed()),
+                with(1, Bad, json_value(Raw::Plain).prop_filter("not null", |v| !v.is_null())),
+            ],
+        )
+    };
+    let riders = (rider(kv_operations(true, pristine)), rider(timer_operations(pristine)));
     let order = prop::collection::vec(any::<bool>(), 6);
     let replaced: BoxedStrategy<Option<Member>> = choose(
         pristine,
@@ -1841,8 +1916,8 @@ fn transaction_body(group: Option<&'static str>, n: usize, pristine: bool) -> Bo
             ),
         ],
     );
-    (acks, pushes, required_leases_member(pristine, n > 0), rider, order, replaced)
-        .prop_map(|(mut acks, pushes, (required, fences), (rider_key, rider), order, replaced)| {
+    (acks, pushes, required_leases_member(pristine, n > 0), riders, order, replaced)
+        .prop_map(|(mut acks, pushes, (required, fences), (kv, timers), order, replaced)| {
             if fences {
                 // The bundle's required leases fence the acks that name no lease of their own.
                 for ack in &mut acks {
@@ -1860,11 +1935,14 @@ fn transaction_body(group: Option<&'static str>, n: usize, pristine: bool) -> Bo
                 let push = (push_next.next().unwrap_or(true) && pushes.peek().is_some()) || acks.peek().is_none();
                 operations.extend(if push { pushes.next() } else { acks.next() });
             }
+            // A bundle of rider operations alone is a bundle.
+            let ridden = [&kv, &timers].iter().any(|(rider, _)| rider.as_ref().is_some_and(|r| !r.is_null()));
             let operations = replaced.unwrap_or_else(|| {
                 let (value, verdict) = array_of(&operations);
-                (Some(value), if operations.is_empty() { Bad } else { verdict })
+                (Some(value), if operations.is_empty() && !ridden { Bad } else { verdict })
             });
-            Draft(vec![("operations", operations), ("requiredLeases", required), (rider_key, rider)]).built()
+            Draft(vec![("operations", operations), ("requiredLeases", required), ("kv", kv), ("timers", timers)])
+                .built()
         })
         .boxed()
 }
@@ -1882,12 +1960,31 @@ fn fuzzed_transaction_bodies() {
             // Queues and partitions a bundle pushes to are created before its transaction, and stay
             // when it rolls back (`broker::transaction::execute` says so): checked below.
             let reply = fuzz.exchange_allowing("/api/v1/transaction", &sent, &["queues", "partitions"]).await?;
-            let answer = reply.json.clone().unwrap_or_default();
-            if reply.status == StatusCode::CONFLICT {
-                let error = answer["error"].as_str().unwrap_or_default();
-                prop_assert!(error.contains("rolled back") && answer["success"] == false, "{}", reply.shown());
-                let pushed = bundle_entries(&sent.bytes)?.pushed;
-                let named: BTreeSet<(String, Option<String>)> = pushed
+            if !reply.status.is_success() && reply.status != StatusCode::CONFLICT {
+                return Ok(());
+            }
+            let answer = reply.members()?;
+            let success: Option<bool> = read_of(&answer, "success")?;
+            let entries = bundle_entries(&sent.bytes)?;
+            if success != Some(true) {
+                // Rolled back: by an ack or a queue's capacity (409), or by a key/value
+                // precondition (a 200 the client returns rather than raises).
+                if reply.status == StatusCode::CONFLICT {
+                    let error: String = read_of(&answer, "error")?.unwrap_or_default();
+                    prop_assert!(error.contains("rolled back") && success == Some(false), "{}", reply.shown());
+                } else {
+                    let reason: Option<String> = read_of(&answer, "reason")?;
+                    prop_assert_eq!(reason.as_deref(), Some("kv_precondition"), "{}", reply.shown());
+                    let failed: Option<usize> = read_of(&answer, "failedIndex")?;
+                    let operation = failed.and_then(|i| i.checked_sub(entries.count)).and_then(|i| entries.kv.get(i));
+                    prop_assert!(
+                        operation.is_some_and(|op| op.required && op.may_fail()),
+                        "failedIndex is no required key/value operation that may fail: {}",
+                        reply.shown()
+                    );
+                }
+                let named: BTreeSet<(String, Option<String>)> = entries
+                    .pushed
                     .iter()
                     .flat_map(|(_, item)| {
                         [(item.queue.clone(), None), (item.queue.clone(), Some(item.partition.clone()))]
@@ -1896,15 +1993,18 @@ fn fuzzed_transaction_bodies() {
                 let names_after = fuzz.names().await;
                 let created: Vec<_> = names_after.difference(&names_before).filter(|n| !named.contains(n)).collect();
                 prop_assert!(created.is_empty(), "a rolled-back bundle created {created:?}: {}", sent.shown());
-            }
-            if !reply.status.is_success() {
                 return Ok(());
             }
             prop_assert_eq!(reply.status, StatusCode::OK, "{}", reply.shown());
-            prop_assert_eq!(&answer["success"], &json!(true), "{}", reply.shown());
-            let Entries { pushed, acked, count: index } = bundle_entries(&sent.bytes)?;
-            let results = answer["results"].as_array().ok_or_else(|| fail(format!("no results: {}", reply.shown())))?;
-            prop_assert_eq!(results.len(), index, "one result per ack and item: {}", reply.shown());
+            let Entries { pushed, acked, count, kv, timers } = entries;
+            let results = reply.results()?;
+            let riders = count + kv.len();
+            prop_assert_eq!(
+                results.len(),
+                riders + timers.len(),
+                "one result per ack, item and rider operation: {}",
+                reply.shown()
+            );
             for &at in &acked {
                 prop_assert!(
                     results[at]["success"] == true,
@@ -1914,6 +2014,8 @@ fn fuzzed_transaction_bodies() {
             }
             let push_results: Vec<&Value> = pushed.iter().map(|(at, _)| &results[*at]).collect();
             fuzz.verify_pushed(&pushed, &push_results).await?;
+            fuzz.verify_kv(&kv, &results[count..riders]).await?;
+            fuzz.verify_timers(&timers, &results[riders..], Some(riders)).await?;
             if sent.expected == Good
                 && let Some(leased) = &leased
                 && acked.len() == tx.messages
@@ -2484,6 +2586,1822 @@ fn fuzzed_lease_extension_bodies() {
                 prop_assert!(expires <= before.max(asked + slack), "extended past {seconds} s: {}", shown());
             }
             Ok(())
+        })
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parts of the bodies of key/value, lock and timer operations, and of reads.
+
+/// A member of an operation being built, by name; several for members built together.
+type Named = Vec<(&'static str, Member)>;
+
+fn named(name: &'static str, member: BoxedStrategy<Member>) -> BoxedStrategy<Named> {
+    member.prop_map(move |member| vec![(name, member)]).boxed()
+}
+
+/// An operation: `op` is `kind`, then `members`, and now and then a member the operation does not
+/// have (`fields`: those it has, `all`: the members of every operation of its family), of any
+/// value, null included: refused.
+fn operation(
+    pristine: bool,
+    kind: &'static str,
+    fields: &'static [&'static str],
+    all: &'static [&'static str],
+    members: Vec<BoxedStrategy<Named>>,
+) -> BoxedStrategy<Draft> {
+    let foreign: Vec<&'static str> = all.iter().copied().filter(|name| !fields.contains(name)).collect();
+    let foreign = if pristine || foreign.is_empty() {
+        Just(None).boxed()
+    } else {
+        let value = prop_oneof![Just(Value::Null), json_value(Raw::Plain)];
+        prop_oneof![
+            8 => Just(None),
+            1 => (prop::sample::select(foreign), value).prop_map(|(name, value)| Some((name, (Some(value), Bad)))),
+        ]
+        .boxed()
+    };
+    (type_member(kind, pristine), members, foreign)
+        .prop_map(|(op, members, foreign)| {
+            let mut draft = Draft(vec![("op", op)]);
+            draft.0.extend(members.into_iter().flatten());
+            draft.0.extend(foreign);
+            draft
+        })
+        .boxed()
+}
+
+/// `n` operations `op(i)`, for batches at their size limit.
+fn repeated(n: usize, op: impl Fn(usize) -> Value) -> Value {
+    Value::Array((0..n).map(op).collect())
+}
+
+/// A good key/value namespace, key or prefix, lock name or owner, trace name or event type:
+/// `prefix`, then at least one character, none a control character, `max` bytes in all at most.
+fn label(pool: &'static [&'static str], prefix: String, max: usize) -> BoxedStrategy<Value> {
+    let room = max - prefix.len();
+    prop_oneof![
+        3 => prop::sample::select(pool).prop_map(str::to_owned),
+        2 => "[a-z0-9]{1,8}",
+        2 => "\\PC{1,16}",
+        1 => Just("k".repeat(room)),
+        1 => Just("é".repeat(room / 2)),
+    ]
+    .prop_map(move |label| Value::String(format!("{prefix}{label}")))
+    .boxed()
+}
+
+/// Texts no label of at most `max` bytes may be, and values that are no text.
+fn bad_label(max: usize) -> BoxedStrategy<Value> {
+    values(vec![
+        json!(""),
+        json!("k".repeat(max + 1)),
+        json!("é".repeat(max / 2 + 1)),
+        json!("bell\u{7}"),
+        json!("nul\u{0}"),
+        json!("next\u{85}line"),
+        json!("tab\there"),
+        json!(5),
+        json!(true),
+        json!([]),
+        json!(["k"]),
+        json!({}),
+    ])
+}
+
+/// A label that must be given: `good` ones (and the ways `extra` says), or not.
+fn required_label(
+    pristine: bool,
+    good: BoxedStrategy<Value>,
+    max: usize,
+    mut extra: Vec<Arm>,
+) -> BoxedStrategy<Member> {
+    extra.extend([
+        with(12, Good, good),
+        with(1, Bad, bad_label(max)),
+        left_out(1, Bad),
+        with(1, Bad, Just(Value::Null)),
+    ]);
+    member(pristine, extra)
+}
+
+fn optional_label(pristine: bool, good: BoxedStrategy<Value>, max: usize) -> BoxedStrategy<Member> {
+    member(
+        pristine,
+        vec![left_out(4, Good), with(1, Good, Just(Value::Null)), with(4, Good, good), with(1, Bad, bad_label(max))],
+    )
+}
+
+/// Integers from `min` to `max`: the bounds, any, and small ones.
+fn integers(min: i64, max: i64) -> BoxedStrategy<Value> {
+    let (low, high) = (min.max(-1000), max.min(1000));
+    let small = if low <= high { low..=high } else { min..=max };
+    prop_oneof![1 => Just(min), 1 => Just(max), 2 => min..=max, 3 => small].prop_map(Value::from).boxed()
+}
+
+/// Values that are no integer from `min` to `max`.
+fn not_integers(min: i64, max: i64) -> Vec<Value> {
+    let mut bad = vec![json!(1.5), json!(2.0), json!("1"), json!(true), json!([]), json!({}), raw("1e400")];
+    bad.push(if min > i64::MIN { json!(min - 1) } else { raw("-9223372036854775809") });
+    bad.push(if max < i64::MAX { json!(max + 1) } else { raw("9223372036854775808") });
+    bad
+}
+
+/// An integer member from `min` to `max`, `good` picking among them; `optional`: it may be left
+/// out (or null).
+fn integer_member(
+    pristine: bool,
+    optional: bool,
+    good: BoxedStrategy<Value>,
+    min: i64,
+    max: i64,
+) -> BoxedStrategy<Member> {
+    let absent = if optional { Good } else { Bad };
+    member(
+        pristine,
+        vec![
+            left_out(2, absent),
+            with(1, absent, Just(Value::Null)),
+            with(8, Good, good),
+            with(2, Bad, values(not_integers(min, max))),
+        ],
+    )
+}
+
+/// A member that is true or false, `true` deserving `truth`; left out and null are false.
+fn flag_member(pristine: bool, truth: Verdict) -> BoxedStrategy<Member> {
+    member(
+        pristine,
+        vec![
+            left_out(6, Good),
+            with(1, Good, values(vec![Value::Null, json!(false)])),
+            with(3, truth, Just(json!(true))),
+            with(1, Bad, values(vec![json!(1), json!(0), json!("true"), json!([]), json!({})])),
+        ],
+    )
+}
+
+/// The longest lifetime a key or a lock may be given: ten years.
+const MAX_TTL_SECONDS: i64 = 10 * 365 * 24 * 3600;
+
+// ---------------------------------------------------------------------------------------------
+// Key/value state: `POST /api/v1/kv`, and the transaction's `kv` rider.
+
+/// The limits of `broker::kv`.
+const KV_MAX_NAMESPACE_BYTES: usize = 128;
+const KV_MAX_KEY_BYTES: usize = 1024;
+const KV_MAX_VALUE_BYTES: usize = 64 * 1024;
+const KV_MAX_OPERATIONS: usize = 256;
+const KV_DEFAULT_PREFIX_LIMIT: i64 = 100;
+const KV_MAX_PREFIX_LIMIT: i64 = 1000;
+/// The namespace of the locks' permits: key/value operations may read and check it, not write it.
+const LOCKS_NAMESPACE: &str = "queen-locks";
+
+/// Namespaces and keys the cases share, so that they meet each other's keys.
+const KV_NAMESPACES: &[&str] = &["fuzz", "ünï ns", "a/b:c", " spaced "];
+const KV_KEYS: &[&str] = &["k", "counter", "ünï/キー", "with space", "a#0", "%00", "..", "'; DROP TABLE queen.kv; --"];
+
+/// Every member of a key/value operation, and each operation's.
+const KV_FIELDS: &[&str] = &[
+    "op",
+    "ns",
+    "key",
+    "keys",
+    "prefix",
+    "after",
+    "limit",
+    "keysOnly",
+    "value",
+    "ttlSeconds",
+    "forever",
+    "expect",
+    "required",
+    "delta",
+    "min",
+    "max",
+];
+const KV_GET_FIELDS: &[&str] = &["op", "ns", "key"];
+const KV_GET_MANY_FIELDS: &[&str] = &["op", "ns", "keys"];
+const KV_GET_PREFIX_FIELDS: &[&str] = &["op", "ns", "prefix", "after", "limit", "keysOnly"];
+const KV_PUT_FIELDS: &[&str] = &["op", "ns", "key", "value", "ttlSeconds", "forever", "expect", "required"];
+const KV_PUT_IF_ABSENT_FIELDS: &[&str] = &["op", "ns", "key", "value", "ttlSeconds", "forever", "required"];
+const KV_DELETE_FIELDS: &[&str] = &["op", "ns", "key", "expect", "required"];
+const KV_CHECK_FIELDS: &[&str] = &["op", "ns", "key", "expect", "required"];
+const KV_INCR_FIELDS: &[&str] = &["op", "ns", "key", "delta", "min", "max", "ttlSeconds", "forever", "required"];
+
+/// The deepest a stored value may nest: what a body carries it at (`{"operations": [{"value":
+/// …}]}`, or a push's `{"items": [{"payload": …}]}`, within the 127 levels a body may nest).
+const VALUE_MAX_DEPTH: usize = 124;
+
+/// Whether a key/value `value` is one the broker keeps: at most 64 KiB of JSON that PostgreSQL's
+/// `jsonb` holds (no U+0000, no lone surrogate, no number past what a float holds).
+fn storable(value: &Value) -> bool {
+    let text = render(value);
+    text.len() <= KV_MAX_VALUE_BYTES && serde_json::from_str::<Value>(&text).is_ok_and(|value| !holds_nul("", &value))
+}
+
+fn kv_value_member(pristine: bool) -> BoxedStrategy<Member> {
+    let judged = json_value(Raw::Valid).prop_map(|value| {
+        let verdict = if storable(&value) { Good } else { Bad };
+        (Some(value), verdict)
+    });
+    let judged =
+        if pristine { judged.prop_filter("storable", |(_, verdict)| *verdict == Good).boxed() } else { judged.boxed() };
+    member(
+        pristine,
+        vec![
+            (8, Good, judged),
+            with(1, Good, Just(Value::Null)),
+            with(1, Good, Just(nested(VALUE_MAX_DEPTH))),
+            with(1, Bad, Just(json!("x".repeat(KV_MAX_VALUE_BYTES)))),
+            left_out(1, Bad),
+        ],
+    )
+}
+
+/// The members `ttlSeconds` and `forever`: exactly one of a lifetime and `forever: true`.
+fn expiry_members(pristine: bool) -> BoxedStrategy<Named> {
+    fn expiry(ttl: Option<Value>, forever: Option<Value>, verdict: Verdict) -> Named {
+        vec![("ttlSeconds", (ttl, verdict)), ("forever", (forever, verdict))]
+    }
+    let ttl = || integers(1, MAX_TTL_SECONDS);
+    let forever = || Just(Some(json!(true)));
+    choose(
+        pristine,
+        vec![
+            (6, Good, ttl().prop_map(|t| expiry(Some(t), None, Good)).boxed()),
+            (3, Good, forever().prop_map(|f| expiry(None, f, Good)).boxed()),
+            (1, Good, ttl().prop_map(|t| expiry(Some(t), Some(Value::Null), Good)).boxed()),
+            (1, Good, forever().prop_map(|f| expiry(Some(Value::Null), f, Good)).boxed()),
+            (1, Bad, ttl().prop_map(|t| expiry(Some(t), Some(json!(true)), Bad)).boxed()),
+            (1, Bad, ttl().prop_map(|t| expiry(Some(t), Some(json!(false)), Bad)).boxed()),
+            (1, Bad, Just(expiry(None, None, Bad)).boxed()),
+            (1, Bad, values(not_integers(1, MAX_TTL_SECONDS)).prop_map(|t| expiry(Some(t), None, Bad)).boxed()),
+            (1, Bad, values(vec![json!("true"), json!(1), json!([])]).prop_map(|f| expiry(None, Some(f), Bad)).boxed()),
+        ],
+    )
+}
+
+/// An increment's `min` and `max`: integers, `min` not above `max`.
+fn bounds_members(pristine: bool) -> BoxedStrategy<Named> {
+    let bound = || integer_member(pristine, true, integers(i64::MIN, i64::MAX), i64::MIN, i64::MAX);
+    (bound(), bound())
+        .prop_map(move |(mut min, mut max)| {
+            let (low, high) = (min.0.as_ref().and_then(Value::as_i64), max.0.as_ref().and_then(Value::as_i64));
+            if low.zip(high).is_some_and(|(low, high)| low > high) {
+                if pristine {
+                    std::mem::swap(&mut min.0, &mut max.0);
+                } else {
+                    min.1 = Bad;
+                }
+            }
+            vec![("min", min), ("max", max)]
+        })
+        .boxed()
+}
+
+/// `getMany`'s keys, of operation `i`.
+fn keys_member(i: usize, pristine: bool) -> BoxedStrategy<Member> {
+    let keys = (1..4usize)
+        .prop_flat_map(move |n| {
+            (0..n).map(|j| label(KV_KEYS, format!("{i}.{j}:"), KV_MAX_KEY_BYTES)).collect::<Vec<_>>()
+        })
+        .prop_map(|keys| (Some(Value::Array(keys)), Good));
+    let twice = format!("{i}.0:k");
+    member(
+        pristine,
+        vec![
+            (8, Good, keys.boxed()),
+            with(
+                1,
+                Bad,
+                values(vec![
+                    json!([]),
+                    json!([""]),
+                    json!([twice, 5]),
+                    json!([twice, twice]),
+                    json!(["bell\u{7}"]),
+                    json!([null]),
+                    json!("k"),
+                    json!({}),
+                ]),
+            ),
+            left_out(1, Bad),
+            with(1, Bad, Just(Value::Null)),
+        ],
+    )
+}
+
+/// The `i`th operation of a batch; its keys start with `i:`, so that no two operations of a batch
+/// name one key (which refuses the batch). `rider`: in a transaction, where `getPrefix` is refused
+/// and a lost `required` precondition rolls the bundle back in a 200.
+fn kv_operation(i: usize, rider: bool, pristine: bool) -> BoxedStrategy<Draft> {
+    let key = || {
+        named(
+            "key",
+            required_label(pristine, label(KV_KEYS, format!("{i}:"), KV_MAX_KEY_BYTES), KV_MAX_KEY_BYTES, Vec::new()),
+        )
+    };
+    let ns = |write: bool| {
+        let locks = with(1, if write { Bad } else { Good }, Just(json!(LOCKS_NAMESPACE)));
+        let good = label(KV_NAMESPACES, String::new(), KV_MAX_NAMESPACE_BYTES);
+        named("ns", required_label(pristine, good, KV_MAX_NAMESPACE_BYTES, vec![locks]))
+    };
+    let version = |min: i64, optional: bool| {
+        named("expect", integer_member(pristine, optional, integers(min, i64::MAX), min, i64::MAX))
+    };
+    let required = || named("required", flag_member(pristine, Good));
+    let value = || named("value", kv_value_member(pristine));
+    let expiry = || expiry_members(pristine);
+    let op = |kind, fields, members| operation(pristine, kind, fields, KV_FIELDS, members);
+    let any_label = || label(KV_KEYS, String::new(), KV_MAX_KEY_BYTES);
+    let get_prefix = op(
+        "getPrefix",
+        KV_GET_PREFIX_FIELDS,
+        vec![
+            ns(false),
+            named("prefix", required_label(pristine, any_label(), KV_MAX_KEY_BYTES, Vec::new())),
+            named("after", optional_label(pristine, any_label(), KV_MAX_KEY_BYTES)),
+            named("limit", integer_member(pristine, true, integers(i64::MIN, i64::MAX), i64::MIN, i64::MAX)),
+            named("keysOnly", flag_member(pristine, Good)),
+        ],
+    )
+    .prop_map(move |mut draft| {
+        if rider && let Some(op) = draft.get_mut("op") {
+            op.1 = Bad;
+        }
+        draft
+    });
+    let delta = named("delta", integer_member(pristine, true, integers(i64::MIN, i64::MAX), i64::MIN, i64::MAX));
+    let writes = prop_oneof![
+        4 => op("put", KV_PUT_FIELDS, vec![ns(true), key(), value(), expiry(), version(0, true), required()]),
+        2 => op("putIfAbsent", KV_PUT_IF_ABSENT_FIELDS, vec![ns(true), key(), value(), expiry(), required()]),
+        2 => op("delete", KV_DELETE_FIELDS, vec![ns(true), key(), version(1, true), required()]),
+        2 => op("check", KV_CHECK_FIELDS, vec![ns(false), key(), version(0, false), required()]),
+        2 => op("incr", KV_INCR_FIELDS, vec![ns(true), key(), delta, bounds_members(pristine), expiry(), required()]),
+    ]
+    .prop_map(move |mut draft| {
+        // Standalone, a lost `required` precondition is a 409: when it may be lost, any answer
+        // will do.
+        let kind = draft.0[0].1.0.clone();
+        let expect =
+            draft.0.iter().any(|(name, (value, _))| *name == "expect" && value.as_ref().is_some_and(|v| !v.is_null()));
+        let may_fail = kind != Some(json!("put")) || expect;
+        if !rider
+            && may_fail
+            && let Some(required) = draft.get_mut("required")
+            && required.0 == Some(json!(true))
+        {
+            required.1 = required.1.max(Stray);
+        }
+        draft
+    });
+    let mut kinds = vec![
+        (3, op("get", KV_GET_FIELDS, vec![ns(false), key()])),
+        (2, op("getMany", KV_GET_MANY_FIELDS, vec![ns(false), named("keys", keys_member(i, pristine))])),
+        (10, writes.boxed()),
+    ];
+    if !(rider && pristine) {
+        kinds.push((2, get_prefix.boxed()));
+    }
+    proptest::strategy::Union::new_weighted(kinds).boxed()
+}
+
+/// The operations of a batch: none (refused), or some, now and then two of them naming one key
+/// (refused).
+fn kv_operations(rider: bool, pristine: bool) -> BoxedStrategy<(Value, Verdict)> {
+    let counts = if pristine { 1..5usize } else { 0..6 };
+    let batch = counts
+        .prop_flat_map(move |n| {
+            let operations: Vec<_> = (0..n).map(|i| kv_operation(i, rider, pristine)).collect();
+            (operations, if pristine { Just(false).boxed() } else { prop::bool::weighted(0.1).boxed() })
+        })
+        .prop_map(|(mut drafts, twin)| {
+            let mut twinned = false;
+            if twin && drafts.len() > 1 {
+                let first: Vec<(&'static str, Member)> =
+                    drafts[0].0.iter().filter(|(name, _)| matches!(*name, "ns" | "key")).cloned().collect();
+                let last = drafts.len() - 1;
+                if first.len() == 2 && drafts[last].get_mut("key").is_some() {
+                    for (name, member) in first {
+                        if let Some(slot) = drafts[last].get_mut(name) {
+                            *slot = member;
+                        }
+                    }
+                    twinned = true;
+                }
+            }
+            let (value, verdict) = array_of(&drafts);
+            (value, if drafts.is_empty() || twinned { Bad } else { verdict })
+        });
+    let get = |i: usize| json!({"op": "get", "ns": "fuzz", "key": format!("many-{i}")});
+    choose(
+        pristine,
+        vec![
+            (20, Good, batch.boxed()),
+            (1, Good, Just((repeated(KV_MAX_OPERATIONS, get), Good)).boxed()),
+            (1, Bad, Just((repeated(KV_MAX_OPERATIONS + 1, get), Bad)).boxed()),
+            (
+                1,
+                Bad,
+                values(vec![json!({}), json!("operations"), json!(5), json!([1]), json!([[]])])
+                    .prop_map(|value| (value, Bad))
+                    .boxed(),
+            ),
+        ],
+    )
+}
+
+fn kv_body(pristine: bool) -> BoxedStrategy<(Value, Verdict)> {
+    let operations = member(
+        pristine,
+        vec![
+            (12, Good, kv_operations(false, pristine).prop_map(|(value, verdict)| (Some(value), verdict)).boxed()),
+            left_out(1, Bad),
+            with(1, Bad, Just(Value::Null)),
+        ],
+    );
+    operations.prop_map(|operations| Draft(vec![("operations", operations)]).built()).boxed()
+}
+
+/// A key/value operation as the broker read it.
+#[derive(Debug)]
+struct KvRead {
+    op: String,
+    ns: String,
+    key: String,
+    keys: Vec<String>,
+    prefix: String,
+    after: Option<String>,
+    limit: Option<i64>,
+    keys_only: bool,
+    /// A put's value, as sent.
+    value: Option<String>,
+    expect: Option<i64>,
+    required: bool,
+}
+
+impl KvRead {
+    /// Whether the operation has a precondition it may lose.
+    fn may_fail(&self) -> bool {
+        self.op != "put" || self.expect.is_some()
+    }
+}
+
+fn kv_reads(operations: &RawValue) -> Result<Vec<KvRead>, TestCaseError> {
+    raw_array(operations)?
+        .into_iter()
+        .map(|operation| {
+            let members = members_of(operation.get())?;
+            Ok(KvRead {
+                op: string_of(&members, "op")?.unwrap_or_default(),
+                ns: string_of(&members, "ns")?.unwrap_or_default(),
+                key: string_of(&members, "key")?.unwrap_or_default(),
+                keys: read_of(&members, "keys")?.unwrap_or_default(),
+                prefix: string_of(&members, "prefix")?.unwrap_or_default(),
+                after: string_of(&members, "after")?,
+                limit: read_of(&members, "limit")?,
+                keys_only: read_of(&members, "keysOnly")?.unwrap_or(false),
+                value: members.get("value").map(|raw| raw.get().to_owned()),
+                expect: read_of(&members, "expect")?,
+                required: read_of(&members, "required")?.unwrap_or(false),
+            })
+        })
+        .collect()
+}
+
+fn keys_of(rows: &Value) -> Vec<&str> {
+    rows.as_array().into_iter().flatten().filter_map(|row| row["key"].as_str()).collect()
+}
+
+impl Fuzz {
+    /// Checks the results of accepted key/value operations: each answers its operation, and each
+    /// write that applied reads back as it answered (unless the key expires within the minute).
+    async fn verify_kv(&self, operations: &[KvRead], results: &[Value]) -> Result<(), TestCaseError> {
+        prop_assert_eq!(results.len(), operations.len(), "one result per operation: {:?}", results);
+        let mut written = Vec::new();
+        for (operation, result) in operations.iter().zip(results) {
+            let shown = || format!("{operation:?} → {result}");
+            match operation.op.as_str() {
+                "get" => {
+                    prop_assert_eq!(result["key"].as_str(), Some(operation.key.as_str()), "{}", shown());
+                    let found = result["found"].as_bool().ok_or_else(|| fail(shown()))?;
+                    prop_assert!(!found || result["version"].as_i64().is_some_and(|v| v > 0), "{}", shown());
+                }
+                "getMany" => {
+                    let (rows, missing) = (keys_of(&result["rows"]), result["missing"].as_array());
+                    let missing: Vec<&str> = missing.into_iter().flatten().filter_map(Value::as_str).collect();
+                    let asked: BTreeSet<&str> = operation.keys.iter().map(String::as_str).collect();
+                    prop_assert!(rows.iter().chain(&missing).all(|key| asked.contains(key)), "{}", shown());
+                    if result["truncated"] == false {
+                        prop_assert_eq!(rows.len() + missing.len(), asked.len(), "{}", shown());
+                    }
+                }
+                "getPrefix" => {
+                    let rows = keys_of(&result["rows"]);
+                    let limit = operation.limit.unwrap_or(KV_DEFAULT_PREFIX_LIMIT).clamp(1, KV_MAX_PREFIX_LIMIT);
+                    prop_assert!(rows.len() as i64 <= limit, "{}", shown());
+                    prop_assert!(rows.iter().all(|key| key.starts_with(&operation.prefix)), "{}", shown());
+                    prop_assert!(rows.windows(2).all(|pair| pair[0] < pair[1]), "not in key order: {}", shown());
+                    let after = operation.after.as_deref().unwrap_or_default();
+                    prop_assert!(rows.iter().all(|key| *key > after), "{}", shown());
+                    let values = result["rows"].as_array().into_iter().flatten().any(|row| row.get("value").is_some());
+                    prop_assert!(!(operation.keys_only && values), "values of keys only: {}", shown());
+                    if result["truncated"] == true {
+                        prop_assert_eq!(result["nextAfter"].as_str(), rows.last().copied(), "{}", shown());
+                    }
+                }
+                _ => {
+                    prop_assert_eq!(result["key"].as_str(), Some(operation.key.as_str()), "{}", shown());
+                    let applied = result["applied"].as_bool().ok_or_else(|| fail(shown()))?;
+                    if !applied {
+                        let reason = result["reason"].as_str().unwrap_or_default();
+                        prop_assert!(["exists", "absent", "version", "limit", "type"].contains(&reason), "{}", shown());
+                        prop_assert!(!operation.required, "a required operation lost: {}", shown());
+                        continue;
+                    }
+                    if operation.op == "put"
+                        && let Some(sent) = &operation.value
+                    {
+                        let sent: Value = serde_json::from_str(sent).map_err(|e| fail(format!("{e}: {}", shown())))?;
+                        prop_assert!(same_json(&result["value"], &sent), "not the value put: {}", shown());
+                    }
+                    let lasting = result["expiresAt"]
+                        .as_str()
+                        .and_then(micros)
+                        .is_none_or(|at| at > Utc::now().timestamp_micros() + 60_000_000);
+                    if operation.op != "check" && lasting {
+                        written.push((operation, result));
+                    }
+                }
+            }
+        }
+        if written.is_empty() {
+            return Ok(());
+        }
+        let gets: Vec<Value> = written.iter().map(|(op, _)| json!({"op": "get", "ns": op.ns, "key": op.key})).collect();
+        let answer = self.app.post("/api/v1/kv", &json!({ "operations": gets })).await;
+        let read = answer.body["results"].as_array().ok_or_else(|| fail(format!("read back: {answer:?}")))?;
+        for ((operation, result), read) in written.iter().zip(read) {
+            let shown = || format!("{operation:?} → {result}, read back as {read}");
+            if operation.op == "delete" {
+                prop_assert_eq!(&read["found"], &json!(false), "a deleted key: {}", shown());
+            } else {
+                prop_assert_eq!(&read["found"], &json!(true), "{}", shown());
+                prop_assert_eq!(&read["version"], &result["version"], "{}", shown());
+                prop_assert!(same_json(&read["value"], &result["value"]), "{}", shown());
+            }
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn fuzzed_kv_bodies() {
+    let fuzz = Fuzz::start(|_| {});
+    fuzz.run(case(kv_body), |case| {
+        fuzz.block_on(async {
+            let sent = case.send(&Refs::new(), Good);
+            let reply = fuzz.exchange("/api/v1/kv", &sent).await?;
+            let operations = || {
+                let body = members_of(accepted_text(&sent.bytes)?)?;
+                kv_reads(present(&body, "operations").ok_or_else(|| fail("accepted a batch without operations"))?)
+            };
+            if reply.status == StatusCode::CONFLICT {
+                // A lost `required` precondition: where, and nothing written (checked above).
+                let answer = reply.members()?;
+                let failed: Option<usize> = read_of(&answer, "failedIndex")?;
+                let operations = operations()?;
+                let operation = failed.and_then(|i| operations.get(i));
+                prop_assert!(
+                    operation.is_some_and(|op| op.required && op.may_fail()),
+                    "failedIndex is no required operation that may fail: {}",
+                    reply.shown()
+                );
+                let key: Option<String> = read_of(&answer, "key")?;
+                prop_assert_eq!(key.as_deref(), operation.map(|op| op.key.as_str()), "{}", reply.shown());
+            }
+            if !reply.status.is_success() {
+                return Ok(());
+            }
+            prop_assert_eq!(reply.status, StatusCode::OK, "{}", reply.shown());
+            fuzz.verify_kv(&operations()?, &reply.results()?).await
+        })
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Locks: operations on names, one of them held for the case.
+
+const LOCK_NAMES: &[&str] = &["fuzz-lock", "ünï lock", "a/b", "semaphore"];
+const LOCK_MAX_BYTES: usize = 256;
+const LOCK_MAX_LIMIT: i64 = 1024;
+const LOCK_MAX_OPERATIONS: usize = 256;
+const LOCK_FIELDS: &[&str] = &["op", "name", "ttlSeconds", "owner", "limit", "token", "slot"];
+
+fn lock_operation(pristine: bool) -> BoxedStrategy<Draft> {
+    let name = || {
+        let good = prop_oneof![
+            2 => Just(reference("held")),
+            3 => label(LOCK_NAMES, String::new(), LOCK_MAX_BYTES)
+                .prop_filter("no '#'", |name| !name.as_str().is_some_and(|name| name.contains('#'))),
+        ];
+        let slotted = with(1, Bad, strings(&["a#b", "#", "held#0"]));
+        named("name", required_label(pristine, good.boxed(), LOCK_MAX_BYTES, vec![slotted]))
+    };
+    let ttl = || {
+        let good = prop_oneof![3 => integers(60, 3600), 1 => integers(1, MAX_TTL_SECONDS)];
+        named("ttlSeconds", integer_member(pristine, false, good.boxed(), 1, MAX_TTL_SECONDS))
+    };
+    let owner = || {
+        let good = prop_oneof![1 => Just(reference("owner")), 1 => label(LOCK_NAMES, String::new(), LOCK_MAX_BYTES)];
+        named("owner", optional_label(pristine, good.boxed(), LOCK_MAX_BYTES))
+    };
+    let token = || {
+        let good = prop_oneof![3 => Just(reference("token")), 1 => integers(1, i64::MAX)];
+        named("token", integer_member(pristine, false, good.boxed(), 1, i64::MAX))
+    };
+    let slot = || {
+        let good = prop_oneof![2 => Just(reference("slot")), 1 => integers(0, LOCK_MAX_LIMIT - 1)];
+        named("slot", integer_member(pristine, true, good.boxed(), 0, LOCK_MAX_LIMIT - 1))
+    };
+    let limit = named("limit", integer_member(pristine, true, integers(1, LOCK_MAX_LIMIT), 1, LOCK_MAX_LIMIT));
+    let op = |kind, fields, members| operation(pristine, kind, fields, LOCK_FIELDS, members);
+    prop_oneof![
+        3 => op("acquire", &["op", "name", "ttlSeconds", "owner", "limit"], vec![name(), ttl(), owner(), limit]),
+        2 => op(
+            "renew",
+            &["op", "name", "token", "ttlSeconds", "slot", "owner"],
+            vec![name(), token(), ttl(), slot(), owner()],
+        ),
+        2 => op("release", &["op", "name", "token", "slot"], vec![name(), token(), slot()]),
+        1 => op("get", &["op", "name"], vec![name()]),
+    ]
+    .boxed()
+}
+
+fn lock_body(pristine: bool) -> BoxedStrategy<(Value, Verdict)> {
+    let counts = if pristine { 1..5usize } else { 0..6 };
+    let batch = prop::collection::vec(lock_operation(pristine), counts).prop_map(|drafts| {
+        let (value, verdict) = array_of(&drafts);
+        (Some(value), if drafts.is_empty() { Bad } else { verdict })
+    });
+    let get = |i: usize| json!({"op": "get", "name": format!("many-{i}")});
+    let operations = member(
+        pristine,
+        vec![
+            (20, Good, batch.boxed()),
+            with(1, Good, Just(repeated(LOCK_MAX_OPERATIONS, get))),
+            with(1, Bad, Just(repeated(LOCK_MAX_OPERATIONS + 1, get))),
+            with(1, Bad, values(vec![json!({}), json!("operations"), json!(5), json!([1]), json!([[]])])),
+            left_out(1, Bad),
+            with(1, Bad, Just(Value::Null)),
+        ],
+    );
+    operations.prop_map(|operations| Draft(vec![("operations", operations)]).built()).boxed()
+}
+
+/// A lock operation as the broker read it.
+#[derive(Debug)]
+struct LockRead {
+    op: String,
+    name: String,
+    ttl_seconds: i64,
+    owner: Option<String>,
+    limit: i64,
+    token: i64,
+    slot: i64,
+}
+
+fn lock_reads(operations: &RawValue) -> Result<Vec<LockRead>, TestCaseError> {
+    raw_array(operations)?
+        .into_iter()
+        .map(|operation| {
+            let members = members_of(operation.get())?;
+            Ok(LockRead {
+                op: string_of(&members, "op")?.unwrap_or_default(),
+                name: string_of(&members, "name")?.unwrap_or_default(),
+                ttl_seconds: read_of(&members, "ttlSeconds")?.unwrap_or_default(),
+                owner: string_of(&members, "owner")?,
+                limit: read_of(&members, "limit")?.unwrap_or(1),
+                token: read_of(&members, "token")?.unwrap_or_default(),
+                slot: read_of(&members, "slot")?.unwrap_or(0),
+            })
+        })
+        .collect()
+}
+
+/// The guard of a permit: a required check of its row at its token.
+fn guard(name: &str, slot: u64, token: i64) -> Value {
+    json!({"op": "check", "ns": LOCKS_NAMESPACE, "key": format!("{name}#{slot}"), "expect": token, "required": true})
+}
+
+impl Fuzz {
+    /// Checks the results of accepted lock operations: each answers its operation, and the
+    /// permits they took, renewed and released are as they say (unless they lapse within the
+    /// minute).
+    async fn verify_locks(&self, operations: &[LockRead], results: &[Value]) -> Result<(), TestCaseError> {
+        prop_assert_eq!(results.len(), operations.len(), "one result per operation: {:?}", results);
+        // Each permit the operations changed: its token, if held (and for long), or none.
+        let mut permits: BTreeMap<(&str, u64), Option<Option<i64>>> = BTreeMap::new();
+        for (operation, result) in operations.iter().zip(results) {
+            let shown = || format!("{operation:?} → {result}");
+            let lasting = operation.ttl_seconds >= 60;
+            match operation.op.as_str() {
+                "acquire" => match result["acquired"].as_bool() {
+                    Some(true) => {
+                        let (slot, token) = (result["slot"].as_u64().unwrap_or(u64::MAX), result["token"].as_i64());
+                        let token = token.filter(|token| *token > 0).ok_or_else(|| fail(shown()))?;
+                        if let Some(owner) = &operation.owner {
+                            prop_assert_eq!(result["owner"].as_str(), Some(owner.as_str()), "{}", shown());
+                        }
+                        prop_assert_eq!(&result["guard"], &guard(&operation.name, slot, token), "{}", shown());
+                        let permit = (&operation.name[..], slot);
+                        if result["already"] == true {
+                            // The owner's permit, as it was: its lifetime known if this call gave it.
+                            let known = permits.get(&permit).copied().flatten().flatten();
+                            prop_assert!(known.is_none_or(|known| known == token), "{}", shown());
+                            permits.insert(permit, Some(known));
+                        } else {
+                            prop_assert!(slot < operation.limit as u64, "{}", shown());
+                            permits.insert(permit, Some(lasting.then_some(token)));
+                        }
+                    }
+                    Some(false) => {
+                        prop_assert_eq!(result["reason"].as_str(), Some("held"), "{}", shown());
+                        prop_assert!(result["holders"].as_array().is_some_and(|h| !h.is_empty()), "{}", shown());
+                    }
+                    None => return Err(fail(format!("no verdict: {}", shown()))),
+                },
+                "renew" => match result["renewed"].as_bool() {
+                    Some(true) => {
+                        let token = result["token"].as_i64().filter(|token| *token > operation.token);
+                        let token = token.ok_or_else(|| fail(format!("the token did not rise: {}", shown())))?;
+                        let slot = operation.slot as u64;
+                        prop_assert_eq!(result["slot"].as_u64(), Some(slot), "{}", shown());
+                        prop_assert_eq!(&result["guard"], &guard(&operation.name, slot, token), "{}", shown());
+                        permits.insert((&operation.name, slot), Some(lasting.then_some(token)));
+                    }
+                    Some(false) => prop_assert_eq!(result["reason"].as_str(), Some("lost"), "{}", shown()),
+                    None => return Err(fail(format!("no verdict: {}", shown()))),
+                },
+                "release" => match result["released"].as_bool() {
+                    Some(true) => {
+                        permits.insert((&operation.name, operation.slot as u64), None);
+                    }
+                    Some(false) => prop_assert_eq!(result["reason"].as_str(), Some("lost"), "{}", shown()),
+                    None => return Err(fail(format!("no verdict: {}", shown()))),
+                },
+                _ => {
+                    let holders = result["holders"].as_array().ok_or_else(|| fail(shown()))?;
+                    prop_assert_eq!(result["held"].as_bool(), Some(!holders.is_empty()), "{}", shown());
+                }
+            }
+        }
+        let names: BTreeSet<&str> = permits.keys().map(|(name, _)| *name).collect();
+        if names.is_empty() {
+            return Ok(());
+        }
+        let gets: Vec<Value> = names.iter().map(|name| json!({"op": "get", "name": name})).collect();
+        let answer = self.app.post("/api/v1/locks", &json!({ "operations": gets })).await;
+        let states = answer.body["results"].as_array().ok_or_else(|| fail(format!("read back: {answer:?}")))?;
+        let holders: BTreeMap<&str, &Value> = names.iter().copied().zip(states.iter().map(|s| &s["holders"])).collect();
+        for ((name, slot), permit) in permits {
+            let at_slot = holders[name].as_array().into_iter().flatten().find(|h| h["slot"].as_u64() == Some(slot));
+            let shown = || format!("{name:?} slot {slot}: {:?}", holders[name]);
+            match permit {
+                Some(Some(token)) => {
+                    prop_assert_eq!(at_slot.and_then(|h| h["token"].as_i64()), Some(token), "not held: {}", shown());
+                }
+                Some(None) => {}
+                None => prop_assert!(at_slot.is_none(), "still held after its release: {}", shown()),
+            }
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn fuzzed_lock_bodies() {
+    let fuzz = Fuzz::start(|_| {});
+    fuzz.run(case(lock_body), |case| {
+        fuzz.block_on(async {
+            // A lock of the case's own, held, for operations that name it and its permit.
+            let held = format!("held-{}", fuzz.next());
+            let acquire = json!({"op": "acquire", "name": held, "ttlSeconds": 3600, "owner": "fuzz-owner"});
+            let acquired = fuzz.app.post("/api/v1/locks", &json!({ "operations": [acquire] })).await;
+            let permit = &acquired.body["results"][0];
+            prop_assert_eq!(&permit["acquired"], &json!(true), "{:?}", acquired);
+            let refs = Refs::from([
+                ("held".to_owned(), json!(held)),
+                ("token".to_owned(), permit["token"].clone()),
+                ("slot".to_owned(), permit["slot"].clone()),
+                ("owner".to_owned(), json!("fuzz-owner")),
+            ]);
+            let sent = case.send(&refs, Good);
+            let reply = fuzz.exchange("/api/v1/locks", &sent).await?;
+            if !reply.status.is_success() {
+                return Ok(());
+            }
+            prop_assert_eq!(reply.status, StatusCode::OK, "{}", reply.shown());
+            let body = members_of(accepted_text(&sent.bytes)?)?;
+            let operations = present(&body, "operations").ok_or_else(|| fail("accepted no operations"))?;
+            fuzz.verify_locks(&lock_reads(operations)?, &reply.results()?).await
+        })
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Timers: `POST /api/v1/timers`, and the transaction's `timers` rider.
+
+/// Queues timers deliver to: none a push of the transaction test names, whose pops must find
+/// only what it pushed.
+const TIMER_QUEUES: &[&str] = &["fuzz-timers", "ünï timers", "timers a+b"];
+const TIMER_KEYS: &[&str] = &["t1", "t2", "a/b", "ünï/キー/1", "with space", "100%", "a/../b"];
+/// The longest delay a timer may be given: ten years.
+const MAX_DELAY_MS: i64 = 10 * 365 * 24 * 3600 * 1000;
+/// Timers due sooner than this are due within the case (the cases delay them by at most a few
+/// hundred milliseconds), and are waited for; the others are not due before the test ends.
+const DUE_WITHIN_MS: i64 = 3_600_000;
+/// The group the delivered timers are popped back by.
+const TIMER_GROUP: &str = "fuzz-timers";
+
+const TIMER_FIELDS: &[&str] = &["op", "queue", "timerKey", "payload", "payloadZstd", "delayMs", "txn", "partition"];
+const CANCEL_FIELDS: &[&str] = &["op", "queue", "timerKey", "txn"];
+/// Every member of a timer operation, those the broker sets itself (refused) and one no
+/// operation has.
+const TIMER_NAMES: &[&str] = &[
+    "op",
+    "queue",
+    "timerKey",
+    "payload",
+    "payloadZstd",
+    "delayMs",
+    "txn",
+    "partition",
+    "producerSub",
+    "producer_sub",
+    "messageId",
+    "tenant",
+    "tenantId",
+    "deliverAt",
+    "delaySeconds",
+    "attempts",
+    "claimToken",
+    "claimedUntil",
+    "_private",
+    "priority",
+];
+
+fn base64(bytes: &[u8]) -> Value {
+    Value::String(BASE64.encode(bytes))
+}
+
+fn zstd_frame(text: &str) -> Vec<u8> {
+    zstd::bulk::compress(text.as_bytes(), 1).expect("zstd compresses")
+}
+
+/// `payload` (base64 of the message's JSON, or with `payloadZstd: true` of a zstd frame of it)
+/// and `payloadZstd`. A payload nests no deeper than a push's may: pops answer it at that depth.
+fn payload_members(pristine: bool) -> BoxedStrategy<Named> {
+    fn payload(payload: Option<Value>, zstd: Option<Value>, verdict: Verdict) -> Named {
+        vec![("payload", (payload, verdict)), ("payloadZstd", (zstd, verdict))]
+    }
+    let json = || {
+        prop_oneof![
+            8 => json_value(Raw::Valid).prop_map(|value| render(&value)),
+            1 => Just(render(&nested(VALUE_MAX_DEPTH))),
+        ]
+    };
+    let plain = prop_oneof![Just(None), Just(Some(Value::Null)), Just(Some(json!(false)))];
+    let unpadded = json().prop_map(|text| base64::engine::general_purpose::STANDARD_NO_PAD.encode(text));
+    choose(
+        pristine,
+        vec![
+            (
+                8,
+                Good,
+                (json(), plain).prop_map(|(text, zstd)| payload(Some(base64(text.as_bytes())), zstd, Good)).boxed(),
+            ),
+            (
+                3,
+                Good,
+                json().prop_map(|text| payload(Some(base64(&zstd_frame(&text))), Some(json!(true)), Good)).boxed(),
+            ),
+            // Deeper than a push may nest: once delivered, every pop of its partition would answer
+            // JSON past what `serde_json` (127 levels) or Python's `json` (20,000: RecursionError)
+            // reads. Found by this fuzzer: it was accepted and delivered.
+            (
+                1,
+                Bad,
+                values(vec![nested(VALUE_MAX_DEPTH + 1), nested(VALUE_MAX_DEPTH + 4), nested(20_000)])
+                    .prop_map(|value| payload(Some(base64(render(&value).as_bytes())), None, Bad))
+                    .boxed(),
+            ),
+            (
+                1,
+                Bad,
+                unpadded
+                    .prop_filter("padding missing", |text| text.len() % 4 != 0)
+                    .prop_map(|text| payload(Some(json!(text)), None, Bad))
+                    .boxed(),
+            ),
+            (1, Bad, json().prop_map(|text| payload(Some(base64(&zstd_frame(&text))), None, Bad)).boxed()),
+            (1, Bad, json().prop_map(|text| payload(Some(base64(text.as_bytes())), Some(json!(true)), Bad)).boxed()),
+            (
+                1,
+                Bad,
+                values(vec![json!("%%%"), base64(b"not json"), base64(b""), json!(5), json!([]), Value::Null])
+                    .prop_map(|text| payload(Some(text), None, Bad))
+                    .boxed(),
+            ),
+            (1, Bad, Just(payload(None, None, Bad)).boxed()),
+            (
+                1,
+                Bad,
+                (json(), values(vec![json!("true"), json!(1), json!([])]))
+                    .prop_map(|(text, zstd)| payload(Some(base64(text.as_bytes())), Some(zstd), Bad))
+                    .boxed(),
+            ),
+        ],
+    )
+}
+
+/// A timer key: 1 to 255 bytes without control characters, `/` anywhere but first or twice in
+/// a row (the peek route's path carries it).
+fn timer_key_member(pristine: bool) -> BoxedStrategy<Member> {
+    let good = prop_oneof![
+        3 => prop::sample::select(TIMER_KEYS).prop_map(str::to_owned),
+        3 => "[a-z0-9]{1,8}(/[a-z0-9é]{1,8}){0,2}",
+        1 => "\\PC{1,12}".prop_filter("routable", |key| !key.starts_with('/') && !key.contains("//")),
+        1 => Just("k".repeat(255)),
+        1 => Just(format!("{}/x", "é".repeat(126))),
+    ];
+    let bad = values(vec![
+        json!(""),
+        json!("/a"),
+        json!("a//b"),
+        json!("k".repeat(256)),
+        json!("bell\u{7}"),
+        json!("nul\u{0}"),
+        json!(5),
+        json!([]),
+        json!({}),
+    ]);
+    member(
+        pristine,
+        vec![
+            with(12, Good, good.prop_map(Value::String)),
+            with(1, Bad, bad),
+            left_out(1, Bad),
+            with(1, Bad, Just(Value::Null)),
+        ],
+    )
+}
+
+/// A good queue of timers: one of [`TIMER_QUEUES`] mostly, or any name marked as a timers' one.
+fn timer_queue() -> BoxedStrategy<Value> {
+    let marked = name().prop_map(|name| {
+        let mut marked = format!("⏲{name}");
+        while marked.len() > 255 {
+            marked.pop();
+        }
+        Value::String(marked)
+    });
+    prop_oneof![3 => strings(TIMER_QUEUES), 1 => marked].boxed()
+}
+
+fn timer_operation(pristine: bool) -> BoxedStrategy<Draft> {
+    let queue = || named("queue", required_name_member(timer_queue(), pristine));
+    let key = || named("timerKey", timer_key_member(pristine));
+    let txn = || named("txn", transaction_id_member(pristine));
+    // Due at once (or within 200 ms, waited for), or not before the test ends.
+    let delay =
+        prop_oneof![2 => integers(i64::MIN, 0), 1 => integers(1, 200), 4 => integers(2 * DUE_WITHIN_MS, MAX_DELAY_MS)]
+            .boxed();
+    let schedule = |kind: &'static str| {
+        let members = vec![
+            queue(),
+            key(),
+            payload_members(pristine),
+            named("delayMs", integer_member(pristine, false, delay.clone(), i64::MIN, MAX_DELAY_MS)),
+            txn(),
+            named("partition", optional_name_member(PUSH_PARTITIONS, pristine)),
+        ];
+        operation(pristine, kind, TIMER_FIELDS, TIMER_NAMES, members)
+    };
+    prop_oneof![
+        4 => schedule("schedule"),
+        2 => schedule("reschedule"),
+        2 => operation(pristine, "cancel", CANCEL_FIELDS, TIMER_NAMES, vec![queue(), key(), txn()]),
+    ]
+    .boxed()
+}
+
+/// The operations of a batch (or of the rider): none or more than `push.max_items` are refused.
+fn timer_operations(pristine: bool) -> BoxedStrategy<(Value, Verdict)> {
+    let counts = if pristine { 1..5usize } else { 0..6 };
+    let batch = prop::collection::vec(timer_operation(pristine), counts).prop_map(|drafts| {
+        let (value, verdict) = array_of(&drafts);
+        (value, if drafts.is_empty() { Bad } else { verdict })
+    });
+    let cancel = |i: usize| json!({"op": "cancel", "queue": "fuzz-timers", "timerKey": format!("many-{i}")});
+    choose(
+        pristine,
+        vec![
+            (20, Good, batch.boxed()),
+            (1, Good, Just((repeated(MAX_ITEMS, cancel), Good)).boxed()),
+            (1, Bad, Just((repeated(MAX_ITEMS + 1, cancel), Bad)).boxed()),
+            (
+                1,
+                Bad,
+                values(vec![json!({}), json!("operations"), json!(5), json!([1]), json!([[]])])
+                    .prop_map(|value| (value, Bad))
+                    .boxed(),
+            ),
+        ],
+    )
+}
+
+fn timer_body(pristine: bool) -> BoxedStrategy<(Value, Verdict)> {
+    let operations = member(
+        pristine,
+        vec![
+            (12, Good, timer_operations(pristine).prop_map(|(value, verdict)| (Some(value), verdict)).boxed()),
+            left_out(1, Bad),
+            with(1, Bad, Just(Value::Null)),
+        ],
+    );
+    operations.prop_map(|operations| Draft(vec![("operations", operations)]).built()).boxed()
+}
+
+/// A timer operation as the broker read it.
+#[derive(Debug)]
+struct TimerRead {
+    op: String,
+    queue: String,
+    key: String,
+    txn: Option<String>,
+    partition: String,
+    /// The message's JSON, decoded (and decompressed).
+    payload: Vec<u8>,
+    delay_ms: i64,
+}
+
+fn timer_reads(operations: &RawValue) -> Result<Vec<TimerRead>, TestCaseError> {
+    raw_array(operations)?
+        .into_iter()
+        .map(|operation| {
+            let members = members_of(operation.get())?;
+            let encoded = string_of(&members, "payload")?.unwrap_or_default();
+            let bytes =
+                BASE64.decode(&encoded).map_err(|e| fail(format!("accepted a payload that is no base64: {e}")))?;
+            let payload = if read_of(&members, "payloadZstd")?.unwrap_or(false) {
+                zstd::stream::decode_all(&bytes[..]).map_err(|e| fail(format!("accepted no zstd frame: {e}")))?
+            } else {
+                bytes
+            };
+            Ok(TimerRead {
+                op: string_of(&members, "op")?.unwrap_or_default(),
+                queue: string_of(&members, "queue")?.unwrap_or_default(),
+                key: string_of(&members, "timerKey")?.unwrap_or_default(),
+                txn: string_of(&members, "txn")?,
+                partition: string_of(&members, "partition")?.unwrap_or_else(|| "Default".into()),
+                payload,
+                delay_ms: read_of(&members, "delayMs")?.unwrap_or_default(),
+            })
+        })
+        .collect()
+}
+
+/// The messages due timers delivered to a partition: their id, txn and payload.
+type Delivered<'a> = Vec<(&'a str, &'a str, &'a [u8])>;
+
+/// A pending timer, as peeked at.
+#[derive(Debug)]
+struct Peeked {
+    txn: String,
+    partition: String,
+    payload: Vec<u8>,
+    deliver_at: Option<i64>,
+    attempts: i64,
+}
+
+impl Fuzz {
+    /// The pending timer of a key: through the peek route, or (for a queue or key no URL path
+    /// carries) from its row.
+    async fn peek_timer(&self, queue: &str, key: &str) -> Result<Option<Peeked>, TestCaseError> {
+        if addressable(queue) && addressable(key) {
+            let reply = self.get(&format!("/api/v1/timers/{}/{}", segment(queue), segment(key))).await?;
+            prop_assert_eq!(reply.status, StatusCode::OK, "peek {:?}/{:?}: {}", queue, key, reply.shown());
+            let peeked = reply.json.unwrap_or_default();
+            if peeked["found"] == false {
+                return Ok(None);
+            }
+            let text = |field: &str| peeked[field].as_str().unwrap_or_default().to_owned();
+            return Ok(Some(Peeked {
+                txn: text("txn"),
+                partition: text("partition"),
+                payload: BASE64.decode(text("payload")).map_err(|e| fail(format!("peeked {peeked}: {e}")))?,
+                deliver_at: micros(&text("deliverAt")),
+                attempts: peeked["attempts"].as_i64().unwrap_or(-1),
+            }));
+        }
+        let sql = "SELECT txn, partition, payload, (extract(epoch FROM deliver_at) * 1000000)::bigint, attempts::bigint
+                     FROM queen.timers WHERE queue = $1 AND timer_key = $2";
+        let row = self.db.query_opt(sql, &[&queue, &key]).await.map_err(|e| fail(e.to_string()))?;
+        Ok(row.map(|row| Peeked {
+            txn: row.get(0),
+            partition: row.get(1),
+            payload: row.get(2),
+            deliver_at: row.get(3),
+            attempts: row.get(4),
+        }))
+    }
+
+    /// Waits until no timer is due within [`DUE_WITHIN_MS`]: the due ones delivered, so that no
+    /// delivery writes while a later case is checked.
+    async fn await_due_timers(&self) -> Result<(), TestCaseError> {
+        let due = "FROM queen.timers WHERE fire_at < now() + interval '1 millisecond' * $1::bigint";
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while self.number(&format!("SELECT count(*) {due}"), &[&DUE_WITHIN_MS]).await != Some(0) {
+            if std::time::Instant::now() > deadline {
+                let sql = format!("SELECT queue, timer_key, attempts, last_error {due}");
+                let rows = self.db.query(&sql, &[&DUE_WITHIN_MS]).await.map_err(|e| fail(e.to_string()))?;
+                let rows: Vec<(String, String, i32, Option<String>)> =
+                    rows.iter().map(|row| (row.get(0), row.get(1), row.get(2), row.get(3))).collect();
+                return Err(fail(format!("due timers not delivered within 10 s: {rows:?}")));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        Ok(())
+    }
+
+    /// Checks the results of accepted timer operations (`first_index`: the flat index of the
+    /// first, in a transaction's results): each answers its operation; the timer each key is left
+    /// with peeks back as scheduled, or, due, is delivered and pops back with its payload; a
+    /// cancelled one is gone.
+    async fn verify_timers(
+        &self,
+        operations: &[TimerRead],
+        results: &[Value],
+        first_index: Option<usize>,
+    ) -> Result<(), TestCaseError> {
+        prop_assert_eq!(results.len(), operations.len(), "one result per operation: {:?}", results);
+        let asked_at = Utc::now().timestamp_micros();
+        // What each key comes to: the operation whose timer is pending, none, or (`None`) not
+        // known (a cancel of another txn's timer, or one found being delivered).
+        let mut left: BTreeMap<(&str, &str), Option<Option<usize>>> = BTreeMap::new();
+        for (i, (operation, result)) in operations.iter().zip(results).enumerate() {
+            let shown = || format!("{operation:?} → {result}");
+            prop_assert_eq!(result["queue"].as_str(), Some(operation.queue.as_str()), "{}", shown());
+            prop_assert_eq!(result["timerKey"].as_str(), Some(operation.key.as_str()), "{}", shown());
+            prop_assert_eq!(result["index"].as_u64(), first_index.map(|first| (first + i) as u64), "{}", shown());
+            let status = result["status"].as_str().unwrap_or_default();
+            let ok = matches!(status, "scheduled" | "rescheduled" | "cancelled");
+            prop_assert_eq!(result["ok"].as_bool(), Some(ok), "{}", shown());
+            let state = left.entry((&operation.queue, &operation.key)).or_insert(None);
+            match (operation.op.as_str(), status) {
+                ("schedule" | "reschedule", "scheduled" | "rescheduled") => {
+                    if let Some(txn) = &operation.txn {
+                        prop_assert_eq!(result["txn"].as_str(), Some(txn.as_str()), "{}", shown());
+                    }
+                    prop_assert!(
+                        result["messageId"].as_str().is_some_and(|id| Uuid::parse_str(id).is_ok()),
+                        "{}",
+                        shown()
+                    );
+                    let due = asked_at.saturating_add(operation.delay_ms.max(0).saturating_mul(1000));
+                    let deliver_at = result["deliverAt"].as_str().and_then(micros);
+                    prop_assert!(
+                        deliver_at.is_some_and(|at| (at - due).abs() < 60_000_000),
+                        "not due when asked: {}",
+                        shown()
+                    );
+                    *state = Some(Some(i));
+                }
+                ("cancel", "cancelled") => {
+                    if let Some(txn) = &operation.txn {
+                        prop_assert_eq!(result["txn"].as_str(), Some(txn.as_str()), "{}", shown());
+                    }
+                    *state = Some(None);
+                }
+                ("cancel", "absent") => {
+                    prop_assert_eq!(result["txn"].as_str(), operation.txn.as_deref(), "{}", shown());
+                    if operation.txn.is_none() {
+                        prop_assert!(!matches!(state, Some(Some(_))), "a pending timer was absent: {}", shown());
+                        *state = Some(None);
+                    }
+                }
+                (_, "too_late") => *state = None,
+                _ => return Err(fail(format!("an unexpected status: {}", shown()))),
+            }
+        }
+        self.await_due_timers().await?;
+        let mut delivered: BTreeMap<(&str, &str), Delivered<'_>> = BTreeMap::new();
+        for ((queue, key), state) in left {
+            let Some(pending) = state else { continue };
+            let peeked = self.peek_timer(queue, key).await?;
+            let shown = format!("{queue:?}/{key:?}: {pending:?} of {operations:?}, peeked {peeked:?}");
+            let Some(i) = pending else {
+                prop_assert!(peeked.is_none(), "a cancelled timer is pending: {}", shown);
+                continue;
+            };
+            let (operation, result) = (&operations[i], &results[i]);
+            let txn = result["txn"].as_str().unwrap_or_default();
+            if operation.delay_ms < DUE_WITHIN_MS {
+                prop_assert!(peeked.is_none(), "a due timer was not delivered: {}", shown);
+                let id = result["messageId"].as_str().unwrap_or_default();
+                delivered.entry((&operation.queue, &operation.partition)).or_default().push((
+                    id,
+                    txn,
+                    &operation.payload,
+                ));
+                continue;
+            }
+            let peeked = peeked.ok_or_else(|| fail(format!("a scheduled timer is not pending: {shown}")))?;
+            prop_assert_eq!(peeked.txn.as_str(), txn, "{}", shown);
+            prop_assert_eq!(&peeked.partition, &operation.partition, "{}", shown);
+            prop_assert_eq!(&peeked.payload, &operation.payload, "{}", shown);
+            prop_assert_eq!(peeked.deliver_at, result["deliverAt"].as_str().and_then(micros), "{}", shown);
+            prop_assert_eq!(peeked.attempts, 0, "{}", shown);
+        }
+        for ((queue, partition), messages) in delivered {
+            let popped = if addressable(queue) && addressable(partition) {
+                self.consume(queue, partition, TIMER_GROUP).await?
+            } else {
+                Popped::default()
+            };
+            for (id, txn, payload) in messages {
+                let shown = || format!("{queue:?}/{partition:?} {id} {txn:?}: {popped:?}");
+                match popped.messages.iter().find(|m| m.id == id) {
+                    Some(message) => {
+                        prop_assert_eq!(&message.transaction_id, txn, "{}", shown());
+                        prop_assert_eq!(message.data.get().as_bytes(), payload, "delivered otherwise: {}", shown());
+                    }
+                    // A duplicate of a message stored before (under its txn), or one no path pops.
+                    None => {
+                        let sql = "SELECT count(*) FROM queen.log_message_ids m
+                                     JOIN queen.partitions p ON p.id = m.partition_id
+                                     JOIN queen.queues q ON q.id = p.queue_id
+                                    WHERE q.name = $1 AND p.name = $2 AND m.transaction_id = $3";
+                        let stored = self.number(sql, &[&queue, &partition, &txn]).await;
+                        prop_assert_eq!(stored, Some(1), "not delivered: {}", shown());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn fuzzed_timer_bodies() {
+    let fuzz = Fuzz::start(|_| {});
+    fuzz.run(case(timer_body), |case| {
+        fuzz.block_on(async {
+            let sent = case.send(&Refs::new(), Good);
+            let reply = fuzz.exchange("/api/v1/timers", &sent).await?;
+            if !reply.status.is_success() {
+                return Ok(());
+            }
+            prop_assert_eq!(reply.status, StatusCode::OK, "{}", reply.shown());
+            let body = members_of(accepted_text(&sent.bytes)?)?;
+            let operations = present(&body, "operations").ok_or_else(|| fail("accepted no operations"))?;
+            fuzz.verify_timers(&timer_reads(operations)?, &reply.results()?, None).await
+        })
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Trace events, on messages pushed for the test.
+
+/// The messages events are recorded on.
+const TRACE_MESSAGES: usize = 3;
+const TRACE_LABELS: &[&str] = &["tenant-acme", "order-1", "ünï 追跡", "info", "error", "a/b"];
+/// The longest trace name or event type, in bytes, and the most names an event carries.
+const TRACE_MAX_BYTES: usize = 255;
+const TRACE_MAX_NAMES: usize = 32;
+const TRACE_MAX_DATA_BYTES: usize = 64 * 1024;
+const TRACE_MAX_BODY_BYTES: usize = 256 * 1024;
+
+fn trace_body(message: usize, pristine: bool) -> BoxedStrategy<(Value, Verdict)> {
+    let group = member(
+        pristine,
+        vec![
+            left_out(3, Good),
+            with(2, Good, values(vec![Value::Null, json!(""), json!("__QUEUE_MODE__")])),
+            with(3, Good, name().prop_map(Value::String)),
+            with(1, Bad, bad_group()),
+        ],
+    );
+    let names = prop::collection::vec(label(TRACE_LABELS, String::new(), TRACE_MAX_BYTES), 0..=TRACE_MAX_NAMES);
+    let too_many = prop::collection::vec(label(TRACE_LABELS, String::new(), TRACE_MAX_BYTES), TRACE_MAX_NAMES + 1..=40);
+    let names = member(
+        pristine,
+        vec![
+            left_out(3, Good),
+            with(1, Good, Just(Value::Null)),
+            with(5, Good, names.prop_map(Value::Array)),
+            with(1, Bad, too_many.prop_map(Value::Array)),
+            with(
+                1,
+                Bad,
+                values(vec![
+                    json!([""]),
+                    json!(["ok", 5]),
+                    json!(["bell\u{7}"]),
+                    json!(["x".repeat(TRACE_MAX_BYTES + 1)]),
+                    json!([null]),
+                    json!("name"),
+                    json!({}),
+                    json!(5),
+                ]),
+            ),
+        ],
+    );
+    let event_type = optional_label(pristine, label(TRACE_LABELS, String::new(), TRACE_MAX_BYTES), TRACE_MAX_BYTES);
+    // Any object of at most 64 KiB of JSON.
+    let object = prop::collection::btree_map(key(), json_value(Raw::Valid), 0..5).prop_map(|members| {
+        let object = Value::Object(members.into_iter().collect());
+        let verdict = if render(&object).len() <= TRACE_MAX_DATA_BYTES { Good } else { Bad };
+        (Some(object), verdict)
+    });
+    let object =
+        if pristine { object.prop_filter("small", |(_, verdict)| *verdict == Good).boxed() } else { object.boxed() };
+    // The body and `data` are two levels of the 127 a body may nest.
+    let data = member(
+        pristine,
+        vec![
+            (8, Good, object),
+            with(1, Good, Just(json!({ "deep": nested(125) }))),
+            with(1, Bad, Just(json!({ "deep": nested(126) }))),
+            with(1, Bad, Just(json!({ "big": "x".repeat(TRACE_MAX_DATA_BYTES) }))),
+            with(1, Bad, values(vec![json!([]), json!("data"), json!(5), json!(true), json!([{"step": 1}])])),
+            left_out(1, Bad),
+            with(1, Bad, Just(Value::Null)),
+        ],
+    );
+    (partition_member(pristine), transaction_member(message, pristine), group, names, event_type, data)
+        .prop_map(|(partition, transaction, group, names, event_type, data)| {
+            Draft(vec![
+                ("partitionId", partition),
+                ("transactionId", transaction),
+                ("consumerGroup", group),
+                ("traceNames", names),
+                ("eventType", event_type),
+                ("data", data),
+            ])
+            .built()
+        })
+        .boxed()
+}
+
+fn trace_case() -> BoxedStrategy<Case> {
+    (0..TRACE_MESSAGES).prop_flat_map(|message| case(move |pristine| trace_body(message, pristine))).boxed()
+}
+
+/// A page of a message's trace events, their data as sent.
+#[derive(Debug, Deserialize)]
+struct MessageTraces {
+    traces: Vec<TraceEvent>,
+    total: i64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TraceEvent {
+    id: i64,
+    consumer_group: String,
+    event_type: String,
+    trace_names: Vec<String>,
+    data: Box<RawValue>,
+}
+
+impl Fuzz {
+    async fn traces(&self, path: &str) -> Result<MessageTraces, TestCaseError> {
+        let reply = self.get(path).await?;
+        prop_assert_eq!(reply.status, StatusCode::OK, "{}: {}", path, reply.shown());
+        serde_json::from_str(&reply.text).map_err(|e| fail(format!("{path} ({e}): {}", reply.shown())))
+    }
+}
+
+#[test]
+fn fuzzed_trace_bodies() {
+    let fuzz = Fuzz::start(|_| {});
+    let leased = fuzz.block_on(fuzz.leased("fuzz-traces", None, TRACE_MESSAGES)).expect("the messages traced");
+    let refs = leased.refs();
+    fuzz.run(trace_case(), |case| {
+        fuzz.block_on(async {
+            let mut sent = case.send(&refs, Good);
+            // A body past the route's limit is refused before it is read.
+            let too_large = sent.bytes.len() > TRACE_MAX_BODY_BYTES;
+            if too_large {
+                sent.expected = Stray;
+            }
+            let reply = fuzz.exchange("/api/v1/traces", &sent).await?;
+            if too_large {
+                prop_assert_eq!(reply.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", reply.shown());
+            }
+            if !reply.status.is_success() {
+                return Ok(());
+            }
+            prop_assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.shown());
+            let shown = || format!("{}\n  → {}", sent.shown(), reply.shown());
+            let body = members_of(accepted_text(&sent.bytes)?)?;
+            // What the broker read: the partition id as text or number, the group as queue mode
+            // when none, the names once each.
+            let partition = present(&body, "partitionId").map(RawValue::get).unwrap_or_default();
+            let partition = serde_json::from_str::<String>(partition).unwrap_or_else(|_| partition.to_owned());
+            let partition: i64 = partition.parse().map_err(|_| fail(format!("accepted partitionId {partition}")))?;
+            let transaction_id = string_of(&body, "transactionId")?.unwrap_or_default();
+            let group = string_of(&body, "consumerGroup")?.filter(|g| !g.is_empty());
+            let event_type = string_of(&body, "eventType")?.unwrap_or_else(|| "info".into());
+            let mut names: Vec<String> = Vec::new();
+            for name in read_of::<Vec<String>>(&body, "traceNames")?.unwrap_or_default() {
+                if !names.contains(&name) {
+                    names.push(name);
+                }
+            }
+            let data = present(&body, "data").map(RawValue::get).unwrap_or_default();
+            let answer = reply.json.clone().unwrap_or_default();
+            prop_assert_eq!(&answer["success"], &json!(true), "{}", shown());
+            prop_assert_eq!(&answer["partitionId"], &json!(partition.to_string()), "{}", shown());
+            prop_assert_eq!(answer["transactionId"].as_str(), Some(transaction_id.as_str()), "{}", shown());
+            let id = answer["id"].as_i64().ok_or_else(|| fail(shown()))?;
+            // Read back: the message's newest event, the last of its events (oldest first).
+            let path = format!("/api/v1/traces/{partition}/{}", segment(&transaction_id));
+            let total = fuzz.traces(&format!("{path}?limit=1")).await?.total;
+            let newest = fuzz.traces(&format!("{path}?limit=1&offset={}", total - 1)).await?;
+            let event = newest.traces.first().ok_or_else(|| fail(format!("no events: {}", shown())))?;
+            let read = || format!("read back as {event:?}: {}", shown());
+            prop_assert_eq!(event.id, id, "{}", read());
+            prop_assert_eq!(&event.event_type, &event_type, "{}", read());
+            prop_assert_eq!(&event.trace_names, &names, "{}", read());
+            prop_assert_eq!(event.consumer_group.as_str(), group.as_deref().unwrap_or("__QUEUE_MODE__"), "{}", read());
+            prop_assert_eq!(event.data.get(), data, "{}", read());
+            Ok(())
+        })
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reads by offset: fetch and changed partitions, of records written for the test.
+
+const READ_QUEUES: &[&str] = &["fuzz-reads", "ünï reads"];
+const READ_PARTITIONS: &[&str] = &["p1", "ünï 分区", "Default"];
+/// Payloads as pushed, byte for byte, which fetches answer byte for byte.
+const READ_PAYLOADS: &[&str] =
+    &[r#"{"a": [1, 2.50]}"#, r#""é🦀""#, "1e400", "null", r#""\ud800""#, "[ ]", r#"{"i":1,"i":2}"#];
+/// The payload bytes a fetch answers at most, for an entry and for a call.
+const MAX_FETCH_BYTES: i64 = 8 * 1024 * 1024;
+const MAX_FETCH_ENTRIES: usize = 1024;
+const MAX_CHANGED_ENTRIES: usize = 100;
+const MAX_CHANGED_PAGE: i64 = 1000;
+
+/// A partition's records from offset 1: transaction id and payload text.
+type Records = Vec<(String, String)>;
+
+/// What the reads find: partitions by (queue, partition), each with its id and its records, all
+/// written after `started`.
+struct Written {
+    started: DateTime<Utc>,
+    partitions: BTreeMap<(String, String), (i64, Records)>,
+}
+
+impl Written {
+    /// The partitions of a queue, in creation order: name, id, records.
+    fn of(&self, queue: &str) -> Vec<(&str, i64, usize)> {
+        let mut partitions: Vec<(&str, i64, usize)> = self
+            .partitions
+            .iter()
+            .filter(|((q, _), _)| q == queue)
+            .map(|((_, partition), (id, records))| (partition.as_str(), *id, records.len()))
+            .collect();
+        partitions.sort_by_key(|(_, id, _)| *id);
+        partitions
+    }
+}
+
+async fn write_for_reads(fuzz: &Fuzz) -> Written {
+    let started = Utc::now();
+    let mut partitions = BTreeMap::new();
+    let mut payloads = READ_PAYLOADS.iter().cycle();
+    for (queue, partition, n) in
+        [("fuzz-reads", "p1", 3), ("fuzz-reads", "ünï 分区", 2), ("fuzz-reads", "Default", 1), ("ünï reads", "p1", 2)]
+    {
+        let records: Records =
+            (0..n).map(|i| (format!("{partition}-{i}"), payloads.next().copied().unwrap_or("1").to_owned())).collect();
+        let items: Vec<String> = records
+            .iter()
+            .map(|(txn, payload)| {
+                format!(
+                    r#"{{"queue":{},"partition":{},"transactionId":{},"payload":{payload}}}"#,
+                    json!(queue),
+                    json!(partition),
+                    json!(txn)
+                )
+            })
+            .collect();
+        let pushed = fuzz.app.post_raw("/api/v1/push", format!(r#"{{"items":[{}]}}"#, items.join(","))).await;
+        assert_eq!(pushed.status, StatusCode::CREATED, "{pushed:?}");
+        let id = pushed.body[0]["partition_id"].as_str().and_then(|id| id.parse().ok()).expect("a partition id");
+        partitions.insert((queue.to_owned(), partition.to_owned()), (id, records));
+    }
+    Written { started, partitions }
+}
+
+/// A body's `entries`: some of `entry`, none (refused), or past `max` (refused); `filler` is a
+/// good entry, for entries at the limit.
+fn entries_member(
+    pristine: bool,
+    entry: fn(bool) -> BoxedStrategy<Draft>,
+    max: usize,
+    filler: Value,
+) -> BoxedStrategy<Member> {
+    let counts = if pristine { 1..5usize } else { 0..6 };
+    let some = prop::collection::vec(entry(pristine), counts).prop_map(|drafts| {
+        let (value, verdict) = array_of(&drafts);
+        (Some(value), if drafts.is_empty() { Bad } else { verdict })
+    });
+    let limit = filler.clone();
+    member(
+        pristine,
+        vec![
+            (20, Good, some.boxed()),
+            with(1, Good, Just(repeated(max, move |_| limit.clone()))),
+            with(1, Bad, Just(repeated(max + 1, move |_| filler.clone()))),
+            with(1, Bad, values(vec![json!({}), json!("entries"), json!(5), json!([1]), json!([[]])])),
+            left_out(1, Bad),
+            with(1, Bad, Just(Value::Null)),
+        ],
+    )
+}
+
+fn byte_budget_member(pristine: bool) -> BoxedStrategy<Member> {
+    let good = prop_oneof![
+        2 => values(vec![json!(1), json!(10), json!(1 << 20), json!(MAX_FETCH_BYTES), json!(i64::MAX)]),
+        1 => integers(1, i64::MAX),
+    ];
+    integer_member(pristine, true, good.boxed(), 1, i64::MAX)
+}
+
+fn fetch_entry(pristine: bool) -> BoxedStrategy<Draft> {
+    let offset = integer_member(
+        pristine,
+        false,
+        prop_oneof![4 => integers(0, 4), 1 => integers(0, i64::MAX)].boxed(),
+        0,
+        i64::MAX,
+    );
+    (
+        required_name_member(pooled_name(READ_QUEUES), pristine),
+        required_name_member(pooled_name(READ_PARTITIONS), pristine),
+        offset,
+        byte_budget_member(pristine),
+    )
+        .prop_map(|(queue, partition, offset, bytes)| {
+            Draft(vec![("queue", queue), ("partition", partition), ("offset", offset), ("maxBytes", bytes)])
+        })
+        .boxed()
+}
+
+fn fetch_body(pristine: bool) -> BoxedStrategy<(Value, Verdict)> {
+    let filler = json!({"queue": "fuzz-reads", "partition": "p1", "offset": 1});
+    (entries_member(pristine, fetch_entry, MAX_FETCH_ENTRIES, filler), byte_budget_member(pristine))
+        .prop_map(|(entries, bytes)| Draft(vec![("entries", entries), ("maxBytes", bytes)]).built())
+        .boxed()
+}
+
+#[derive(Debug, Deserialize)]
+struct Fetched<'a> {
+    #[serde(borrow)]
+    entries: Vec<FetchedEntry<'a>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct FetchedEntry<'a> {
+    high_watermark: i64,
+    log_start_offset: i64,
+    error: Option<String>,
+    #[serde(borrow)]
+    records: Vec<FetchedRecord<'a>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct FetchedRecord<'a> {
+    offset: i64,
+    transaction_id: String,
+    #[serde(borrow)]
+    payload: &'a RawValue,
+    ts: String,
+}
+
+/// Checks an accepted fetch: an entry per entry asked, in order; an unknown partition's entry says
+/// so; a known one's records are the partition's from the offset asked, as pushed, all of them
+/// when the budgets hold them, or its error says the offset is out of range.
+fn verify_fetched(written: &Written, sent: &Sent, reply: &Reply) -> Result<(), TestCaseError> {
+    let body = members_of(accepted_text(&sent.bytes)?)?;
+    let call_bytes = read_of::<i64>(&body, "maxBytes")?.unwrap_or(MAX_FETCH_BYTES).min(MAX_FETCH_BYTES);
+    let asked = raw_array(present(&body, "entries").ok_or_else(|| fail("accepted no entries"))?)?;
+    let answer: Fetched<'_> =
+        serde_json::from_str(&reply.text).map_err(|e| fail(format!("the answer ({e}): {}", reply.shown())))?;
+    prop_assert_eq!(answer.entries.len(), asked.len(), "an entry per entry asked: {}", reply.shown());
+    for (entry, got) in asked.iter().zip(&answer.entries) {
+        let entry = members_of(entry.get())?;
+        let place =
+            (string_of(&entry, "queue")?.unwrap_or_default(), string_of(&entry, "partition")?.unwrap_or_default());
+        let offset: i64 = read_of(&entry, "offset")?.unwrap_or_default();
+        let entry_bytes = read_of::<i64>(&entry, "maxBytes")?.unwrap_or(call_bytes).min(call_bytes);
+        let shown = || format!("{place:?} from {offset}: {got:?}\n  {}", sent.shown());
+        let Some((_, records)) = written.partitions.get(&place) else {
+            prop_assert_eq!(got.error.as_deref(), Some("UNKNOWN_TOPIC_OR_PARTITION"), "{}", shown());
+            prop_assert!(got.records.is_empty() && got.high_watermark == 0 && got.log_start_offset == 0, "{}", shown());
+            continue;
+        };
+        let high_watermark = records.len() as i64 + 1;
+        prop_assert_eq!((got.high_watermark, got.log_start_offset), (high_watermark, 1), "{}", shown());
+        if got.error.is_some() {
+            prop_assert_eq!(got.error.as_deref(), Some("OFFSET_OUT_OF_RANGE"), "{}", shown());
+            prop_assert!(offset < 1 || offset > high_watermark, "{}", shown());
+            prop_assert!(got.records.is_empty(), "{}", shown());
+            continue;
+        }
+        prop_assert!((1..=high_watermark).contains(&offset), "no error out of range: {}", shown());
+        for (k, record) in got.records.iter().enumerate() {
+            let at = offset + k as i64;
+            let (txn, payload) = &records[(at - 1) as usize];
+            prop_assert_eq!(record.offset, at, "{}", shown());
+            prop_assert_eq!(&record.transaction_id, txn, "{}", shown());
+            prop_assert_eq!(record.payload.get(), payload.as_str(), "not as pushed: {}", shown());
+            prop_assert!(micros(&record.ts).is_some(), "{}", shown());
+        }
+        // The records written are far fewer bytes than a mebibyte, however many entries ask.
+        if entry_bytes >= 1 << 20 {
+            prop_assert_eq!(got.records.len() as i64, high_watermark - offset, "not all read: {}", shown());
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn fuzzed_fetch_bodies() {
+    let fuzz = Fuzz::start(|_| {});
+    let written = fuzz.block_on(write_for_reads(&fuzz));
+    fuzz.run(case(fetch_body), |case| {
+        fuzz.block_on(async {
+            let sent = case.send(&Refs::new(), Good);
+            let reply = fuzz.exchange("/api/v1/fetch", &sent).await?;
+            if !reply.status.is_success() {
+                return Ok(());
+            }
+            prop_assert_eq!(reply.status, StatusCode::OK, "{}", reply.shown());
+            verify_fetched(&written, &sent, &reply)
+        })
+    });
+}
+
+/// Timestamps without an offset (UTC, to this route).
+fn naive_timestamp() -> BoxedStrategy<Value> {
+    good_timestamp()
+        .prop_map(|at| {
+            let cut = if at.ends_with('Z') { at.len() - 1 } else { at.len() - 6 };
+            Value::String(at[..cut].to_owned())
+        })
+        .boxed()
+}
+
+/// A time the route reads: RFC 3339, or without an offset (UTC).
+fn since_micros(at: &str) -> Option<i64> {
+    micros(at).or_else(|| {
+        chrono::NaiveDateTime::parse_from_str(at, "%Y-%m-%dT%H:%M:%S%.f").ok().map(|at| at.and_utc().timestamp_micros())
+    })
+}
+
+fn changed_entry(pristine: bool) -> BoxedStrategy<Draft> {
+    let bad_since: Vec<&str> = BAD_TIMESTAMPS.iter().copied().filter(|at| since_micros(at).is_none()).collect();
+    let since = member(
+        pristine,
+        vec![
+            left_out(4, Good),
+            with(1, Good, Just(Value::Null)),
+            with(4, Good, good_timestamp().prop_map(Value::String)),
+            with(2, Good, naive_timestamp()),
+            with(1, Stray, strings(STRAY_TIMESTAMPS)),
+            with(2, Bad, strings(&bad_since)),
+            with(1, Bad, values(vec![json!(1_700_000_000), json!(true), json!([])])),
+        ],
+    );
+    let after = member(
+        pristine,
+        vec![
+            left_out(4, Good),
+            with(1, Good, values(vec![Value::Null, json!("")])),
+            with(2, Good, prop_oneof![3 => 1..50i64, 1 => 1..=i64::MAX].prop_map(|id| json!(id.to_string()))),
+            with(1, Bad, strings(&["0", "-1", "abc", "1.5", " 1", "9223372036854775808"])),
+            with(1, Bad, values(vec![json!(5), json!(true), json!([])])),
+        ],
+    );
+    let limit = integer_member(pristine, true, integers(1, MAX_CHANGED_PAGE), 1, MAX_CHANGED_PAGE);
+    (required_name_member(pooled_name(READ_QUEUES), pristine), since, after, limit)
+        .prop_map(|(queue, since, after, limit)| {
+            Draft(vec![("queue", queue), ("since", since), ("after", after), ("limit", limit)])
+        })
+        .boxed()
+}
+
+fn changed_body(pristine: bool) -> BoxedStrategy<(Value, Verdict)> {
+    let filler = json!({"queue": "fuzz-reads"});
+    entries_member(pristine, changed_entry, MAX_CHANGED_ENTRIES, filler)
+        .prop_map(|entries| Draft(vec![("entries", entries)]).built())
+        .boxed()
+}
+
+/// Checks an accepted changed-partitions call: an entry per entry asked, in order; an unknown
+/// queue's says so; a known one's lists partitions of that queue, in creation order, after the
+/// cursor, written since the time asked, and all of them (a page at a time) when the time is
+/// before they were written.
+fn verify_changed(written: &Written, sent: &Sent, reply: &Reply) -> Result<(), TestCaseError> {
+    let body = members_of(accepted_text(&sent.bytes)?)?;
+    let asked = raw_array(present(&body, "entries").ok_or_else(|| fail("accepted no entries"))?)?;
+    let answer = reply.json.clone().unwrap_or_default();
+    prop_assert!(answer["safeTime"].as_str().and_then(micros).is_some(), "{}", reply.shown());
+    let entries = answer["entries"].as_array().ok_or_else(|| fail(format!("no entries: {}", reply.shown())))?;
+    prop_assert_eq!(entries.len(), asked.len(), "an entry per entry asked: {}", reply.shown());
+    let started = written.started.timestamp_micros() - 1_000_000;
+    for (entry, got) in asked.iter().zip(entries) {
+        let entry = members_of(entry.get())?;
+        let queue = string_of(&entry, "queue")?.unwrap_or_default();
+        let since = string_of(&entry, "since")?;
+        let since = since.as_deref().map(|at| since_micros(at).ok_or_else(|| fail(format!("accepted since {at:?}"))));
+        let since = since.transpose()?;
+        let after: i64 = string_of(&entry, "after")?
+            .filter(|a| !a.is_empty())
+            .map_or(Ok(0), |a| a.parse())
+            .map_err(|_| fail("accepted an after that is no id"))?;
+        let limit: i64 = read_of(&entry, "limit")?.unwrap_or(MAX_CHANGED_PAGE);
+        let shown = || format!("{queue:?} since {since:?} after {after} limit {limit}: {got}\n  {}", sent.shown());
+        let known = written.of(&queue);
+        if known.is_empty() {
+            prop_assert_eq!(&got["error"], &json!("UNKNOWN_TOPIC_OR_PARTITION"), "{}", shown());
+            prop_assert!(got["partitions"] == json!([]) && got["next"] == "", "{}", shown());
+            continue;
+        }
+        prop_assert!(got.get("error").is_none(), "{}", shown());
+        let listed = got["partitions"].as_array().ok_or_else(|| fail(shown()))?;
+        let mut ids = Vec::new();
+        for partition in listed {
+            let id: i64 = partition["id"].as_str().and_then(|id| id.parse().ok()).unwrap_or_default();
+            let mine = known.iter().find(|(_, known, _)| *known == id);
+            let (name, _, records) = mine.ok_or_else(|| fail(format!("not a partition of the queue: {}", shown())))?;
+            prop_assert_eq!(partition["name"].as_str(), Some(*name), "{}", shown());
+            prop_assert_eq!(partition["lastOffset"].as_i64(), Some(*records as i64), "{}", shown());
+            prop_assert_eq!(partition["logStart"].as_i64(), Some(1), "{}", shown());
+            let last_write = partition["lastWriteAt"].as_str().and_then(micros);
+            prop_assert!(
+                last_write.zip(since).is_none_or(|(at, since)| at >= since),
+                "written before since: {}",
+                shown()
+            );
+            prop_assert!(id > after, "not after the cursor: {}", shown());
+            ids.push(id);
+        }
+        prop_assert!(ids.windows(2).all(|pair| pair[0] < pair[1]), "not in creation order: {}", shown());
+        prop_assert!(ids.len() as i64 <= limit, "{}", shown());
+        let next = got["next"].as_str().ok_or_else(|| fail(shown()))?;
+        if since.is_none_or(|since| since < started) {
+            let eligible: Vec<i64> = known.iter().map(|(_, id, _)| *id).filter(|id| *id > after).collect();
+            let page: Vec<i64> = eligible.iter().copied().take(limit as usize).collect();
+            prop_assert_eq!(&ids, &page, "not the partitions written: {}", shown());
+            let more = eligible.len() > page.len();
+            prop_assert_eq!(
+                next,
+                if more { ids.last().map(i64::to_string).unwrap_or_default() } else { String::new() },
+                "{}",
+                shown()
+            );
+        } else if since.is_some_and(|since| since > Utc::now().timestamp_micros() + 3_600_000_000) {
+            prop_assert!(ids.is_empty(), "written in the future: {}", shown());
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn fuzzed_changed_partitions_bodies() {
+    let fuzz = Fuzz::start(|_| {});
+    let written = fuzz.block_on(write_for_reads(&fuzz));
+    fuzz.run(case(changed_body), |case| {
+        fuzz.block_on(async {
+            let sent = case.send(&Refs::new(), Good);
+            let reply = fuzz.exchange("/api/v1/partitions/changed", &sent).await?;
+            if !reply.status.is_success() {
+                return Ok(());
+            }
+            prop_assert_eq!(reply.status, StatusCode::OK, "{}", reply.shown());
+            verify_changed(&written, &sent, &reply)
         })
     });
 }
