@@ -158,25 +158,17 @@ pub async fn ensure_cursors(
         CursorSeed::From(at) => ("timestamp", Some(at)),
     };
     let statement = client
-        .prepare_cached(
+        .prepare_cached(concat!(
             "INSERT INTO queen.log_consumers (partition_id, consumer_group, committed)
-             SELECT p.id, $2,
-                    CASE COALESCE(m.subscription_mode, $3)
-                        WHEN 'all' THEN p.retained_from - 1
-                        WHEN 'end' THEN p.last_offset
-                        ELSE COALESCE(
-                            (SELECT s.base_offset - 1 FROM queen.log_segments s
-                              WHERE s.partition_id = p.id AND s.created_at >= COALESCE(m.subscription_from, $4)
-                                AND s.base_offset >= p.retained_from
-                              ORDER BY s.created_at, s.base_offset LIMIT 1),
-                            p.last_offset)
-                    END
+             SELECT p.id, $2, ",
+            group_start_sql!("COALESCE(m.subscription_mode, $3)", "COALESCE(m.subscription_from, $4)"),
+            "
                FROM queen.partitions p
                JOIN queen.queues q ON q.id = p.queue_id
                LEFT JOIN queen.consumer_groups_metadata m ON m.queue_name = q.name AND m.consumer_group = $2
               WHERE p.id = ANY($1)
              ON CONFLICT (partition_id, consumer_group) DO NOTHING",
-        )
+        ))
         .await?;
     client.execute(&statement, &[&partition_ids, &group, &mode, &from]).await?;
     Ok(())

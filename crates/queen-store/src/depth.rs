@@ -52,7 +52,8 @@ pub async fn queue_depth(
     offset: i64,
 ) -> Result<QueueDepth, StoreError> {
     let sql = format!(
-        "WITH place AS (
+        concat!(
+            "WITH place AS (
              SELECT p.id, p.name, {LAG_MESSAGES} AS pending,
                     -- Where the pending messages start after.
                     GREATEST(c.committed, p.retained_from - 1) AS done,
@@ -75,15 +76,9 @@ pub async fn queue_depth(
                JOIN queen.partitions p ON p.queue_id = q.id
                LEFT JOIN queen.log_consumers lc ON lc.partition_id = p.id AND lc.consumer_group = $2::text
                LEFT JOIN queen.consumer_groups_metadata m ON m.queue_name = q.name AND m.consumer_group = $2::text
-              CROSS JOIN LATERAL (SELECT COALESCE(lc.committed, CASE COALESCE(m.subscription_mode, 'all')
-                  WHEN 'all' THEN p.retained_from - 1
-                  ELSE COALESCE(
-                      (SELECT s.base_offset - 1 FROM queen.log_segments s
-                        WHERE s.partition_id = p.id AND s.created_at >= m.subscription_from
-                          AND s.base_offset >= p.retained_from
-                        ORDER BY s.created_at, s.base_offset LIMIT 1),
-                      p.last_offset)
-                  END) AS committed) c
+              CROSS JOIN LATERAL (SELECT COALESCE(lc.committed, ",
+            group_start_sql!("COALESCE(m.subscription_mode, 'all')", "m.subscription_from"),
+            ") AS committed) c
               WHERE q.id = $1::bigint
          ), counted AS (
              SELECT id, name, pending,
@@ -103,6 +98,8 @@ pub async fn queue_depth(
            FROM totals t
            LEFT JOIN LATERAL (SELECT * FROM counted ORDER BY name LIMIT $3::bigint OFFSET $4::bigint) page ON true
           ORDER BY page.name"
+        ),
+        LAG_MESSAGES = LAG_MESSAGES
     );
     let rows = client.query(&sql, &[&queue_id, &group, &limit, &offset]).await?;
     let Some(first) = rows.first() else { return Ok(QueueDepth::default()) };

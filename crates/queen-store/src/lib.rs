@@ -1,6 +1,27 @@
 //! Queen's PostgreSQL layer: versioned migrations, the pool, one module of typed queries per
 //! table family, and the managed local PostgreSQL used as the embedded default.
 
+/// SQL: the offset after which a consumer group's cursor on partition `p` starts, by subscription
+/// mode (`$mode`, an SQL expression): `all` just below the oldest retained message, `end` after
+/// the newest, any other from the first segment created at or after `$from` (the registration
+/// time of a `new` group, or the timestamp it asked for), the partition's end when none is. The
+/// one rule for creating cursors and for counting what a group without one still has to read.
+macro_rules! group_start_sql {
+    ($mode:literal, $from:literal) => {
+        concat!(
+            "CASE ",
+            $mode,
+            " WHEN 'all' THEN p.retained_from - 1 WHEN 'end' THEN p.last_offset
+              ELSE COALESCE((SELECT s.base_offset - 1 FROM queen.log_segments s
+                              WHERE s.partition_id = p.id AND s.created_at >= ",
+            $from,
+            "                   AND s.base_offset >= p.retained_from
+                              ORDER BY s.created_at, s.base_offset LIMIT 1),
+                            p.last_offset) END"
+        )
+    };
+}
+
 pub mod ack_rules;
 pub mod cursors;
 pub mod depth;

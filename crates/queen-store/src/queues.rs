@@ -488,22 +488,16 @@ const CAPACITY_LOCK_CLASS: i32 = 0x7163_6170;
 /// (where they start, when they have no cursor there yet); a partition nobody reads counts whole.
 pub async fn unconsumed_depth(client: &impl GenericClient, queue: &Queue) -> Result<i64, StoreError> {
     let statement = client
-        .prepare_cached(
+        .prepare_cached(concat!(
             "SELECT COALESCE(sum(p.last_offset - GREATEST(p.retained_from - 1, f.floor)), 0)::bigint
                FROM queen.partitions p
               CROSS JOIN LATERAL (
                   SELECT COALESCE(min(positions.at), p.retained_from - 1) AS floor FROM (
                       SELECT c.committed AS at FROM queen.log_consumers c WHERE c.partition_id = p.id
                       UNION ALL
-                      SELECT CASE m.subscription_mode
-                                 WHEN 'all' THEN p.retained_from - 1
-                                 ELSE COALESCE(
-                                     (SELECT s.base_offset - 1 FROM queen.log_segments s
-                                       WHERE s.partition_id = p.id AND s.created_at >= m.subscription_from
-                                         AND s.base_offset >= p.retained_from
-                                       ORDER BY s.created_at, s.base_offset LIMIT 1),
-                                     p.last_offset)
-                             END
+                      SELECT ",
+            group_start_sql!("m.subscription_mode", "m.subscription_from"),
+            "
                         FROM queen.consumer_groups_metadata m
                        WHERE m.queue_name = $2
                          AND NOT EXISTS (SELECT 1 FROM queen.log_consumers c
@@ -511,7 +505,7 @@ pub async fn unconsumed_depth(client: &impl GenericClient, queue: &Queue) -> Res
                   ) positions
               ) f
               WHERE p.queue_id = $1",
-        )
+        ))
         .await?;
     Ok(client.query_one(&statement, &[&queue.id, &queue.name]).await?.get(0))
 }
