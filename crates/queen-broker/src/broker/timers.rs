@@ -442,7 +442,9 @@ async fn append(
             if let StoreError::Missing(_) = e {
                 // Deleted since it was resolved: resolve it again next time.
                 broker.names.forget_queue(&queue.name);
-                broker.names.forget_partition(queue.id, &timers[0].item.partition);
+                if let Some(timer) = timers.first() {
+                    broker.names.forget_partition(queue.id, &timer.item.partition);
+                }
             }
             Ok(Err(failure_text(&e)))
         }
