@@ -129,6 +129,18 @@ pub fn nesting_depth(text: &[u8]) -> usize {
     deepest
 }
 
+/// The query string, refusing (400) a parameter the route does not take rather than ignoring it.
+pub fn strict_query(req: &actix_web::HttpRequest, known: &[&str]) -> Result<BTreeMap<String, String>, ApiError> {
+    let query = query_pairs(req.query_string())?;
+    if let Some(unknown) = query.keys().find(|key| !known.contains(&key.as_str())) {
+        return Err(ApiError::bad_request(format!(
+            "unknown query parameter {unknown:?}; this route takes {}",
+            known.join(", ")
+        )));
+    }
+    Ok(query)
+}
+
 /// A JSON object whose members are kept as raw JSON, so each can be checked (and payloads kept
 /// as they were sent) on its own.
 pub struct JsonObject<'a> {

@@ -5,8 +5,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use queen_store::depth::PartitionDepth;
 use serde::Serialize;
 
-use super::body::{path_name, query_int};
-use super::traces::strict_query;
+use super::body::{path_name, query_int, strict_query};
 use crate::broker::{Broker, depth};
 use crate::error::ApiError;
 use crate::names::{self, NameKind};

@@ -14,7 +14,7 @@ use serde_json::value::RawValue;
 
 use super::ack::partition_id as body_partition_id;
 use super::authorize::Caller;
-use super::body::{JsonObject, path_param, query_int, query_pairs, read_body};
+use super::body::{JsonObject, path_param, query_int, read_body, strict_query};
 use super::dlq::time_filter;
 use super::messages::partition_id as path_partition_id;
 use super::timestamp;
@@ -184,18 +184,6 @@ impl TryFrom<TraceEvent> for TraceJson {
 
 fn rendered(events: Vec<TraceEvent>) -> Result<Vec<TraceJson>, ApiError> {
     events.into_iter().map(TraceJson::try_from).collect()
-}
-
-/// The query string, refusing (400) a parameter the route does not take rather than ignoring it.
-pub(super) fn strict_query(req: &HttpRequest, known: &[&str]) -> Result<BTreeMap<String, String>, ApiError> {
-    let query = query_pairs(req.query_string())?;
-    if let Some(unknown) = query.keys().find(|key| !known.contains(&key.as_str())) {
-        return Err(ApiError::bad_request(format!(
-            "unknown query parameter {unknown:?}; this route takes {}",
-            known.join(", ")
-        )));
-    }
-    Ok(query)
 }
 
 /// `limit` (1 to 1000, `default` when absent) and `offset`.
