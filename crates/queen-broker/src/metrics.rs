@@ -75,6 +75,9 @@ pub struct Metrics {
     pub maintenance_passes: IntCounterVec,
     pub segments_retained_away: IntCounter,
     pub partitions_cleaned_up: IntCounter,
+    // Timers.
+    pub timers_delivered: IntCounter,
+    pub timer_delivery_failures: IntCounter,
     // Maintenance mode.
     pub maintenance_mode: IntGaugeVec,
     pub buffered_messages: IntGauge,
@@ -293,6 +296,16 @@ impl Metrics {
                 "Segments deleted by retention.",
             ),
             partitions_cleaned_up: counter(&r, "queen_partitions_cleaned_up_total", "Empty idle partitions deleted."),
+            timers_delivered: counter(
+                &r,
+                "queen_timers_delivered_total",
+                "Due timers this broker appended to their queues (duplicates of a message already stored included).",
+            ),
+            timer_delivery_failures: counter(
+                &r,
+                "queen_timer_delivery_failures_total",
+                "Deliveries of due timers that failed (queue full, a creation limit, ...) and will be retried or held.",
+            ),
             maintenance_mode: gauge_vec(
                 &r,
                 "queen_maintenance_mode",

@@ -340,6 +340,8 @@ pub async fn fire_due(broker: &Broker) -> Result<Swept, BrokerError> {
         swept.failed += failed.len();
         log_failures(&failed, &failures);
     }
+    broker.metrics.timers_delivered.inc_by(swept.delivered as u64);
+    broker.metrics.timer_delivery_failures.inc_by(swept.failed as u64);
     Ok(swept)
 }
 

@@ -296,6 +296,9 @@ async fn a_timer_whose_queue_is_full_is_retried_until_it_fits_and_is_not_lost() 
     let messages = delivered(&app, "bounded").await;
     assert_eq!(messages.iter().map(|m| &m["transactionId"]).collect::<Vec<_>>(), [&json!("from-timer")]);
     assert_eq!(stored_timers(&app).await, 0);
+    // What an operator sees of it.
+    assert!(app.metric("queen_timer_delivery_failures_total").await >= 1.0);
+    assert_eq!(app.metric("queen_timers_delivered_total").await, 1.0);
 }
 
 #[actix_web::test]
