@@ -91,7 +91,7 @@ where
 /// answers): a deeper body would be accepted and then answered as JSON that readers with a depth
 /// or recursion limit (`serde_json`, Python's `json`) cannot read, which no consumer could get
 /// past.
-const MAX_NESTING: usize = 127;
+pub const MAX_NESTING: usize = 127;
 
 /// The deepest a message's data may nest when it does not arrive inside a push body (a timer's
 /// base64 payload): what a push can carry, which keeps a pop answer (`{"messages": [{"data": ...}]}`)

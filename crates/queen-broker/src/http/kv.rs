@@ -14,13 +14,16 @@ use serde::Serialize;
 use serde::de::IgnoredAny;
 use serde_json::value::RawValue;
 
-use super::body::{JsonObject, read_body};
+use super::body::{JsonObject, MAX_NESTING, nesting_depth, read_body};
 use super::timestamp;
 use crate::broker::kv::{
     self, Batch, BatchRefusal, Change, Expiry, OpResult, Operation, Outcome, PrefixRead, Verdict, Write,
 };
 use crate::broker::{Broker, BrokerError, locks};
 use crate::error::ApiError;
+
+/// The deepest a value may nest: a `getMany` or `getPrefix` answer carries it five levels down.
+const MAX_VALUE_NESTING: usize = MAX_NESTING - 5;
 
 pub async fn handle(broker: web::Data<Broker>, payload: web::Payload) -> Result<HttpResponse, StateError> {
     let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
@@ -440,6 +443,15 @@ impl Fields<'_, '_> {
                 "kv_value_too_large",
                 field.clone(),
                 format!("{field} is {} bytes of JSON; at most {} are allowed", raw.get().len(), kv::MAX_VALUE_BYTES),
+            ));
+        }
+        // Read back inside `{"results": [{"rows": [{"value": ...}]}]}`, five levels down: a value
+        // no deeper than keeps that answer within what JSON readers take.
+        if nesting_depth(raw.get().as_bytes()) > MAX_VALUE_NESTING {
+            return Err(Refusal::new(
+                "kv_value_too_deep",
+                field.clone(),
+                format!("{field} nests arrays and objects more than {MAX_VALUE_NESTING} levels deep"),
             ));
         }
         // What PostgreSQL's jsonb cannot hold is refused here rather than failing the batch: a

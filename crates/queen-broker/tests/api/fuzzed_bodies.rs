@@ -2789,9 +2789,14 @@ const KV_DELETE_FIELDS: &[&str] = &["op", "ns", "key", "expect", "required"];
 const KV_CHECK_FIELDS: &[&str] = &["op", "ns", "key", "expect", "required"];
 const KV_INCR_FIELDS: &[&str] = &["op", "ns", "key", "delta", "min", "max", "ttlSeconds", "forever", "required"];
 
-/// The deepest a stored value may nest: what a body carries it at (`{"operations": [{"value":
-/// …}]}`, or a push's `{"items": [{"payload": …}]}`, within the 127 levels a body may nest).
+/// The deepest a message's data may nest: what a push carries it at (`{"items": [{"payload":
+/// …}]}`, within the 127 levels a body may nest), which keeps a pop answer within 127 levels; a
+/// timer's payload is held to it too.
 const VALUE_MAX_DEPTH: usize = 124;
+
+/// The deepest a key/value `value` may nest: a `getMany` or `getPrefix` answer carries it five
+/// levels down, and must stay within the 127 levels JSON readers take.
+const KV_VALUE_MAX_DEPTH: usize = 122;
 
 /// Whether a key/value `value` is one the broker keeps: at most 64 KiB of JSON that PostgreSQL's
 /// `jsonb` holds (no U+0000, no lone surrogate, no number past what a float holds).
@@ -2812,7 +2817,8 @@ fn kv_value_member(pristine: bool) -> BoxedStrategy<Member> {
         vec![
             (8, Good, judged),
             with(1, Good, Just(Value::Null)),
-            with(1, Good, Just(nested(VALUE_MAX_DEPTH))),
+            with(1, Good, Just(nested(KV_VALUE_MAX_DEPTH))),
+            with(1, Bad, Just(nested(KV_VALUE_MAX_DEPTH + 1))),
             with(1, Bad, Just(json!("x".repeat(KV_MAX_VALUE_BYTES)))),
             left_out(1, Bad),
         ],
@@ -3929,13 +3935,13 @@ fn trace_body(message: usize, pristine: bool) -> BoxedStrategy<(Value, Verdict)>
     });
     let object =
         if pristine { object.prop_filter("small", |(_, verdict)| *verdict == Good).boxed() } else { object.boxed() };
-    // The body and `data` are two levels of the 127 a body may nest.
+    // Read back three levels down (`{"traces": [{"data": …}]}`), `data` nests at most 124 levels.
     let data = member(
         pristine,
         vec![
             (8, Good, object),
-            with(1, Good, Just(json!({ "deep": nested(125) }))),
-            with(1, Bad, Just(json!({ "deep": nested(126) }))),
+            with(1, Good, Just(json!({ "deep": nested(123) }))),
+            with(1, Bad, Just(json!({ "deep": nested(124) }))),
             with(1, Bad, Just(json!({ "big": "x".repeat(TRACE_MAX_DATA_BYTES) }))),
             with(1, Bad, values(vec![json!([]), json!("data"), json!(5), json!(true), json!([{"step": 1}])])),
             left_out(1, Bad),

@@ -199,6 +199,12 @@ async fn bad_operations_are_refused_naming_the_field_and_write_nothing() {
             "kv_value_too_large",
             "operations[1].value",
         ),
+        // A getMany answer carries it five levels down: past 127 in all, which JSON readers refuse.
+        (
+            json!({"op": "put", "ns": "t", "key": "k", "value": nested(123), "forever": true}),
+            "kv_value_too_deep",
+            "operations[1].value",
+        ),
     ];
     for (bad, code, field) in cases {
         let answer = app.post("/api/v1/kv", &json!({"operations": [ok, bad]})).await;
@@ -612,4 +618,9 @@ async fn a_token_confined_to_queues_cannot_reach_key_value_state() {
     assert_eq!(send(FLEET, "/api/v1/kv", kv).await, StatusCode::OK);
     assert_eq!(send(FLEET, "/api/v1/locks", lock).await, StatusCode::OK);
     assert_eq!(send(FLEET, "/api/v1/transaction", bundle).await, StatusCode::OK);
+}
+
+/// Arrays nested `levels` deep around a number.
+fn nested(levels: usize) -> Value {
+    serde_json::from_str(&format!("{}1{}", "[".repeat(levels), "]".repeat(levels))).expect("nested arrays")
 }

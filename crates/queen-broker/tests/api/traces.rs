@@ -182,6 +182,8 @@ async fn bad_bodies_are_refused_naming_the_field_and_write_nothing() {
         (with("data", json!([1])), "data must be a JSON object"),
         (with("data", json!("text")), "data must be a JSON object"),
         (with("data", json!({"blob": "x".repeat(64 * 1024)})), "data is 65547 bytes"),
+        // Read back three levels down: past 127 in all, which JSON readers refuse.
+        (with("data", json!({"deep": nested(124)})), "data nests arrays and objects more than 124 levels deep"),
     ];
     for (body, mentions) in cases {
         assert_refused(&app.post("/api/v1/traces", &body).await, StatusCode::BAD_REQUEST, mentions);
@@ -319,4 +321,9 @@ async fn an_event_racing_the_deletion_of_its_queue_waits_for_it_and_finds_no_mes
     let (answer, ()) = tokio::join!(event, waiting);
     assert_eq!(answer.status, StatusCode::NOT_FOUND, "{answer:?}");
     assert_eq!(stored_events(&app).await, (0, 0));
+}
+
+/// Arrays nested `levels` deep around a number.
+fn nested(levels: usize) -> Value {
+    serde_json::from_str(&format!("{}1{}", "[".repeat(levels), "]".repeat(levels))).expect("nested arrays")
 }
