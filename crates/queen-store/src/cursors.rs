@@ -232,7 +232,7 @@ pub async fn claim(client: &impl GenericClient, request: &ClaimRequest<'_>) -> R
         return Ok(Claimed::default());
     }
     let statement = client
-        .prepare_cached(
+        .prepare_cached(concat!(
             "WITH candidate AS (
                  SELECT c.partition_id, x.ord, s.start_after, s.start_after > c.committed AS skipped,
                         v.last_offset, c.lease_expires_at IS NOT NULL AS expired, q.lease_time_seconds,
@@ -250,13 +250,9 @@ pub async fn claim(client: &impl GenericClient, request: &ClaimRequest<'_>) -> R
                   CROSS JOIN LATERAL (SELECT CASE
                       WHEN q.window_buffer_seconds > 0
                            AND p.last_segment_at > now() - q.window_buffer_seconds * interval '1 second' THEN 0
-                      WHEN q.delayed_processing_seconds > 0
-                           AND p.last_segment_at > now() - q.delayed_processing_seconds * interval '1 second' THEN
-                          COALESCE((SELECT s.end_offset FROM queen.log_segments s
-                                     WHERE s.partition_id = p.id
-                                       AND s.created_at <= now() - q.delayed_processing_seconds * interval '1 second'
-                                     ORDER BY s.created_at DESC, s.base_offset DESC LIMIT 1), 0)
-                      ELSE p.last_offset END AS last_offset) v
+                      ELSE ",
+            delay_visible_until_sql!(),
+            " END AS last_offset) v
                   -- Where the delivery starts: after the cursor, or, for a conflating group, just
                   -- before the newest visible message.
                   CROSS JOIN LATERAL (SELECT GREATEST(c.committed, p.retained_from - 1,
@@ -300,7 +296,7 @@ pub async fn claim(client: &impl GenericClient, request: &ClaimRequest<'_>) -> R
              SELECT partition_id, first, last, attempt, lease_expires_at, expired, ord, false FROM claimed
              UNION ALL
              SELECT partition_id, NULL, NULL, NULL, NULL, true, ord, true FROM candidate WHERE exhausted",
-        )
+        ))
         .await?;
     let rows = client
         .query(

@@ -65,13 +65,9 @@ pub async fn queue_depth(
                         OR (q.window_buffer_seconds > 0
                             AND p.last_segment_at > now() - q.window_buffer_seconds * interval '1 second') AS held,
                     -- The last offset the delay lets be served (the claim's rule).
-                    CASE WHEN q.delayed_processing_seconds > 0
-                              AND p.last_segment_at > now() - q.delayed_processing_seconds * interval '1 second' THEN
-                         COALESCE((SELECT s.end_offset FROM queen.log_segments s
-                                    WHERE s.partition_id = p.id
-                                      AND s.created_at <= now() - q.delayed_processing_seconds * interval '1 second'
-                                    ORDER BY s.created_at DESC, s.base_offset DESC LIMIT 1), 0)
-                         ELSE p.last_offset END AS visible_until
+                    ",
+            delay_visible_until_sql!(),
+            " AS visible_until
                FROM queen.queues q
                JOIN queen.partitions p ON p.queue_id = q.id
                LEFT JOIN queen.log_consumers lc ON lc.partition_id = p.id AND lc.consumer_group = $2::text

@@ -22,6 +22,21 @@ macro_rules! group_start_sql {
     };
 }
 
+/// SQL: the last offset of partition `p` (of queue `q`) that `delayedProcessing` lets be served:
+/// everything, unless the newest messages are still inside the delay, then up to the last segment
+/// outside it (0 when none is). The one rule for the pop claim and for queue depth.
+macro_rules! delay_visible_until_sql {
+    () => {
+        "CASE WHEN q.delayed_processing_seconds > 0
+                   AND p.last_segment_at > now() - q.delayed_processing_seconds * interval '1 second' THEN
+              COALESCE((SELECT s.end_offset FROM queen.log_segments s
+                         WHERE s.partition_id = p.id
+                           AND s.created_at <= now() - q.delayed_processing_seconds * interval '1 second'
+                         ORDER BY s.created_at DESC, s.base_offset DESC LIMIT 1), 0)
+              ELSE p.last_offset END"
+    };
+}
+
 pub mod ack_rules;
 pub mod cursors;
 pub mod depth;
