@@ -728,7 +728,7 @@ pub async fn acknowledge(
         changed.iter().flat_map(|(key, track)| track.dead_letters.iter().map(move |d| (*key, d))).collect();
     insert_dead_letters(tx, &dead, &resolved, keys).await?;
     // A released lease over pending messages makes them available to the group's other
-    // consumers, on any broker: announce it at commit, as a push would.
+    // consumers, on any broker: the caller announces them once the batch committed, as a push is.
     let mut released: Vec<ReleasedWork> = changed
         .iter()
         .filter(|(_, track)| track.lease_released)
@@ -743,11 +743,6 @@ pub async fn acknowledge(
         .collect();
     released.sort();
     released.dedup();
-    for work in &released {
-        let event =
-            Event::Available { queue_id: work.queue_id, partition_id: work.partition_id, queue: work.queue.clone() };
-        events::publish(tx, &event).await?;
-    }
     Ok(AckBatch { outcomes, released })
 }
 

@@ -1,8 +1,10 @@
 //! Fleet events: what brokers tell each other through PostgreSQL `NOTIFY` on one channel.
 //!
-//! A push commit announces its partition from inside the push transaction, so the notice is
-//! delivered exactly when the data is visible; an ack that releases a lease over pending messages
-//! announces the partition the same way. Seek, group deletion and subscription changes tell every
+//! A push announces its partition after it committed, and so does an ack that releases a lease
+//! over pending messages: the broker collects such notices and sends all it has in one
+//! asynchronously committed statement ([`publish_after_commit`]). A `NOTIFY` inside the push
+//! transaction would serialise every commit on PostgreSQL's notification lock, each waiting for
+//! its own WAL flush. Seek, group deletion and subscription changes tell every
 //! broker to forget what it knew about a group (its empty-scan watermark and candidates). A change
 //! of the maintenance switches carries the whole new state.
 //!
@@ -69,6 +71,21 @@ impl Event {
             _ => None,
         }
     }
+}
+
+/// Publishes events about writes that have already committed, in one statement whose commit does
+/// not wait for the WAL flush (`synchronous_commit` off for that transaction only): the notices
+/// carry no data of their own, so losing them in a crash loses nothing that a scan would not
+/// find again.
+pub async fn publish_after_commit(client: &impl GenericClient, events: &[String]) -> Result<(), StoreError> {
+    let statement = client
+        .prepare_cached(
+            "SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, e)
+               FROM unnest($2::text[]) AS e",
+        )
+        .await?;
+    client.execute(&statement, &[&CHANNEL, &events]).await?;
+    Ok(())
 }
 
 /// Publishes an event; inside a transaction it is delivered at commit, and not at all on

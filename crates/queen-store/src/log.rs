@@ -10,7 +10,6 @@ use queen_log::{Cipher, DecodeError, DecodedSegment, Frame, SegmentBuilder};
 use uuid::Uuid;
 
 use crate::StoreError;
-use crate::events::{self, Event};
 
 /// Upper bound on the decompressed size of one stored segment, so a corrupt row cannot make a
 /// reader allocate without limit.
@@ -220,7 +219,7 @@ fn plan_append(
 ///
 /// Outside a transaction, a concurrent append of the same transaction id from another broker can
 /// race the duplicate check; the unique index catches it and the append is planned again. The
-/// commit announces the partition to every broker ([`Event::Available`]).
+/// caller announces the partition once the append committed ([`crate::events::publish_after_commit`]).
 pub async fn append(
     client: &impl GenericClient,
     destination: Destination<'_>,
@@ -295,13 +294,10 @@ async fn write_plan(
                  SELECT $1, t.transaction_id, p.base_offset + t.ordinal - 1, t.message_id
                    FROM p, unnest($5::text[], $6::uuid[]) WITH ORDINALITY AS t(transaction_id, message_id, ordinal)
              )
-             SELECT s.base_offset, s.end_offset, s.created_at
-               FROM segment s CROSS JOIN LATERAL (SELECT pg_notify($7, $8)) notice",
+             SELECT base_offset, end_offset, created_at FROM segment",
         )
         .await?;
     let frame_count = segment.frame_count as i64;
-    let notice =
-        Event::Available { queue_id: destination.queue_id, partition_id, queue: destination.queue.to_owned() }.encode();
     let raw_len =
         i32::try_from(segment.raw_len).map_err(|_| queen_log::EncodeError::FrameTooLarge { len: segment.raw_len })?;
     let row = client
@@ -314,8 +310,6 @@ async fn write_plan(
                 &segment.body,
                 &plan.fresh_transaction_ids,
                 &plan.fresh_message_ids,
-                &events::CHANNEL,
-                &notice,
             ],
         )
         .await?

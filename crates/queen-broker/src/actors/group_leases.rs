@@ -13,11 +13,12 @@ use queen_store::cursors::{AckOutcome, AckRequest};
 use tokio::sync::oneshot;
 
 use super::WorkError;
-use super::coordinator::{CoordinatorMailbox, DataAvailable};
+use super::coordinator::DataAvailable;
 use super::fusion::{FusionQueue, Pending};
 use super::registry::Registry;
 use crate::metrics::Metrics;
 use crate::pressure::{Bound, Held, Limited};
+use crate::services::announcer::Announcer;
 
 /// This actor's label in the metrics.
 const ACTOR: &str = "group_leases";
@@ -41,7 +42,7 @@ pub struct GroupLeases {
     last_activity: Instant,
     idle: Duration,
     registry: Registry<Arc<str>, GroupLeases>,
-    coordinator: CoordinatorMailbox,
+    announcer: Announcer,
     metrics: Arc<Metrics>,
     /// Opens sealed segments for the dead letters an ack writes.
     keys: Option<Arc<Cipher>>,
@@ -70,7 +71,7 @@ impl GroupLeases {
             match result {
                 Ok(batch) => {
                     for work in batch.released {
-                        leases.coordinator.announce(DataAvailable::from(work));
+                        leases.announcer.announce(DataAvailable::from(work));
                     }
                     replies.answer(Ok(batch.outcomes));
                 }
@@ -118,7 +119,7 @@ impl Handler<Acknowledge> for GroupLeases {
 pub struct Groups {
     registry: Registry<Arc<str>, GroupLeases>,
     pool: Pool,
-    coordinator: CoordinatorMailbox,
+    announcer: Announcer,
     idle: Duration,
     metrics: Arc<Metrics>,
     keys: Option<Arc<Cipher>>,
@@ -128,14 +129,14 @@ impl Groups {
     /// The group actors, each holding at most `max_calls` ack calls.
     pub fn new(
         pool: Pool,
-        coordinator: CoordinatorMailbox,
+        announcer: Announcer,
         idle: Duration,
         max_calls: usize,
         metrics: Arc<Metrics>,
         keys: Option<Arc<Cipher>>,
     ) -> Self {
         let registry = Registry::new(Bound::new(Limited::GroupLeases, max_calls, &metrics));
-        Self { registry, pool, coordinator, idle, metrics, keys }
+        Self { registry, pool, announcer, idle, metrics, keys }
     }
 
     fn start(&self, group: &Arc<str>) -> Addr<GroupLeases> {
@@ -146,7 +147,7 @@ impl Groups {
             last_activity: Instant::now(),
             idle: self.idle,
             registry: self.registry.clone(),
-            coordinator: self.coordinator.clone(),
+            announcer: self.announcer.clone(),
             metrics: Arc::clone(&self.metrics),
             keys: self.keys.clone(),
         }

@@ -15,11 +15,12 @@ use queen_store::log::{AppendPolicy, Appended, Destination, NewMessage};
 use tokio::sync::oneshot;
 
 use super::WorkError;
-use super::coordinator::{CoordinatorMailbox, DataAvailable};
+use super::coordinator::DataAvailable;
 use super::fusion::{FusionQueue, Pending};
 use super::registry::Registry;
 use crate::metrics::Metrics;
 use crate::pressure::{Bound, Held, Limited};
+use crate::services::announcer::Announcer;
 
 /// This actor's label in the metrics.
 const ACTOR: &str = "partition_writer";
@@ -60,7 +61,7 @@ pub struct PartitionWriter {
     policy: AppendPolicy,
     last_activity: Instant,
     registry: Registry<i64, PartitionWriter>,
-    coordinator: CoordinatorMailbox,
+    announcer: Announcer,
     metrics: Arc<Metrics>,
 }
 
@@ -69,7 +70,7 @@ pub struct PartitionWriter {
 pub struct WriterDeps {
     pub pool: Pool,
     pub limits: WriterLimits,
-    pub coordinator: CoordinatorMailbox,
+    pub announcer: Announcer,
     pub metrics: Arc<Metrics>,
 }
 
@@ -107,7 +108,7 @@ impl PartitionWriter {
                         let target = &writer.target;
                         let (queue, queue_id, partition_id) =
                             (target.queue.clone(), target.queue_id, target.partition_id);
-                        writer.coordinator.announce(DataAvailable { queue, queue_id, partition_id });
+                        writer.announcer.announce(DataAvailable { queue, queue_id, partition_id });
                     }
                     replies.answer(Ok(result.outcomes));
                 }
@@ -187,7 +188,7 @@ impl Writers {
             policy: AppendPolicy::default(),
             last_activity: Instant::now(),
             registry: self.registry.clone(),
-            coordinator: deps.coordinator,
+            announcer: deps.announcer,
             metrics: deps.metrics,
         }
         .start()

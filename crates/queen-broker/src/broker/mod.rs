@@ -39,6 +39,7 @@ use crate::auth::Authenticator;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::pressure::{Bound, Limited, PerClient};
+use crate::services::announcer::Announcer;
 use crate::services::listener::{FleetListeners, keep_listening};
 use crate::services::maintenance::{Maintenance, MaintenanceSettings};
 use crate::services::timers::SweepAlarm;
@@ -61,6 +62,8 @@ pub struct Broker {
     pub writers: Writers,
     pub groups: Groups,
     pub coordinator: CoordinatorMailbox,
+    /// Announces what this broker's writes made available, to the coordinator and the fleet.
+    pub announcer: Announcer,
     pub metrics: Arc<Metrics>,
     /// Bytes of request bodies held across the broker (`limits.body_bytes_in_flight`).
     pub body_bytes: Arc<Bound>,
@@ -185,6 +188,7 @@ impl Broker {
             pool: pool.clone(),
         };
         actix::spawn(keep_listening(pg.clone(), listeners));
+        let announcer = Announcer::start(coordinator.clone(), pool.clone());
         let idle = Duration::from_secs(config.push.writer_idle_seconds.max(1));
         let writers = Writers::new(WriterDeps {
             pool: pool.clone(),
@@ -194,12 +198,12 @@ impl Broker {
                 mailbox: config.push.writer_mailbox,
                 idle,
             },
-            coordinator: coordinator.clone(),
+            announcer: announcer.clone(),
             metrics: Arc::clone(&metrics),
         });
         let groups = Groups::new(
             pool.clone(),
-            coordinator.clone(),
+            announcer.clone(),
             idle,
             limits.group_ack_calls,
             Arc::clone(&metrics),
@@ -234,6 +238,7 @@ impl Broker {
             writers,
             groups,
             coordinator,
+            announcer,
             metrics,
             body_bytes,
             long_polls,

@@ -249,7 +249,7 @@ async fn write_capped(
     for ((_, partition_id, _), appended) in shares.iter().zip(&outcomes) {
         if queued(appended) > 0 {
             let name = Arc::from(queue.name.as_str());
-            broker.coordinator.announce(DataAvailable { queue: name, queue_id: queue.id, partition_id: *partition_id });
+            broker.announcer.announce(DataAvailable { queue: name, queue_id: queue.id, partition_id: *partition_id });
         }
     }
     Ok(shares.iter().map(|(_, partition_id, _)| *partition_id).zip(outcomes).collect())

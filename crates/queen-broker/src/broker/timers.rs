@@ -406,7 +406,7 @@ async fn deliver_to_partition(
     tx.commit().await.map_err(StoreError::from)?;
     if queued > 0 {
         broker.metrics.messages_pushed.inc_by(&queue.name, queued as u64);
-        broker.coordinator.announce(DataAvailable {
+        broker.announcer.announce(DataAvailable {
             queue: Arc::from(queue.name.as_str()),
             queue_id: queue.id,
             partition_id,

@@ -208,10 +208,10 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
 
     for (&(partition_id, queue_id), indices) in &by_partition {
         let queue = Arc::from(items[indices[0]].queue.as_str());
-        broker.coordinator.announce(DataAvailable { queue, queue_id, partition_id });
+        broker.announcer.announce(DataAvailable { queue, queue_id, partition_id });
     }
     for work in ack_batch.released {
-        broker.coordinator.announce(DataAvailable::from(work));
+        broker.announcer.announce(DataAvailable::from(work));
     }
     let statuses: Vec<_> = acks.iter().map(|a| a.status).collect();
     super::ack::record(&broker.metrics, &statuses, &ack_outcomes);

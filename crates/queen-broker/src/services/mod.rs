@@ -1,5 +1,6 @@
 //! Background services of a broker.
 
+pub mod announcer;
 pub mod listener;
 pub mod maintenance;
 pub mod timers;
