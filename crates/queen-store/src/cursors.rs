@@ -10,6 +10,7 @@ use uuid::Uuid;
 
 use crate::StoreError;
 use crate::ack_rules::{self, AckItem, AckStatus, AckVerdict, CursorState, DeadLetter, LeaseFence, Refusal};
+use crate::completed_spans;
 use crate::events::{self, Event};
 use crate::log::{Span, read_spans};
 use queen_log::Cipher;
@@ -583,6 +584,9 @@ pub async fn not_live_leases(client: &impl GenericClient, leases: &[Uuid]) -> Re
 pub struct AckRequest {
     pub partition_id: i64,
     pub transaction_id: String,
+    /// The offset the transaction id was delivered at under the ack's lease, when the broker knows
+    /// it; otherwise the id is looked up.
+    pub offset: Option<i64>,
     pub status: AckStatus,
     pub fence: LeaseFence,
     pub consumer_group: String,
@@ -631,11 +635,87 @@ struct CursorTrack {
 }
 
 /// Applies acknowledgement calls (each one request's acks) inside the caller's transaction, one
-/// call after the other, with the rules of [`ack_rules`]: transaction ids are resolved to
-/// offsets, the cursors involved are locked in a fixed order (so concurrent batches cannot
+/// call after the other, with the rules of [`ack_rules`]: the acks that complete what their lease
+/// delivered in one statement ([`crate::completed_spans`]), the others by [`apply_rules`].
+pub async fn acknowledge(
+    tx: &deadpool_postgres::Transaction<'_>,
+    calls: &[Vec<AckRequest>],
+    keys: Option<&Cipher>,
+) -> Result<AckBatch, StoreError> {
+    let completed = completed_spans::commit(tx, calls).await?;
+    let (rest, places) = undecided(calls, &completed);
+    let by_rules = apply_rules(tx, &rest, keys).await?;
+    Ok(merge(completed, by_rules, &places))
+}
+
+/// [`acknowledge`] on a connection of its own: when every ack completes what its lease delivered,
+/// the one statement is the whole batch, without a transaction around it; the rest is applied in
+/// a transaction of its own after it. When that one fails, the whole batch answers the error
+/// although the first statement committed: the acks it applied are no-ops when retried.
+pub async fn acknowledge_batch(
+    client: &mut deadpool_postgres::Object,
+    calls: &[Vec<AckRequest>],
+    keys: Option<&Cipher>,
+) -> Result<AckBatch, StoreError> {
+    let completed = completed_spans::commit(&*client, calls).await?;
+    let (rest, places) = undecided(calls, &completed);
+    let by_rules = if rest.iter().all(Vec::is_empty) {
+        AckBatch { outcomes: rest.iter().map(|_| Vec::new()).collect(), ..AckBatch::default() }
+    } else {
+        let tx = client.transaction().await?;
+        let by_rules = apply_rules(&tx, &rest, keys).await?;
+        tx.commit().await?;
+        by_rules
+    };
+    Ok(merge(completed, by_rules, &places))
+}
+
+/// The requests the one-statement path left, call by call, with where each stands in its call.
+fn undecided(
+    calls: &[Vec<AckRequest>],
+    completed: &completed_spans::Completed,
+) -> (Vec<Vec<AckRequest>>, Vec<Vec<usize>>) {
+    calls
+        .iter()
+        .zip(&completed.outcomes)
+        .map(|(call, decided)| {
+            call.iter()
+                .zip(decided)
+                .enumerate()
+                .filter(|(_, (_, outcome))| outcome.is_none())
+                .map(|(i, (r, _))| (r.clone(), i))
+                .unzip()
+        })
+        .unzip()
+}
+
+fn merge(completed: completed_spans::Completed, by_rules: AckBatch, places: &[Vec<usize>]) -> AckBatch {
+    let mut outcomes = completed.outcomes;
+    for ((call, ruled), places) in outcomes.iter_mut().zip(by_rules.outcomes).zip(places) {
+        for (outcome, &place) in ruled.into_iter().zip(places) {
+            call[place] = Some(outcome);
+        }
+    }
+    let mut released = completed.released;
+    released.extend(by_rules.released);
+    released.sort();
+    released.dedup();
+    let outcomes = outcomes
+        .into_iter()
+        .map(|call| {
+            call.into_iter()
+                .map(|o| o.unwrap_or(AckOutcome { verdict: AckVerdict::Noop, committed: None, queue: None }))
+                .collect()
+        })
+        .collect();
+    AckBatch { outcomes, released }
+}
+
+/// Applies the calls with the rules of [`ack_rules`]: transaction ids whose offsets are not known
+/// are resolved, the cursors involved are locked in a fixed order (so concurrent batches cannot
 /// deadlock), each call's acks of one cursor are applied together, the cursors are written once,
 /// and dead letters are copied into `queen.log_dlq` (read from their segments with `keys`).
-pub async fn acknowledge(
+async fn apply_rules(
     tx: &deadpool_postgres::Transaction<'_>,
     calls: &[Vec<AckRequest>],
     keys: Option<&Cipher>,
@@ -645,8 +725,11 @@ pub async fn acknowledge(
         return Ok(AckBatch { outcomes: calls.iter().map(|_| Vec::new()).collect(), ..AckBatch::default() });
     }
     let partition_ids: Vec<i64> = requests.iter().map(|r| r.partition_id).collect();
-    let transaction_ids: Vec<&str> = requests.iter().map(|r| r.transaction_id.as_str()).collect();
     let groups: Vec<&str> = requests.iter().map(|r| r.consumer_group.as_str()).collect();
+    // Only the transaction ids whose offsets the broker does not know are looked up.
+    let unknown: Vec<&AckRequest> = requests.iter().copied().filter(|r| r.offset.is_none()).collect();
+    let unknown_partitions: Vec<i64> = unknown.iter().map(|r| r.partition_id).collect();
+    let transaction_ids: Vec<&str> = unknown.iter().map(|r| r.transaction_id.as_str()).collect();
 
     let resolve = tx
         .prepare_cached(
@@ -673,10 +756,17 @@ pub async fn acknowledge(
         )
         .await?;
     // Pipelined: both go out before either answer is awaited.
-    let resolve_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&partition_ids, &transaction_ids];
+    let resolve_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&unknown_partitions, &transaction_ids];
     let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&partition_ids, &groups];
-    let (offsets, cursors) = futures::try_join!(tx.query(&resolve, &resolve_params), tx.query(&lock, &lock_params))?;
-    let offsets: Vec<Option<i64>> = offsets.iter().map(|row| row.get(0)).collect();
+    let resolving = async {
+        match unknown.is_empty() {
+            true => Ok(Vec::new()),
+            false => tx.query(&resolve, &resolve_params).await,
+        }
+    };
+    let (looked_up, cursors) = futures::try_join!(resolving, tx.query(&lock, &lock_params))?;
+    let mut looked_up = looked_up.iter().map(|row| row.get::<_, Option<i64>>(0));
+    let offsets: Vec<Option<i64>> = requests.iter().map(|r| r.offset.or_else(|| looked_up.next().flatten())).collect();
     // What a dead letter whose segment is gone can still say about its message.
     let resolved: HashMap<(i64, i64), &str> = requests
         .iter()

@@ -38,6 +38,7 @@ macro_rules! delay_visible_until_sql {
 }
 
 pub mod ack_rules;
+mod completed_spans;
 pub mod cursors;
 pub mod depth;
 pub mod dlq;

@@ -1,6 +1,8 @@
 //! GroupLeases: one per consumer group. Acknowledgement calls for the group that arrive while
-//! one batch is being committed are applied together in the next transaction, one call after
-//! the other, so a busy group pays one commit per batch rather than one per call. One group's
+//! one batch is being committed are applied together in the next batch, one call after the
+//! other, so a busy group pays one commit per batch rather than one per call (two when some acks
+//! complete their deliveries and others need the full rules, see
+//! `queen_store::cursors::acknowledge_batch`). One group's
 //! actor holds at most `limits.group_ack_calls` calls; past that, a call is refused at once.
 
 use std::sync::Arc;
@@ -62,10 +64,7 @@ impl GroupLeases {
         self.metrics.actor_queued.with_label_values(&[ACTOR]).sub(replies.len() as i64);
         let commit = async move {
             let mut client = pool.get().await.map_err(queen_store::StoreError::from)?;
-            let tx = client.transaction().await?;
-            let result = queen_store::cursors::acknowledge(&tx, &calls, keys.as_deref()).await?;
-            tx.commit().await?;
-            Ok::<_, queen_store::StoreError>(result)
+            queen_store::cursors::acknowledge_batch(&mut client, &calls, keys.as_deref()).await
         };
         ctx.spawn(commit.into_actor(self).map(move |result, leases, ctx| {
             match result {

@@ -11,8 +11,9 @@ use crate::metrics::Metrics;
 pub async fn acknowledge(
     broker: &Broker,
     group: &str,
-    requests: Vec<AckRequest>,
+    mut requests: Vec<AckRequest>,
 ) -> Result<Vec<AckOutcome>, BrokerError> {
+    broker.deliveries.resolve(&mut requests);
     let statuses: Vec<AckStatus> = requests.iter().map(|r| r.status).collect();
     let outcomes = broker.groups.acknowledge(group, requests).await?;
     record(&broker.metrics, &statuses, &outcomes);

@@ -2,6 +2,7 @@
 
 pub mod access;
 pub mod ack;
+pub mod deliveries;
 pub mod depth;
 mod error;
 pub mod fleet;
@@ -78,6 +79,8 @@ pub struct Broker {
     pub cipher: Option<Arc<Cipher>>,
     /// Decoded segments that pops took part of (`pop.segment_cache_bytes`).
     pub segments: Arc<SegmentCache>,
+    /// What this broker delivered under each lease, to resolve its acks.
+    pub deliveries: deliveries::Deliveries,
     /// Where pushes wait during push maintenance.
     pub journal: Journal,
     /// Wakes the timer sweeper for timers scheduled through this broker.
@@ -247,6 +250,7 @@ impl Broker {
             auth: None,
             cipher,
             segments,
+            deliveries: deliveries::Deliveries::default(),
             journal,
             timer_alarm: SweepAlarm::default(),
             broker_id,

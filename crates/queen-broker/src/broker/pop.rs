@@ -393,6 +393,9 @@ async fn pop_queue(
         }
     };
     drop(client);
+    if !request.auto_ack {
+        broker.deliveries.record(lease_id, &messages);
+    }
 
     let metrics = &broker.metrics;
     metrics.messages_delivered.inc_by(&queue.name, messages.len() as u64);

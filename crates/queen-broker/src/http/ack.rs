@@ -104,6 +104,7 @@ pub fn parse_ack(item: &JsonObject<'_>, group: &str) -> Result<AckRequest, ApiEr
     Ok(AckRequest {
         partition_id: partition_id(item)?,
         transaction_id,
+        offset: None,
         status: status(item)?,
         fence: lease_id(item)?.map_or(LeaseFence::Unfenced, LeaseFence::Lease),
         consumer_group: group.to_owned(),

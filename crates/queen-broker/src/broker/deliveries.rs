@@ -1,0 +1,75 @@
+//! What this broker delivered under each lease it granted: for every partition of the delivery,
+//! the offset of each transaction id. An ack naming the lease is resolved from it instead of
+//! looking the ids up in PostgreSQL, which also lets a batch that completes its deliveries commit
+//! in one statement (`queen_store::completed_spans`).
+//!
+//! It is a cache, bounded in bytes: an ack that reaches another broker of the fleet, or comes
+//! after its entry was evicted, is resolved by lookup as before. An offset from here is the one
+//! the consumer was given; a lookup finds the id's latest message, which differs only when the id
+//! was pushed again after its dedup window (and then the delivered one is the one meant).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use moka::sync::Cache;
+use queen_store::ack_rules::LeaseFence;
+use queen_store::cursors::AckRequest;
+use uuid::Uuid;
+
+use super::pop::DeliveredMessage;
+
+/// Most bytes of transaction ids and offsets kept: a few thousand deliveries of 100 messages.
+const MAX_BYTES: u64 = 4 * 1024 * 1024;
+
+/// An entry outlives any sensible lease; past its lease it resolves acks the rules then refuse.
+const KEEP_FOR: Duration = Duration::from_secs(600);
+
+/// Bytes an entry holds besides its transaction ids: the offset and the map's share.
+const PER_MESSAGE: usize = 48;
+
+/// Transaction id → offset, of one partition under one lease.
+type Offsets = Arc<HashMap<String, i64>>;
+
+pub struct Deliveries {
+    by_lease: Cache<(Uuid, i64), Offsets>,
+}
+
+impl Default for Deliveries {
+    fn default() -> Self {
+        let by_lease = Cache::builder()
+            .max_capacity(MAX_BYTES)
+            .weigher(|_, offsets: &Offsets| {
+                let bytes: usize = offsets.keys().map(|id| id.len() + PER_MESSAGE).sum();
+                u32::try_from(bytes).unwrap_or(u32::MAX)
+            })
+            .time_to_live(KEEP_FOR)
+            .build();
+        Self { by_lease }
+    }
+}
+
+impl Deliveries {
+    /// Remembers what a pop delivered under `lease_id`.
+    pub fn record(&self, lease_id: Uuid, messages: &[DeliveredMessage]) {
+        let mut by_partition: HashMap<i64, HashMap<String, i64>> = HashMap::new();
+        for message in messages {
+            let offsets = by_partition.entry(message.partition_id).or_default();
+            offsets.insert(message.transaction_id.clone(), message.offset);
+        }
+        for (partition_id, offsets) in by_partition {
+            self.by_lease.insert((lease_id, partition_id), Arc::new(offsets));
+        }
+    }
+
+    /// Gives each ack that names a lease this broker delivered under the offset its transaction
+    /// id was delivered at.
+    pub fn resolve(&self, requests: &mut [AckRequest]) {
+        for request in requests {
+            let LeaseFence::Lease(lease_id) = request.fence else { continue };
+            if let Some(offsets) = self.by_lease.get(&(lease_id, request.partition_id)) {
+                request.offset = offsets.get(&request.transaction_id).copied();
+            }
+        }
+    }
+}
