@@ -57,13 +57,14 @@ impl Announcer {
             queue: available.queue.to_string(),
         };
         self.coordinator.announce(available);
-        let mut notices = self.fleet.notices.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if notices.len() < MAX_PENDING {
-            notices.insert(event.encode());
-        } else {
-            tracing::warn!("fleet notices are not being sent; another broker learns of this push on its next scan");
+        {
+            let mut notices = self.fleet.notices.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            if notices.len() < MAX_PENDING {
+                notices.insert(event.encode());
+            } else {
+                tracing::warn!("fleet notices are not being sent; another broker learns of this push on its next scan");
+            }
         }
-        drop(notices);
         self.fleet.ready.notify_one();
     }
 }
@@ -87,10 +88,11 @@ async fn keep_sending(pool: Pool, fleet: Arc<Pending>) {
             Ok(()) => backoff = Backoff::default(),
             Err(e) => {
                 tracing::warn!(error = %e, notices = notices.len(), "could not send fleet notices; retrying");
-                let mut pending = fleet.notices.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                let room = MAX_PENDING.saturating_sub(pending.len());
-                pending.extend(notices.into_iter().take(room));
-                drop(pending);
+                {
+                    let mut pending = fleet.notices.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                    let room = MAX_PENDING.saturating_sub(pending.len());
+                    pending.extend(notices.into_iter().take(room));
+                }
                 backoff.wait().await;
                 fleet.ready.notify_one();
             }
