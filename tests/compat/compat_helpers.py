@@ -29,9 +29,10 @@ def unique(label):
 
 
 @asynccontextmanager
-async def client(url):
-    """A Queen client with the default configuration, closed when the block ends."""
-    q = Queen(url)
+async def client(url, **options):
+    """A Queen client, with the default configuration but for `options` (keyword arguments of
+    `Queen`, e.g. `framed_pop=True`), closed when the block ends."""
+    q = Queen(url, **options)
     try:
         yield q
     finally:

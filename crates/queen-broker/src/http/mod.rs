@@ -9,6 +9,7 @@ mod consumer_groups;
 mod dashboard;
 mod depth;
 mod dlq;
+mod framed_pop;
 pub mod gate;
 mod health;
 mod kv;

@@ -12,7 +12,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::body::{path_name, query_bool, query_int, query_pairs};
-use super::{StoredMessageJson, timestamp};
+use super::{StoredMessageJson, framed_pop, timestamp};
 use crate::broker::Broker;
 use crate::broker::pop::{Delivery, PopRequest, PopSource, pop};
 use crate::connection::ClientConnection;
@@ -55,6 +55,7 @@ async fn handle(broker: web::Data<Broker>, req: HttpRequest, source: PopSource) 
     let query = query_pairs(req.query_string())?;
     let client = client_address(&req, broker.config.limits.trust_forwarded_for);
     let (mut request, autopilot) = parse_query(&broker, source, &query, client)?;
+    let framed = query_bool(&query, "frames")?.unwrap_or(false);
     request.connection = req.conn_data::<ClientConnection>().copied();
     let started = std::time::Instant::now();
     let delivery = pop(&broker, &request).await?;
@@ -72,9 +73,20 @@ async fn handle(broker: web::Data<Broker>, req: HttpRequest, source: PopSource) 
             None => HttpResponse::NoContent().finish(),
         });
     }
-    let echo =
+    let autopilot =
         autopilot.then_some(AutopilotEcho { partitions: request.max_partitions, batch: request.batch, wait_ms: 0 });
-    Ok(HttpResponse::Ok().json(PopAnswer::new(&request, &delivery, echo, conflation)))
+    let own_keys = OwnKeys { autopilot, conflation };
+    if framed {
+        let own_json = (!own_keys.is_empty())
+            .then(|| serde_json::to_vec(&own_keys))
+            .transpose()
+            .map_err(|e| ApiError::Internal(e.to_string()))?;
+        // A delivery QPF1 cannot carry (several queues of a namespace pop) is answered as JSON.
+        if let Some(body) = framed_pop::encode(&delivery, &request.group, own_json.as_deref()) {
+            return Ok(HttpResponse::Ok().content_type(framed_pop::CONTENT_TYPE).body(body));
+        }
+    }
+    Ok(HttpResponse::Ok().json(PopAnswer::new(&request, &delivery, own_keys)))
 }
 
 /// The pop as the query asks for it, and whether the broker chose knobs for it (autopilot).
@@ -196,6 +208,21 @@ impl ConflationEcho {
     }
 }
 
+/// What an answer with messages says beside them; the JSON part of a framed answer.
+#[derive(Serialize)]
+struct OwnKeys {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    autopilot: Option<AutopilotEcho>,
+    #[serde(flatten)]
+    conflation: Option<ConflationEcho>,
+}
+
+impl OwnKeys {
+    fn is_empty(&self) -> bool {
+        self.autopilot.is_none() && self.conflation.is_none()
+    }
+}
+
 /// A pop's answer without messages, when it has something to say.
 #[derive(Serialize)]
 struct Empty {
@@ -218,10 +245,8 @@ struct PopAnswer<'a> {
     consumer_group: &'a str,
     messages: Vec<MessageJson<'a>>,
     partitions_claimed: usize,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    autopilot: Option<AutopilotEcho>,
     #[serde(flatten)]
-    conflation: Option<ConflationEcho>,
+    own_keys: OwnKeys,
 }
 
 /// A message as the client reads it.
@@ -236,12 +261,7 @@ struct MessageJson<'a> {
 }
 
 impl<'a> PopAnswer<'a> {
-    fn new(
-        request: &'a PopRequest,
-        delivery: &'a Delivery,
-        autopilot: Option<AutopilotEcho>,
-        conflation: Option<ConflationEcho>,
-    ) -> Self {
+    fn new(request: &'a PopRequest, delivery: &'a Delivery, own_keys: OwnKeys) -> Self {
         let first = delivery.messages.first();
         PopAnswer {
             success: true,
@@ -272,8 +292,7 @@ impl<'a> PopAnswer<'a> {
                 })
                 .collect(),
             partitions_claimed: delivery.partitions_claimed,
-            autopilot,
-            conflation,
+            own_keys,
         }
     }
 }

@@ -12,6 +12,7 @@ mod delivery;
 mod depth;
 mod encryption;
 mod expiry;
+mod framed_pop;
 mod failures;
 mod fanout;
 mod fleet;
