@@ -37,6 +37,10 @@ pub struct SuiteArgs {
     /// The broker binary; defaults to `queen` next to this binary (target/release/queen)
     #[arg(long, value_name = "PATH")]
     pub broker_bin: Option<PathBuf>,
+    /// A second broker binary (B) to compare the first (A) with: every scenario runs with both,
+    /// alternating which goes first, and the report gives A/B; the ceiling runs once
+    #[arg(long, value_name = "PATH")]
+    pub compare_bin: Option<PathBuf>,
     /// Data directory of the suite's own PostgreSQL; defaults to bench-pg in the target directory
     #[arg(long, value_name = "DIR")]
     pub pg_dir: Option<PathBuf>,
@@ -126,6 +130,20 @@ pub struct LoadArgs {
     /// Single-message pushes per second in e2e-latency
     #[arg(long, default_value_t = 50)]
     pub latency_rate: u32,
+    /// Offered push rate (msgs/s) of the first step of the sustain scenarios; it doubles until a
+    /// step is not kept up with
+    #[arg(long, default_value_t = 500)]
+    pub sustain_start: u32,
+    /// Measured time of each rate step of the sustain scenarios
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    pub sustain_step: Duration,
+    /// Bisection steps of the sustain scenarios between the last rate kept up with and the first
+    /// that was not
+    #[arg(long, default_value_t = 3)]
+    pub sustain_bisect: usize,
+    /// Longest search of a sustain scenario, its warm-up and catching up included
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub sustain_budget: Duration,
 }
 
 /// `15s`, `500ms`, `2m` or a bare number of seconds.

@@ -204,6 +204,13 @@ impl Ledger {
         state.groups.iter().all(|g| g.distinct_queued >= state.queued)
     }
 
+    /// For each group, the queued messages it has not received yet: how far it lags behind the
+    /// producers.
+    pub fn lags(&self) -> Vec<u64> {
+        let state = self.state();
+        state.groups.iter().map(|g| state.queued.saturating_sub(g.distinct_queued)).collect()
+    }
+
     /// Distinct queued messages received, summed over the groups (drain progress).
     pub fn delivered_progress(&self) -> u64 {
         self.state().groups.iter().map(|g| g.distinct_queued).sum()
@@ -270,6 +277,7 @@ mod tests {
         ledger.record_deliveries(0, ids(&ledger, &[0, 1, 2, 3]).iter().map(String::as_str));
         ledger.record_deliveries(1, ids(&ledger, &[0, 1, 1]).iter().map(String::as_str));
         assert!(!ledger.all_delivered());
+        assert_eq!(ledger.lags(), [0, 2]);
         let verdict = ledger.verify();
         assert!(!verdict.passed());
         assert_eq!((verdict.groups[0].lost, verdict.groups[0].duplicated), (0, 0));
@@ -285,6 +293,7 @@ mod tests {
         assert!(ledger.all_delivered());
         ledger.record_push([(0, PushOutcome::Queued)]);
         assert!(ledger.all_delivered());
+        assert_eq!(ledger.lags(), [0]);
         assert!(ledger.verify().passed());
     }
 

@@ -7,6 +7,7 @@
 
 mod broker_process;
 mod ceiling;
+mod ceiling_raw;
 mod cli;
 mod environment;
 mod generator;
@@ -91,12 +92,12 @@ async fn run_one(args: RunArgs) -> Result<Report, Box<dyn Error>> {
     let environment = Environment::collect(args.url.clone(), suite::load_flags(&args.load));
     let watched = Watched { broker: args.broker_pid, postgres: args.postgres_pid };
     let scenario = Harness::new(client, args.load, watched).run(args.scenario).await;
-    Ok(Report::new(environment, vec![scenario], None))
+    Ok(Report::new(environment, vec![scenario], None, None))
 }
 
 async fn ceiling_only(args: CeilingArgs) -> Result<Report, Box<dyn Error>> {
     let mut environment = Environment::collect("none (storage ceiling only)".into(), String::new());
     environment.read_postgres(&args.database_url).await?;
     let ceiling = ceiling::run(&args.database_url, args.cell).await?;
-    Ok(Report::new(environment, Vec::new(), Some(ceiling)))
+    Ok(Report::new(environment, Vec::new(), Some(ceiling), None))
 }

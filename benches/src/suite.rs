@@ -9,7 +9,7 @@ use crate::broker_process::{BrokerError, BrokerProcess};
 use crate::cli::{LoadArgs, SuiteArgs};
 use crate::environment::{Environment, fdatasync_probe};
 use crate::procfs::Watched;
-use crate::report::Report;
+use crate::report::{ComparedRun, Comparison, Report};
 use crate::scenarios::{Harness, ScenarioName, ScenarioReport};
 
 #[derive(Debug, thiserror::Error)]
@@ -30,8 +30,10 @@ pub enum SuiteError {
 pub async fn run(args: SuiteArgs) -> Result<Report, SuiteError> {
     let target_dir = target_dir()?;
     let broker_bin = args.broker_bin.clone().unwrap_or_else(|| target_dir.join("release").join("queen"));
-    if !broker_bin.is_file() {
-        return Err(BrokerError::Missing(broker_bin).into());
+    for bin in std::iter::once(&broker_bin).chain(&args.compare_bin) {
+        if !bin.is_file() {
+            return Err(BrokerError::Missing(bin.clone()).into());
+        }
     }
     let logs = args.out.join("logs");
     std::fs::create_dir_all(&logs).map_err(|e| SuiteError::Io(format!("creating {}", logs.display()), e))?;
@@ -45,7 +47,8 @@ pub async fn run(args: SuiteArgs) -> Result<Report, SuiteError> {
         settings: vec![],
     })
     .await?;
-    let report = Suite { args: &args, postgres: &postgres, broker_bin, logs }.run().await;
+    let compare_bin = args.compare_bin.clone();
+    let report = Suite { args: &args, postgres: &postgres, broker_bin, compare_bin, logs }.run().await;
     if let Err(e) = postgres.stop().await {
         tracing::error!("stopping the suite's PostgreSQL: {e}");
     }
@@ -62,16 +65,32 @@ fn target_dir() -> Result<PathBuf, SuiteError> {
 struct Suite<'a> {
     args: &'a SuiteArgs,
     postgres: &'a EmbeddedPostgres,
+    /// Build A: the one under test.
     broker_bin: PathBuf,
+    /// Build B, the one A is compared with, if any.
+    compare_bin: Option<PathBuf>,
     logs: PathBuf,
+}
+
+/// Which of the two builds of an A/B run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Build {
+    A,
+    B,
 }
 
 impl Suite<'_> {
     async fn run(&self) -> Result<Report, SuiteError> {
-        let mut environment = Environment::collect(
-            format!("{} (a fresh process per scenario)", self.broker_bin.display()),
-            load_flags(&self.args.load),
-        );
+        let broker = match &self.compare_bin {
+            None => format!("{} (a fresh process per scenario)", self.broker_bin.display()),
+            Some(b) => format!(
+                "A {} against B {} (a fresh process and database per scenario and build, alternating which goes \
+                 first)",
+                self.broker_bin.display(),
+                b.display()
+            ),
+        };
+        let mut environment = Environment::collect(broker, load_flags(&self.args.load));
         environment.read_postgres(&self.postgres.url("postgres")).await?;
         let probe_dir = self.postgres.data_dir().parent().unwrap_or(Path::new(".")).to_owned();
         if !self.args.no_fsync_probe {
@@ -85,17 +104,34 @@ impl Suite<'_> {
         let scenarios =
             if self.args.scenarios.is_empty() { ScenarioName::ALL.to_vec() } else { self.args.scenarios.clone() };
         let mut reports = Vec::new();
-        for scenario in scenarios {
-            tracing::info!(%scenario, "scenario");
-            let database = format!("bench_{}", scenario.as_str().replace('-', "_"));
-            recreate_database(&admin, &database).await?;
-            let report = self.run_scenario(scenario, &database, postmaster).await;
-            if !report.passed() {
-                tracing::error!(%scenario, "scenario failed: {}", report.failure.as_deref().unwrap_or("verification failed"));
+        let mut compared = Vec::new();
+        for (index, scenario) in scenarios.into_iter().enumerate() {
+            // A then B for one scenario, B then A for the next: neither always meets the
+            // server (its caches, its WAL) in the state the other left.
+            let b_first = self.compare_bin.is_some() && index % 2 == 1;
+            let order: &[Build] = match (&self.compare_bin, b_first) {
+                (None, _) => &[Build::A],
+                (Some(_), false) => &[Build::A, Build::B],
+                (Some(_), true) => &[Build::B, Build::A],
+            };
+            for &build in order {
+                tracing::info!(%scenario, ?build, "scenario");
+                let database = format!("bench_{}", scenario.as_str().replace('-', "_"));
+                recreate_database(&admin, &database).await?;
+                let report = self.run_scenario(scenario, build, &database, postmaster).await;
+                if !report.passed() {
+                    let why = report.failure.as_deref().unwrap_or("verification failed");
+                    tracing::error!(%scenario, ?build, "scenario failed: {why}");
+                }
+                drop_database(&admin, &database).await?;
+                match build {
+                    Build::A => reports.push(report),
+                    Build::B => compared.push(ComparedRun { ran_first: b_first, report }),
+                }
             }
-            reports.push(report);
-            drop_database(&admin, &database).await?;
         }
+        let comparison =
+            self.compare_bin.as_ref().map(|b| Comparison { broker: b.display().to_string(), runs: compared });
 
         let mut failures = Vec::new();
         let ceiling = if self.args.skip_ceiling {
@@ -111,15 +147,24 @@ impl Suite<'_> {
         }
         drop(admin);
         let _ = connection.await;
-        let mut report = Report::new(environment, reports, ceiling);
+        let mut report = Report::new(environment, reports, ceiling, comparison);
         report.failures = failures;
         Ok(report)
     }
 
     /// One scenario on a broker of its own; whatever goes wrong ends up in the report.
-    async fn run_scenario(&self, scenario: ScenarioName, database: &str, postmaster: Option<i32>) -> ScenarioReport {
-        let log = self.logs.join(format!("{scenario}.broker.log"));
-        let mut broker = match BrokerProcess::start(&self.broker_bin, &self.postgres.url(database), &log).await {
+    async fn run_scenario(
+        &self,
+        scenario: ScenarioName,
+        build: Build,
+        database: &str,
+        postmaster: Option<i32>,
+    ) -> ScenarioReport {
+        let (bin, log) = match (build, &self.compare_bin) {
+            (Build::B, Some(b)) => (b, self.logs.join(format!("{scenario}.B.broker.log"))),
+            _ => (&self.broker_bin, self.logs.join(format!("{scenario}.broker.log"))),
+        };
+        let mut broker = match BrokerProcess::start(bin, &self.postgres.url(database), &log).await {
             Ok(broker) => broker,
             Err(e) => return ScenarioReport::failed(scenario, e.to_string()),
         };
@@ -144,7 +189,8 @@ impl Suite<'_> {
 pub fn load_flags(load: &LoadArgs) -> String {
     format!(
         "--duration {}s --warmup {}s --connections {} --partitions {} --consumers {} --pop-batch {} \
-         --pop-partitions {} --prefill {} --prefill-batch {} --latency-rate {}",
+         --pop-partitions {} --prefill {} --prefill-batch {} --latency-rate {} --sustain-start {} --sustain-step {}s \
+         --sustain-bisect {} --sustain-budget {}s",
         load.duration.as_secs_f64(),
         load.warmup.as_secs_f64(),
         load.connections,
@@ -154,7 +200,11 @@ pub fn load_flags(load: &LoadArgs) -> String {
         load.pop_partitions,
         load.prefill,
         load.prefill_batch,
-        load.latency_rate
+        load.latency_rate,
+        load.sustain_start,
+        load.sustain_step.as_secs_f64(),
+        load.sustain_bisect,
+        load.sustain_budget.as_secs_f64()
     )
 }
 

@@ -185,6 +185,32 @@ pub async fn produce(stream: Arc<Stream>, client: Client, batch: usize, partitio
     }
 }
 
+/// Pushes batches of `batch` on a schedule: request `k` is due at `start + k × interval`, and
+/// none is sent at or after `deadline`. A producer behind its schedule (a slow answer) sends the
+/// next request at once, so it catches up when it can; what is still due at the deadline is not
+/// sent, and the rate achieved shows a broker that did not keep up.
+pub async fn produce_scheduled(
+    stream: Arc<Stream>,
+    client: Client,
+    batch: usize,
+    partitioning: Partitioning,
+    schedule: (Instant, Duration),
+    deadline: Instant,
+) {
+    let (mut due, interval) = schedule;
+    while due < deadline {
+        tokio::time::sleep_until(due.into()).await;
+        if Instant::now() >= deadline {
+            return;
+        }
+        let Some(seqs) = stream.claim(batch, None) else { return };
+        if !push_once(&stream, &client, seqs, partitioning).await {
+            tokio::time::sleep(ERROR_BACKOFF).await;
+        }
+        due += interval;
+    }
+}
+
 /// Pushes single messages at `per_second` until the deadline, each on its own task so a slow
 /// request does not delay the next one.
 pub async fn produce_paced(stream: Arc<Stream>, client: Client, per_second: u32, deadline: Instant) {

@@ -2,6 +2,7 @@
 
 mod latency;
 mod partitions;
+mod sustain;
 mod throughput;
 
 use std::sync::Arc;
@@ -9,6 +10,9 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+pub use self::sustain::Sustain;
+#[cfg(test)]
+pub use self::sustain::SustainStep;
 use crate::cli::LoadArgs;
 use crate::generator::MessageGenerator;
 use crate::ledger::Verification;
@@ -46,6 +50,10 @@ pub enum ScenarioName {
     Fanout5,
     #[value(name = "fanout-10")]
     Fanout10,
+    #[value(name = "sustain-1")]
+    Sustain1,
+    #[value(name = "sustain-10")]
+    Sustain10,
     #[value(name = "partitions-1")]
     Partitions1,
     #[value(name = "partitions-1000")]
@@ -57,7 +65,7 @@ pub enum ScenarioName {
 }
 
 impl ScenarioName {
-    pub const ALL: [ScenarioName; 12] = [
+    pub const ALL: [ScenarioName; 14] = [
         Self::PushB1,
         Self::PushB10,
         Self::PushB100,
@@ -66,6 +74,8 @@ impl ScenarioName {
         Self::Fanout1,
         Self::Fanout5,
         Self::Fanout10,
+        Self::Sustain1,
+        Self::Sustain10,
         Self::Partitions1,
         Self::Partitions1000,
         Self::Partitions10000,
@@ -82,6 +92,8 @@ impl ScenarioName {
             Self::Fanout1 => "fanout-1",
             Self::Fanout5 => "fanout-5",
             Self::Fanout10 => "fanout-10",
+            Self::Sustain1 => "sustain-1",
+            Self::Sustain10 => "sustain-10",
             Self::Partitions1 => "partitions-1",
             Self::Partitions1000 => "partitions-1000",
             Self::Partitions10000 => "partitions-10000",
@@ -89,9 +101,13 @@ impl ScenarioName {
         }
     }
 
-    /// Whether it is one of the pure push scenarios the memory target is about.
-    pub fn is_push(self) -> bool {
-        matches!(self, Self::PushB1 | Self::PushB10 | Self::PushB100)
+    /// The unconstrained fan-out scenario a sustain scenario is read next to.
+    pub fn fanout_of_sustain(self) -> Option<ScenarioName> {
+        match self {
+            Self::Sustain1 => Some(Self::Fanout1),
+            Self::Sustain10 => Some(Self::Fanout10),
+            _ => None,
+        }
     }
 }
 
@@ -136,6 +152,8 @@ pub struct ScenarioReport {
     pub peak_broker_rss_bytes: Option<u64>,
     pub fairness: Option<Fairness>,
     pub candidate_plans: Option<CandidatePlans>,
+    /// The rate search of the sustain scenarios.
+    pub sustain: Option<Sustain>,
     pub verification: Vec<Verification>,
     pub errors: ErrorCounts,
     /// Why the scenario could not complete, if it could not.
@@ -161,6 +179,7 @@ impl ScenarioReport {
             peak_broker_rss_bytes: None,
             fairness: None,
             candidate_plans: None,
+            sustain: None,
             verification: Vec::new(),
             errors: ErrorCounts::default(),
             failure: Some(failure),
@@ -176,6 +195,7 @@ struct Outcome {
     latency_ms: Option<Distribution>,
     fairness: Option<Fairness>,
     candidate_plans: Option<CandidatePlans>,
+    sustain: Option<Sustain>,
     streams: Vec<Arc<Stream>>,
     failure: Option<String>,
 }
@@ -208,6 +228,8 @@ impl Harness {
             ScenarioName::Fanout1 => throughput::fanout(self, scenario, 1).await,
             ScenarioName::Fanout5 => throughput::fanout(self, scenario, 5).await,
             ScenarioName::Fanout10 => throughput::fanout(self, scenario, 10).await,
+            ScenarioName::Sustain1 => sustain::sustain(self, scenario, 1).await,
+            ScenarioName::Sustain10 => sustain::sustain(self, scenario, 10).await,
             ScenarioName::Partitions1 => partitions::throughput(self, scenario, 1).await,
             ScenarioName::Partitions1000 => partitions::with_fairness(self, scenario, 1000).await,
             ScenarioName::Partitions10000 => partitions::with_candidate_plans(self, scenario, 10_000).await,
@@ -238,6 +260,7 @@ impl Harness {
             peak_broker_rss_bytes: self.watched.peak_broker_rss(),
             fairness: outcome.fairness,
             candidate_plans: outcome.candidate_plans,
+            sustain: outcome.sustain,
             verification,
             errors,
             failure: outcome.failure,
