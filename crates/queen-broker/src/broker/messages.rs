@@ -48,11 +48,7 @@ pub async fn requeue(broker: &Broker, partition_id: i64, transaction_id: &str) -
     let moved = dlq::requeue(&mut client, partition_id, transaction_id, broker.cipher.as_deref(), limits).await?;
     if let Requeue::Moved(moved) = &moved {
         let queue = Arc::from(moved.queue.as_str());
-        broker.announcer.announce(DataAvailable {
-            queue,
-            queue_id: moved.queue_id,
-            partition_id: moved.partition_id,
-        });
+        broker.announcer.announce(DataAvailable { queue, queue_id: moved.queue_id, partition_id: moved.partition_id });
     }
     Ok(moved)
 }
