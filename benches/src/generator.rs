@@ -84,6 +84,7 @@ impl MessageGenerator {
             trace_id: None,
             producer: None,
             payload: self.payload(seq, self.now_us()).into_bytes(),
+            received: None,
         }
     }
 }

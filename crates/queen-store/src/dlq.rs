@@ -218,6 +218,7 @@ pub async fn requeue(
         trace_id: first.get(3),
         producer: first.get(5),
         payload: payload.into_owned(),
+        received: None,
     };
     let destination = Destination { queue_id, queue: &queue, partition_id: target };
     // Its transaction id is new by construction, so no dedup window matters.

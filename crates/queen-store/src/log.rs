@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
-use queen_log::{Cipher, DecodeError, DecodedSegment, Frame, SegmentBuilder};
+use queen_log::{Cipher, DecodeError, DecodedSegment, EncodedSegment, Frame, SegmentBuilder};
 use uuid::Uuid;
 
 use crate::StoreError;
@@ -25,6 +25,31 @@ pub struct NewMessage {
     pub producer: Option<String>,
     /// The message's data as JSON text.
     pub payload: Vec<u8>,
+    /// Its frame in a segment its producer compressed (a frames group of a binary push), when it
+    /// is exactly that frame: such frames carry no trace id and no producer.
+    pub received: Option<ReceivedFrame>,
+}
+
+/// A message's place in frames its producer framed and compressed as they are stored: one zstd
+/// frame declaring its size, checked to hold exactly `frame_count` valid frames.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReceivedFrame {
+    pub segment: Arc<EncodedSegment>,
+    /// The message is the segment's frame at this index.
+    pub index: usize,
+}
+
+/// The segment its producer compressed that `messages` are, whole and in order, when they are:
+/// appended whole, it can be stored as received, without compressing anything again.
+pub fn received_whole(messages: &[NewMessage]) -> Option<&Arc<EncodedSegment>> {
+    let segment = &messages.first()?.received.as_ref()?.segment;
+    let whole = messages.len() == segment.frame_count
+        && messages.iter().enumerate().all(|(index, message)| {
+            message.trace_id.is_none()
+                && message.producer.is_none()
+                && message.received.as_ref().is_some_and(|r| r.index == index && Arc::ptr_eq(&r.segment, segment))
+        });
+    whole.then_some(segment)
 }
 
 /// The partition an append writes to, and the queue it belongs to (named in the append's notice).
@@ -155,7 +180,7 @@ struct AppendPlan {
     slots: Vec<Slot>,
     fresh_transaction_ids: Vec<String>,
     fresh_message_ids: Vec<Uuid>,
-    segment: Option<queen_log::EncodedSegment>,
+    segment: Option<EncodedSegment>,
 }
 
 /// Where one input message of a batch stands.
@@ -175,40 +200,51 @@ fn plan_append(
 ) -> Result<AppendPlan, StoreError> {
     let mut slots = Vec::with_capacity(messages.len());
     let mut first_in_batch: HashMap<&str, usize> = HashMap::new();
-    let mut builder = SegmentBuilder::new();
-    let mut fresh_transaction_ids = Vec::new();
-    let mut fresh_message_ids = Vec::new();
+    let mut fresh: Vec<&NewMessage> = Vec::new();
     for message in messages {
         if let Some(&(offset, message_id)) = existing.get(&message.transaction_id) {
             slots.push(Slot::Stored(Appended::Duplicate { offset, message_id }));
         } else if let Some(&index) = first_in_batch.get(message.transaction_id.as_str()) {
             slots.push(Slot::RepeatOf(index));
         } else {
-            let index = fresh_transaction_ids.len();
-            first_in_batch.insert(&message.transaction_id, index);
-            builder.push(&Frame {
-                message_id: message.message_id,
-                trace_id: message.trace_id,
-                transaction_id: &message.transaction_id,
-                producer: message.producer.as_deref(),
-                payload: &message.payload,
-            })?;
-            fresh_transaction_ids.push(message.transaction_id.clone());
-            fresh_message_ids.push(message.message_id);
-            slots.push(Slot::Fresh(index));
+            first_in_batch.insert(&message.transaction_id, fresh.len());
+            slots.push(Slot::Fresh(fresh.len()));
+            fresh.push(message);
         }
     }
-    let segment = match builder.is_empty() {
-        true => None,
-        false => {
-            let mut segment = builder.finish()?;
-            if let Some(cipher) = seal {
-                segment.body = cipher.seal(&segment.body)?;
+    // Every message is written, as its producer framed and compressed them: the bytes are stored
+    // as received (sealed after, as any segment).
+    let as_received = received_whole(messages).filter(|_| fresh.len() == messages.len());
+    let segment = match (fresh.is_empty(), as_received) {
+        (true, _) => None,
+        (false, Some(received)) => Some(EncodedSegment::clone(received)),
+        (false, None) => {
+            let mut builder = SegmentBuilder::new();
+            for message in &fresh {
+                builder.push(&Frame {
+                    message_id: message.message_id,
+                    trace_id: message.trace_id,
+                    transaction_id: &message.transaction_id,
+                    producer: message.producer.as_deref(),
+                    payload: &message.payload,
+                })?;
             }
-            Some(segment)
+            Some(builder.finish()?)
         }
     };
-    Ok(AppendPlan { slots, fresh_transaction_ids, fresh_message_ids, segment })
+    let segment = match (segment, seal) {
+        (Some(mut segment), Some(cipher)) => {
+            segment.body = cipher.seal(&segment.body)?;
+            Some(segment)
+        }
+        (segment, _) => segment,
+    };
+    Ok(AppendPlan {
+        slots,
+        fresh_transaction_ids: fresh.iter().map(|m| m.transaction_id.clone()).collect(),
+        fresh_message_ids: fresh.iter().map(|m| m.message_id).collect(),
+        segment,
+    })
 }
 
 /// Appends the messages to the partition as one segment, in one statement: the partition row is
@@ -456,6 +492,7 @@ pub(crate) mod tests {
             trace_id: None,
             producer: None,
             payload: b"1".to_vec(),
+            received: None,
         }
     }
 
@@ -519,6 +556,57 @@ pub(crate) mod tests {
         assert_eq!(offsets(1, 1000), expected(101..=110));
         assert!(offsets(111, 120).is_empty());
         assert!(offsets(50, 100).is_empty());
+    }
+
+    /// Messages as their producer framed and compressed them: each its frame of one segment,
+    /// whose body is a marker no compressor makes, to tell it from a segment built here.
+    fn received(transaction_ids: &[&str]) -> Vec<NewMessage> {
+        let mut messages: Vec<NewMessage> = transaction_ids.iter().map(|txn| message(txn)).collect();
+        let segment =
+            Arc::new(EncodedSegment { body: b"as received".to_vec(), raw_len: 1, frame_count: messages.len() });
+        for (index, message) in messages.iter_mut().enumerate() {
+            message.received = Some(ReceivedFrame { segment: Arc::clone(&segment), index });
+        }
+        messages
+    }
+
+    fn planned_body(messages: &[NewMessage], existing: &HashMap<String, (i64, Uuid)>) -> Vec<u8> {
+        plan_append(messages, existing, None).unwrap().segment.expect("a segment").body
+    }
+
+    #[test]
+    fn a_received_segment_written_whole_is_stored_as_received() {
+        let messages = received(&["a", "b", "c"]);
+        let plan = plan_append(&messages, &HashMap::new(), None).unwrap();
+        let segment = plan.segment.expect("a segment");
+        assert_eq!((segment.body.as_slice(), segment.frame_count), (&b"as received"[..], 3));
+        assert_eq!(plan.fresh_transaction_ids, vec!["a", "b", "c"]);
+
+        let cipher = Cipher::from_hex(&"ab".repeat(32)).unwrap();
+        let sealed = plan_append(&messages, &HashMap::new(), Some(&cipher)).unwrap().segment.unwrap().body;
+        assert_eq!(cipher.open(&sealed).unwrap(), b"as received", "sealed after, as any segment");
+    }
+
+    #[test]
+    fn a_received_segment_not_written_whole_as_it_came_is_built_again() {
+        let fresh = |messages: &[NewMessage], existing: &HashMap<String, (i64, Uuid)>| {
+            let body = planned_body(messages, existing);
+            let count = messages.len() - existing.len();
+            let decoded = queen_log::decode_segment(&body, count, 1 << 20).expect("a segment built here");
+            decoded.frames().map(|frame| frame.unwrap().transaction_id.to_owned()).collect::<Vec<_>>()
+        };
+        let messages = received(&["a", "b", "c"]);
+        let stored = HashMap::from([("b".to_string(), (7, Uuid::now_v7()))]);
+        assert_eq!(fresh(&messages, &stored), ["a", "c"], "one of them is stored already");
+        assert_eq!(fresh(&messages[1..], &HashMap::new()), ["b", "c"], "a part of them");
+        let mut stamped = messages.clone();
+        stamped[1].producer = Some("svc".into());
+        assert_eq!(fresh(&stamped, &HashMap::new()), ["a", "b", "c"], "a producer to stamp");
+        let mut fused = messages.clone();
+        fused.push(message("d"));
+        assert_eq!(fresh(&fused, &HashMap::new()), ["a", "b", "c", "d"], "with other messages");
+        let repeated = received(&["a", "a"]);
+        assert_ne!(planned_body(&repeated, &HashMap::new()), b"as received", "a repeat in them");
     }
 
     #[test]

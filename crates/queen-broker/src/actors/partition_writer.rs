@@ -2,16 +2,18 @@
 //!
 //! While one append is in flight, later pushes to the same partition queue up here; when it
 //! commits, everything queued goes out as the next segment, in one transaction. Each waiting
-//! request then gets its own per-item results. A writer holds at most `push.writer_mailbox`
-//! requests: a push first takes a place with the writer of every partition it writes
-//! ([`Writers::reserve`]), so one refused place refuses the push before anything is written.
+//! request then gets its own per-item results. A request that is a segment its producer
+//! compressed (a binary push's frames group) goes out alone, so that it is stored as received.
+//! A writer holds at most `push.writer_mailbox` requests: a push first takes a place with the
+//! writer of every partition it writes ([`Writers::reserve`]), so one refused place refuses the
+//! push before anything is written.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use queen_store::Pool;
-use queen_store::log::{AppendPolicy, Appended, Destination, NewMessage};
+use queen_store::log::{AppendPolicy, Appended, Destination, NewMessage, received_whole};
 use tokio::sync::oneshot;
 
 use super::WorkError;
@@ -82,7 +84,11 @@ impl PartitionWriter {
     fn write_next(&mut self, ctx: &mut Context<Self>) {
         let limits = self.limits;
         let Some(batch) = self.queue.next_batch(|so_far, next| {
-            so_far.len() + next.len() <= limits.max_segment_messages
+            // A segment its producer compressed goes out alone, to be stored as received: fused
+            // with other messages, it would have to be compressed again.
+            received_whole(so_far).is_none()
+                && received_whole(next).is_none()
+                && so_far.len() + next.len() <= limits.max_segment_messages
                 && payload_bytes(so_far) + payload_bytes(next) <= limits.max_segment_bytes
         }) else {
             return;

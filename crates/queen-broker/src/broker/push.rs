@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use queen_store::StoreError;
-use queen_store::log::{AppendPolicy, Appended, Destination, NewMessage, append_in_transaction};
+use queen_store::log::{AppendPolicy, Appended, Destination, NewMessage, ReceivedFrame, append_in_transaction};
 use queen_store::queues::{self, Queue};
 use uuid::Uuid;
 
@@ -29,6 +29,9 @@ pub struct PushItem {
     pub message_id: Uuid,
     /// The message's data as JSON text.
     pub payload: Vec<u8>,
+    /// Its frame in a segment the producer compressed (a binary push's frames group), which the
+    /// log stores as received when it appends that segment's messages whole.
+    pub received: Option<ReceivedFrame>,
 }
 
 impl PushItem {
@@ -40,6 +43,7 @@ impl PushItem {
             trace_id: self.trace_id,
             producer: self.producer.clone(),
             payload: self.payload.clone(),
+            received: self.received.clone(),
         }
     }
 }

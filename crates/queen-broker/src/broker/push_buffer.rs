@@ -78,6 +78,7 @@ fn item_of(entry: &JournalEntry<'_>, keys: Option<&Cipher>) -> Result<PushItem, 
         producer: entry.frame.producer.map(str::to_owned),
         message_id: entry.frame.message_id,
         payload: payload.into_owned(),
+        received: None,
     })
 }
 

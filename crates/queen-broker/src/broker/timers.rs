@@ -355,6 +355,7 @@ fn message_of(timer: ClaimedTimer, payload: Vec<u8>) -> PushItem {
         producer: timer.producer,
         message_id: timer.message_id,
         payload,
+        received: None,
     }
 }
 

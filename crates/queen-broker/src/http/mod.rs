@@ -3,6 +3,7 @@
 
 mod ack;
 pub mod authorize;
+mod binary_push;
 mod body;
 mod configure;
 mod consumer_groups;

@@ -1,4 +1,4 @@
-//! `POST /api/v1/push`.
+//! `POST /api/v1/push`: a JSON body, or the binary QPB1 body (`super::binary_push`).
 
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use queen_store::log::Appended;
@@ -6,6 +6,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::authorize::Caller;
+use super::binary_push::{self, BinaryPush, Limits, PushCounts};
 use super::body::{JsonObject, read_body};
 use crate::broker::Broker;
 use crate::broker::push::{PushItem, PushResults, Pushed, push};
@@ -18,16 +19,21 @@ pub async fn handle(
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    if req.content_type() == "application/x-queen-push" {
-        return Err(ApiError::bad_request("binary push bodies are not supported by this broker; send JSON"));
-    }
     let started = std::time::Instant::now();
     let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
-    let mut items = parse_items(&body, broker.config.push.max_items)?;
+    let (mut items, counts_only) = if req.content_type() == binary_push::CONTENT_TYPE {
+        let BinaryPush { items, counts_only } = binary_push::parse_push(&body, Limits::of(&broker.config))?;
+        (items, counts_only)
+    } else {
+        (parse_items(&body, broker.config.push.max_items)?, false)
+    };
     stamp(&caller, &mut items)?;
     let results = push(&broker, items).await?;
     broker.metrics.push_duration.observe(started.elapsed().as_secs_f64());
     let mut answer = HttpResponse::Created();
+    if counts_only {
+        return Ok(answer.json(PushCounts::of(&results)));
+    }
     Ok(match &results {
         PushResults::Stored(pushed) => {
             answer.json(pushed.iter().enumerate().map(|(index, p)| ItemResult::new(index, p)).collect::<Vec<_>>())
@@ -89,7 +95,7 @@ pub fn parse_item(item: &JsonObject<'_>) -> Result<PushItem, ApiError> {
     let payload = item.raw_or_null("payload").map_or("null", |raw| raw.get()).as_bytes().to_vec();
     let message_id = queen_log::new_message_id();
     // `producerSub` is the broker's to set (from the token), never the body's.
-    Ok(PushItem { queue, partition, transaction_id, trace_id, producer: None, message_id, payload })
+    Ok(PushItem { queue, partition, transaction_id, trace_id, producer: None, message_id, payload, received: None })
 }
 
 /// One item's answer. Field names are the ones the official client reads.

@@ -1,4 +1,5 @@
-//! `POST /api/v1/transaction`: acks and pushes, all or nothing, with the `kv` and `timers` riders.
+//! `POST /api/v1/transaction`: acks and pushes, all or nothing, with the `kv` and `timers` riders;
+//! a JSON body, or the binary QTB1 body (`super::binary_push`).
 
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use serde::Serialize;
@@ -8,11 +9,13 @@ use queen_store::ack_rules::LeaseFence;
 
 use super::ack::{AckResult, parse_ack};
 use super::authorize::Caller;
+use super::binary_push::{self, Limits, TransactionCounts};
 use super::body::{JsonObject, read_body};
 use super::kv::{OpJson, Precondition, Rider, parse_batch};
 use super::push::{ItemResult, parse_item, stamp};
 use super::timers::{TimerResultJson, parse_rider};
 use crate::broker::Broker;
+use crate::broker::push::PushItem;
 use crate::broker::transaction::{Applied, Bundle, Operation, TransactionError, execute};
 use crate::error::ApiError;
 use crate::names::{self, NameKind};
@@ -23,12 +26,14 @@ pub async fn handle(
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    if req.content_type() == "application/x-queen-push" {
-        return Err(ApiError::bad_request("binary transaction bodies are not supported by this broker; send JSON"));
-    }
     let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
-    let body = JsonObject::parse_body(&body, false)?;
-    let mut bundle = parse_bundle(&body, broker.config.push.max_items)?;
+    let binary = (req.content_type() == binary_push::CONTENT_TYPE)
+        .then(|| binary_push::parse_transaction(&body, Limits::of(&broker.config)))
+        .transpose()?;
+    // A binary body's head is the JSON body without its pushes; an empty one is `{}`.
+    let body = JsonObject::parse_body(binary.as_ref().map_or(&body[..], |binary| binary.head), binary.is_some())?;
+    let counts_only = binary.as_ref().is_some_and(|binary| binary.counts_only);
+    let mut bundle = parse_bundle(&body, broker.config.push.max_items, binary.map(|binary| binary.items))?;
     // The `timers` rider is read with the broker's limits, which `parse_bundle` does not know.
     bundle.timers = parse_rider(&body, &broker)?;
     super::timers::stamp(&caller, &mut bundle.timers)?;
@@ -48,9 +53,12 @@ pub async fn handle(
     let transaction_id = Uuid::now_v7();
     match execute(&broker, bundle).await {
         Ok(applied) => {
+            // Counted instead (binary flag 0x02), pushes and acks have no results of their own.
+            let counts = counts_only.then(|| TransactionCounts::of(&applied));
             let results = applied
                 .iter()
                 .enumerate()
+                .filter(|(_, entry)| !counts_only || matches!(entry, Applied::Kv(_) | Applied::Timer(_)))
                 .map(|(index, entry)| {
                     Ok(match entry {
                         Applied::Ack { request, outcome } => EntryResult::Ack(AckResult::new(index, request, outcome)),
@@ -60,7 +68,7 @@ pub async fn handle(
                     })
                 })
                 .collect::<Result<Vec<_>, ApiError>>()?;
-            Ok(HttpResponse::Ok().json(Committed { success: true, transaction_id, results }))
+            Ok(HttpResponse::Ok().json(Committed { success: true, transaction_id, counts, results }))
         }
         Err(TransactionError::RolledBack(reason)) => Ok(HttpResponse::Conflict().json(RolledBack {
             success: false,
@@ -83,8 +91,10 @@ pub async fn handle(
 }
 
 /// The operations of a body, checked; one bad operation refuses the whole bundle. An ack that
-/// names no lease of its own is fenced by the bundle's `requiredLeases` when there are any.
-fn parse_bundle(body: &JsonObject<'_>, max_items: usize) -> Result<Bundle, ApiError> {
+/// names no lease of its own is fenced by the bundle's `requiredLeases` when there are any. A
+/// binary body's `pushed` items (its groups) follow the operations of its head, which has no push
+/// operations of its own.
+fn parse_bundle(body: &JsonObject<'_>, max_items: usize, pushed: Option<Vec<PushItem>>) -> Result<Bundle, ApiError> {
     let kv = match body.raw("kv") {
         None => None,
         Some(_) => Some(
@@ -92,10 +102,15 @@ fn parse_bundle(body: &JsonObject<'_>, max_items: usize) -> Result<Bundle, ApiEr
                 .map_err(|refused| ApiError::BadRequest(format!("{} ({})", refused.detail, refused.code)))?,
         ),
     };
-    let operations = body.objects("operations")?.ok_or_else(|| ApiError::bad_request("operations is required"))?;
+    let operations = match (body.objects("operations")?, &pushed) {
+        (Some(operations), _) => operations,
+        (None, Some(_)) => Vec::new(),
+        (None, None) => return Err(ApiError::bad_request("operations is required")),
+    };
     // A bundle of key/value or timer operations alone is a bundle (a guarded step may only write
     // state, or only schedule).
-    if operations.is_empty() && kv.is_none() && body.raw("timers").is_none() {
+    let pushes_nothing = pushed.as_ref().is_none_or(Vec::is_empty);
+    if operations.is_empty() && kv.is_none() && body.raw("timers").is_none() && pushes_nothing {
         return Err(ApiError::bad_request("operations must not be empty"));
     }
     let required: Vec<String> = match body.raw("requiredLeases") {
@@ -115,7 +130,7 @@ fn parse_bundle(body: &JsonObject<'_>, max_items: usize) -> Result<Bundle, ApiEr
     let unfenced =
         if required_leases.is_empty() { LeaseFence::Unfenced } else { LeaseFence::AnyOf(required_leases.clone()) };
     let mut items = 0;
-    let operations = operations
+    let mut operations = operations
         .iter()
         .map(|operation| match operation.required_string("type")?.as_str() {
             "ack" => {
@@ -129,6 +144,10 @@ fn parse_bundle(body: &JsonObject<'_>, max_items: usize) -> Result<Bundle, ApiEr
                 }
                 Ok(Operation::Ack(ack))
             }
+            "push" if pushed.is_some() => Err(ApiError::bad_request(format!(
+                "{}: the head of a binary transaction has no push operations; its pushes are its groups",
+                operation.name_of("type")
+            ))),
             "push" => {
                 let pushed = operation
                     .objects("items")?
@@ -147,7 +166,8 @@ fn parse_bundle(body: &JsonObject<'_>, max_items: usize) -> Result<Bundle, ApiEr
                 operation.name_of("type")
             ))),
         })
-        .collect::<Result<_, _>>()?;
+        .collect::<Result<Vec<_>, _>>()?;
+    operations.extend(pushed.filter(|items| !items.is_empty()).map(Operation::Push));
     Ok(Bundle { operations, required_leases, kv, timers: Vec::new() })
 }
 
@@ -165,6 +185,8 @@ enum EntryResult<'a> {
 struct Committed<'a> {
     success: bool,
     transaction_id: Uuid,
+    #[serde(flatten)]
+    counts: Option<TransactionCounts>,
     results: Vec<EntryResult<'a>>,
 }
 
@@ -193,7 +215,7 @@ mod tests {
     use super::*;
 
     fn refused(body: &str) -> String {
-        match JsonObject::parse_body(body.as_bytes(), false).and_then(|body| parse_bundle(&body, 100)) {
+        match JsonObject::parse_body(body.as_bytes(), false).and_then(|body| parse_bundle(&body, 100, None)) {
             Err(ApiError::BadRequest(message)) => message,
             other => panic!("{body}: expected a 400, got {other:?}"),
         }
@@ -217,7 +239,7 @@ mod tests {
                                 {{"type": "ack", "transactionId": "u", "partitionId": "2", "leaseId": "{one}"}}],
                 "requiredLeases": ["{two}", "{one}", "{two}"]}}"#
         );
-        let bundle = parse_bundle(&JsonObject::parse_body(body.as_bytes(), false).unwrap(), 10).unwrap();
+        let bundle = parse_bundle(&JsonObject::parse_body(body.as_bytes(), false).unwrap(), 10, None).unwrap();
         let leases = vec![Uuid::parse_str(one).unwrap(), Uuid::parse_str(two).unwrap()];
         assert_eq!(bundle.required_leases, leases, "sorted, without repeats");
         let fences: Vec<&LeaseFence> = bundle

@@ -2,6 +2,7 @@
 
 mod auth;
 mod bad_input;
+mod binary_push;
 mod capacity;
 mod concurrency;
 mod conflation;
@@ -12,10 +13,10 @@ mod delivery;
 mod depth;
 mod encryption;
 mod expiry;
-mod framed_pop;
 mod failures;
 mod fanout;
 mod fleet;
+mod framed_pop;
 mod fusion;
 mod fuzzed_bodies;
 mod group_admin;

@@ -322,6 +322,7 @@ async fn the_safe_time_stays_behind_a_push_that_can_still_commit() {
         trace_id: None,
         producer: None,
         payload: b"1".to_vec(),
+        received: None,
     };
     let appended =
         append_in_transaction(&held, destination, &[message], &AppendPolicy::default()).await.expect("the append");

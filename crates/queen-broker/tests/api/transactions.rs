@@ -220,6 +220,7 @@ async fn a_transaction_appending_to_a_partition_does_not_hold_up_a_new_groups_cu
         trace_id: None,
         producer: None,
         payload: b"2".to_vec(),
+        received: None,
     };
     append_in_transaction(&held, destination, &[message], &AppendPolicy::default()).await.expect("the append");
 
