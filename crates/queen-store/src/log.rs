@@ -253,8 +253,11 @@ fn plan_append(
 /// the partition already holds (or that repeat one earlier in the batch) are not written and come
 /// back as [`Appended::Duplicate`] with the original offset and message id.
 ///
-/// Outside a transaction, a concurrent append of the same transaction id from another broker can
-/// race the duplicate check; the unique index catches it and the append is planned again. The
+/// The first attempt assumes that no transaction id is stored yet, which is what almost every
+/// push finds, and writes without looking: the unique index on `(partition_id, transaction_id)`
+/// refuses the statement whole (it runs outside a transaction, so nothing of it stays, not even
+/// the offsets it took) when one is. Then the append looks the ids up and is planned again, and
+/// again when a concurrent append of the same id from another broker races that lookup. The
 /// caller announces the partition once the append committed ([`crate::events::publish_after_commit`]).
 pub async fn append(
     client: &impl GenericClient,
@@ -263,14 +266,17 @@ pub async fn append(
     policy: &AppendPolicy,
 ) -> Result<AppendResult, StoreError> {
     let transaction_ids: Vec<&str> = messages.iter().map(|m| m.transaction_id.as_str()).collect();
+    let mut existing = HashMap::new();
     let mut attempts = 0;
     loop {
         attempts += 1;
-        let existing = duplicates_of(client, destination.partition_id, &transaction_ids, policy).await?;
+        if attempts > 1 {
+            existing = duplicates_of(client, destination.partition_id, &transaction_ids, policy).await?;
+        }
         let plan = plan_append(messages, &existing, policy.seal.as_deref())?;
         match write_plan(client, destination, &plan).await {
             Err(StoreError::Db(e))
-                if attempts < 3 && e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) =>
+                if attempts < 4 && e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) =>
             {
                 continue;
             }
