@@ -250,7 +250,7 @@ impl Metrics {
             notices_received: counter(
                 &r,
                 "queen_notices_received_total",
-                "Fleet events received on the LISTEN connection.",
+                "Fleet events received on the LISTEN connection from other brokers (a broker's own announcements are not counted).",
             ),
             pop_scans: counter_vec(
                 &r,

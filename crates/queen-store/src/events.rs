@@ -88,6 +88,11 @@ pub async fn publish_after_commit(client: &impl GenericClient, events: &[String]
     Ok(())
 }
 
+/// The backend process of the session, which the notices it sends name as their sender.
+pub async fn session_pid(client: &impl GenericClient) -> Result<i32, StoreError> {
+    Ok(client.query_one("SELECT pg_backend_pid()", &[]).await?.get(0))
+}
+
 /// Publishes an event; inside a transaction it is delivered at commit, and not at all on
 /// rollback.
 pub async fn publish(client: &impl GenericClient, event: &Event) -> Result<(), StoreError> {

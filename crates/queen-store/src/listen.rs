@@ -16,7 +16,14 @@ pub const LISTEN_APPLICATION_NAME: &str = "queen-listen";
 /// dropping the value closes the connection.
 pub struct Listening {
     _client: tokio_postgres::Client,
-    pub events: mpsc::UnboundedReceiver<Event>,
+    pub events: mpsc::UnboundedReceiver<Notice>,
+}
+
+/// An event, and the backend process of the session that sent it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    pub sender_pid: i32,
+    pub event: Event,
 }
 
 /// Connects (over `target`'s TLS, as the pool does) and listens on [`CHANNEL`]. The connection
@@ -32,7 +39,7 @@ pub async fn listen(target: &PgTarget) -> Result<Listening, StoreError> {
             match message {
                 Ok(AsyncMessage::Notification(notice)) => {
                     if let Some(event) = Event::decode(notice.payload()) {
-                        if sender.send(event).is_err() {
+                        if sender.send(Notice { sender_pid: notice.process_id(), event }).is_err() {
                             break;
                         }
                     } else {

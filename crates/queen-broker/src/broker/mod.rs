@@ -182,6 +182,7 @@ impl Broker {
         );
         let names = Arc::new(NamesCache::new());
         let segments = Arc::new(SegmentCache::new(config.pop.segment_cache_bytes));
+        let announcer = Announcer::start(coordinator.clone(), pool.clone());
         let listeners = FleetListeners {
             coordinator: coordinator.clone(),
             names: Arc::clone(&names),
@@ -189,9 +190,9 @@ impl Broker {
             metrics: Arc::clone(&metrics),
             maintenance: Arc::clone(&maintenance_mode),
             pool: pool.clone(),
+            announcer: announcer.clone(),
         };
         actix::spawn(keep_listening(pg.clone(), listeners));
-        let announcer = Announcer::start(coordinator.clone(), pool.clone());
         let idle = Duration::from_secs(config.push.writer_idle_seconds.max(1));
         let writers = Writers::new(WriterDeps {
             pool: pool.clone(),

@@ -2,9 +2,13 @@
 //! rest of the fleet after the write committed.
 //!
 //! The fleet hears through `NOTIFY`, sent by one task per broker: announcements that arrive while
-//! a send is under way wait, identical ones once, and all go out in the next statement. So a busy
-//! partition costs one notice per burst, not one per push, and no push transaction holds
+//! a send is under way, or within a few milliseconds after it, wait, identical ones once, and all
+//! go out in the next statement. So a busy partition costs one notice per burst, not one per push, and no push transaction holds
 //! PostgreSQL's notification lock or waits on the notice's WAL flush.
+//!
+//! The task keeps one connection of the pool for this, and the LISTEN connection ignores the
+//! notices sent on it ([`Announcer::own_sender`]): they tell this broker what it already knows,
+//! and each would wake the queue's parked pops once more for nothing.
 //!
 //! A notice can now be lost where it could not before: the broker dies between the commit and the
 //! send, or PostgreSQL refuses the send (it is retried while the broker lives). Nothing is lost
@@ -13,7 +17,9 @@
 //! they time out.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use queen_store::Pool;
 use queen_store::events::{self, Event};
@@ -21,6 +27,11 @@ use tokio::sync::Notify;
 
 use crate::actors::coordinator::{CoordinatorMailbox, DataAvailable};
 use crate::backoff::Backoff;
+
+/// The least time between two sends: what gathers meanwhile goes in one statement, so a busy
+/// broker sends at most a few hundred a second, and another broker hears of a push at most this
+/// much later than it would have.
+const MIN_GAP: Duration = Duration::from_millis(5);
 
 /// Most distinct notices kept while PostgreSQL is away; past it new ones are dropped (see the
 /// module's comment for what that costs).
@@ -37,6 +48,8 @@ pub struct Announcer {
 struct Pending {
     notices: Mutex<HashSet<String>>,
     ready: Notify,
+    /// The backend process of the connection the notices are sent on (0 before the first).
+    sender_pid: AtomicI32,
 }
 
 impl Announcer {
@@ -46,6 +59,11 @@ impl Announcer {
         let fleet = Arc::new(Pending::default());
         actix::spawn(keep_sending(pool, Arc::clone(&fleet)));
         Self { coordinator, fleet }
+    }
+
+    /// Whether a notice from this backend process is one of this announcer's own.
+    pub fn own_sender(&self, pid: i32) -> bool {
+        pid != 0 && self.fleet.sender_pid.load(Ordering::Relaxed) == pid
     }
 
     /// Messages became available on the partition through a write of this broker that has
@@ -71,6 +89,8 @@ impl Announcer {
 
 async fn keep_sending(pool: Pool, fleet: Arc<Pending>) {
     let mut backoff = Backoff::default();
+    // Kept between sends; dropped (back to the pool, which discards a broken one) after a failure.
+    let mut connection: Option<deadpool_postgres::Object> = None;
     loop {
         fleet.ready.notified().await;
         let notices: Vec<String> = {
@@ -81,13 +101,25 @@ async fn keep_sending(pool: Pool, fleet: Arc<Pending>) {
             continue;
         }
         let sent = async {
-            let client = pool.get().await.map_err(queen_store::StoreError::from)?;
-            events::publish_after_commit(&client, &notices).await
+            if connection.is_none() {
+                let client = pool.get().await.map_err(queen_store::StoreError::from)?;
+                fleet.sender_pid.store(events::session_pid(&client).await?, Ordering::Relaxed);
+                connection = Some(client);
+            }
+            match &connection {
+                Some(client) => events::publish_after_commit(client, &notices).await,
+                None => Ok(()),
+            }
         };
-        match sent.await {
-            Ok(()) => backoff = Backoff::default(),
+        let sent = sent.await;
+        match sent {
+            Ok(()) => {
+                backoff = Backoff::default();
+                tokio::time::sleep(MIN_GAP).await;
+            }
             Err(e) => {
                 tracing::warn!(error = %e, notices = notices.len(), "could not send fleet notices; retrying");
+                connection = None;
                 {
                     let mut pending = fleet.notices.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
                     let room = MAX_PENDING.saturating_sub(pending.len());

@@ -13,6 +13,7 @@ use crate::backoff::Backoff;
 use crate::broker::NamesCache;
 use crate::broker::maintenance_mode::MaintenanceMode;
 use crate::metrics::Metrics;
+use crate::services::announcer::Announcer;
 
 /// Who acts on fleet events.
 pub struct FleetListeners {
@@ -23,6 +24,8 @@ pub struct FleetListeners {
     pub maintenance: Arc<MaintenanceMode>,
     /// For re-reading what notices may have been missed.
     pub pool: queen_store::Pool,
+    /// Whose notices are this broker's own, already delivered.
+    pub announcer: Announcer,
 }
 
 impl FleetListeners {
@@ -76,8 +79,10 @@ pub async fn keep_listening(pg: queen_store::tls::PgTarget, listeners: FleetList
                 // Once LISTEN took effect: a push after it arrives as a notice, one before it is
                 // found by the scans that follow (the coordinator drops every view).
                 listeners.restored();
-                while let Some(event) = listening.events.recv().await {
-                    listeners.deliver(event);
+                while let Some(notice) = listening.events.recv().await {
+                    if !listeners.announcer.own_sender(notice.sender_pid) {
+                        listeners.deliver(notice.event);
+                    }
                 }
                 tracing::warn!("lost the LISTEN connection; reconnecting");
                 listeners.coordinator.listen_lost();
