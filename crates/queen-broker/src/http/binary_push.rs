@@ -31,6 +31,7 @@ use queen_log::{DecodedSegment, EncodedSegment};
 use queen_store::log::{Appended, ReceivedFrame};
 use serde::Serialize;
 use serde_json::value::RawValue;
+use uuid::Uuid;
 
 use super::body::{MAX_DATA_NESTING, nesting_depth};
 use crate::broker::push::{PushItem, PushResults, Pushed};
@@ -171,16 +172,7 @@ fn plain_groups(wire: &mut Wire<'_>, with_transaction_ids: bool, max_items: usiz
             let len = wire.u32(|| field("payload length"))?;
             let payload = wire.take(len, || field("payload"))?;
             check_payload(payload, || field("payload"))?;
-            items.push(PushItem {
-                queue: queue.clone(),
-                partition: partition.clone(),
-                transaction_id,
-                trace_id: None,
-                producer: None,
-                message_id: queen_log::new_message_id(),
-                payload: payload.to_vec(),
-                received: None,
-            });
+            items.push(item(&queue, &partition, transaction_id, queen_log::new_message_id(), payload));
         }
     }
     Ok(items)
@@ -218,16 +210,7 @@ fn frames_groups(wire: &mut Wire<'_>, max_items: usize, budget: &mut usize) -> R
                 frame.transaction_id.to_owned()
             };
             check_payload(frame.payload, || field(".payload"))?;
-            items.push(PushItem {
-                queue: queue.clone(),
-                partition: partition.clone(),
-                transaction_id,
-                trace_id: None,
-                producer: None,
-                message_id: frame.message_id,
-                payload: frame.payload.to_vec(),
-                received: None,
-            });
+            items.push(item(&queue, &partition, transaction_id, frame.message_id, frame.payload));
         }
         if as_received && n > 0 {
             let segment = Arc::new(EncodedSegment { body: z.to_vec(), raw_len, frame_count: n });
@@ -237,6 +220,20 @@ fn frames_groups(wire: &mut Wire<'_>, max_items: usize, budget: &mut usize) -> R
         }
     }
     Ok(items)
+}
+
+/// A message of a group, as a JSON item would be: no trace id, and no producer but the token's.
+fn item(queue: &str, partition: &str, transaction_id: String, message_id: Uuid, payload: &[u8]) -> PushItem {
+    PushItem {
+        queue: queue.to_owned(),
+        partition: partition.to_owned(),
+        transaction_id,
+        trace_id: None,
+        producer: None,
+        message_id,
+        payload: payload.to_vec(),
+        received: None,
+    }
 }
 
 /// A frames group's `z`: exactly one zstd frame declaring a size within `budget`, of exactly `n`
