@@ -3,12 +3,15 @@
 //!
 //! The fleet hears through `NOTIFY`, sent by one task per broker: announcements that arrive while
 //! a send is under way, or within a few milliseconds after it, wait, identical ones once, and all
-//! go out in the next statement. So a busy partition costs one notice per burst, not one per push, and no push transaction holds
-//! PostgreSQL's notification lock or waits on the notice's WAL flush.
+//! go out in the next statement. So a busy partition costs one notice per burst, not one per
+//! push, and no push transaction holds PostgreSQL's notification lock or waits on the notice's WAL
+//! flush.
 //!
-//! The task keeps one connection of the pool for this, and the LISTEN connection ignores the
-//! notices sent on it ([`Announcer::own_sender`]): they tell this broker what it already knows,
-//! and each would wake the queue's parked pops once more for nothing.
+//! With a pool of [`KEEP_FROM_POOL_SIZE`] connections or more, the task keeps one of them for
+//! this, and the LISTEN connection ignores the notices sent on it ([`Announcer::own_sender`]): they
+//! tell this broker what it already knows, and each would wake the queue's parked pops once more
+//! for nothing. A smaller pool is left whole to the requests (a pool of one would otherwise be
+//! taken for good), at the price of those extra wakes.
 //!
 //! A notice can now be lost where it could not before: the broker dies between the commit and the
 //! send, or PostgreSQL refuses the send (it is retried while the broker lives). Nothing is lost
@@ -32,6 +35,9 @@ use crate::backoff::Backoff;
 /// broker sends at most a few hundred a second, and another broker hears of a push at most this
 /// much later than it would have.
 const MIN_GAP: Duration = Duration::from_millis(5);
+
+/// The smallest pool the task keeps a connection of.
+pub const KEEP_FROM_POOL_SIZE: usize = 4;
 
 /// Most distinct notices kept while PostgreSQL is away; past it new ones are dropped (see the
 /// module's comment for what that costs).
@@ -57,7 +63,8 @@ impl Announcer {
     /// actix system.
     pub fn start(coordinator: CoordinatorMailbox, pool: Pool) -> Self {
         let fleet = Arc::new(Pending::default());
-        actix::spawn(keep_sending(pool, Arc::clone(&fleet)));
+        let keep = pool.status().max_size >= KEEP_FROM_POOL_SIZE;
+        actix::spawn(keep_sending(pool, Arc::clone(&fleet), keep));
         Self { coordinator, fleet }
     }
 
@@ -87,9 +94,10 @@ impl Announcer {
     }
 }
 
-async fn keep_sending(pool: Pool, fleet: Arc<Pending>) {
+/// Sends what gathers, on a connection kept between sends when `keep`; a kept one goes back to the
+/// pool (which discards a broken one) after a failure.
+async fn keep_sending(pool: Pool, fleet: Arc<Pending>, keep: bool) {
     let mut backoff = Backoff::default();
-    // Kept between sends; dropped (back to the pool, which discards a broken one) after a failure.
     let mut connection: Option<deadpool_postgres::Object> = None;
     loop {
         fleet.ready.notified().await;
@@ -101,6 +109,10 @@ async fn keep_sending(pool: Pool, fleet: Arc<Pending>) {
             continue;
         }
         let sent = async {
+            if !keep {
+                let client = pool.get().await.map_err(queen_store::StoreError::from)?;
+                return events::publish_after_commit(&client, &notices).await;
+            }
             if connection.is_none() {
                 let client = pool.get().await.map_err(queen_store::StoreError::from)?;
                 fleet.sender_pid.store(events::session_pid(&client).await?, Ordering::Relaxed);

@@ -92,6 +92,25 @@ async fn waiting_pops_hold_no_database_connection() {
     assert!(answers.iter().all(|a| a.status == StatusCode::OK), "every waiter was woken by its push");
 }
 
+#[actix_web::test]
+async fn a_pool_of_one_connection_is_left_to_the_requests() {
+    let app = TestApp::spawn_with(|config| {
+        config.database.pool_size = 1;
+        config.database.pool_wait_timeout_ms = 1000;
+    })
+    .await;
+    // Every push is announced to the fleet on a connection of the pool: a kept one would leave the
+    // second push none.
+    for i in 0..3 {
+        let pushed = app.push_one("single", "p", &format!("m{i}"), json!(i)).await;
+        assert_eq!(pushed["status"], "queued", "push {i}: {pushed}");
+    }
+    let popped = app.pop("queue/single", "batch=10").await;
+    assert_eq!(popped.transaction_ids(), vec!["m0", "m1", "m2"]);
+    let acked = app.ack_all(&popped.messages(), "completed", None).await;
+    assert!(acked.iter().all(|a| a["success"] == true), "{acked:?}");
+}
+
 /// Sends a long poll on a raw connection, waits until it parks, then closes the connection the
 /// way a client that gives up does.
 async fn abandon_a_long_poll(app: &TestApp, queue: &str) {
