@@ -1,8 +1,8 @@
 //! The common acknowledgement in one statement: a consumer completing messages it was delivered,
 //! under the lease it was delivered them with.
 //!
-//! [`crate::cursors::acknowledge`] resolves transaction ids, locks the cursors, applies
-//! [`crate::ack_rules`] in Rust and writes the cursors back: three statements. When every ack of a
+//! The full rules ([`crate::cursors::acknowledge`]) resolve transaction ids, lock the cursors,
+//! apply [`crate::ack_rules`] in Rust and write the cursors back: three statements. When every ack of a
 //! cursor in a batch is `completed`, names its lease, and comes with the offset the broker
 //! delivered it at, the rules reduce to a condition and an assignment: if the lease is live, every
 //! offset lies past the cursor and within what the lease delivered, the cursor moves to the
@@ -80,8 +80,7 @@ fn eligible(calls: &[Vec<AckRequest>]) -> Vec<Span> {
     spans
 }
 
-/// Applies the acks that qualify (see the module comment) in one statement, on `client` (a
-/// transaction's, or a connection's own: the statement is atomic by itself).
+/// Applies the acks that qualify (see the module comment) in one statement, atomic by itself.
 pub(crate) async fn commit(client: &impl GenericClient, calls: &[Vec<AckRequest>]) -> Result<Completed, StoreError> {
     let mut done =
         Completed { outcomes: calls.iter().map(|call| vec![None; call.len()]).collect(), released: Vec::new() };

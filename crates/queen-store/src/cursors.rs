@@ -634,24 +634,22 @@ struct CursorTrack {
     failure_redelivered: bool,
 }
 
-/// Applies acknowledgement calls (each one request's acks) inside the caller's transaction, one
-/// call after the other, with the rules of [`ack_rules`]: the acks that complete what their lease
-/// delivered in one statement ([`crate::completed_spans`]), the others by [`apply_rules`].
+/// Applies acknowledgement calls (each one request's acks) inside the caller's transaction (a
+/// bundle's), one call after the other, with the rules of [`ack_rules`] ([`apply_rules`]).
 pub async fn acknowledge(
     tx: &deadpool_postgres::Transaction<'_>,
     calls: &[Vec<AckRequest>],
     keys: Option<&Cipher>,
 ) -> Result<AckBatch, StoreError> {
-    let completed = completed_spans::commit(tx, calls).await?;
-    let (rest, places) = undecided(calls, &completed);
-    let by_rules = apply_rules(tx, &rest, keys).await?;
-    Ok(merge(completed, by_rules, &places))
+    apply_rules(tx, calls, keys).await
 }
 
-/// [`acknowledge`] on a connection of its own: when every ack completes what its lease delivered,
-/// the one statement is the whole batch, without a transaction around it; the rest is applied in
-/// a transaction of its own after it. When that one fails, the whole batch answers the error
-/// although the first statement committed: the acks it applied are no-ops when retried.
+/// Applies acknowledgement calls on a connection of their own: first the acks that complete what
+/// their lease delivered, in one statement without a transaction around it
+/// ([`crate::completed_spans`]); then the rest by [`apply_rules`] in a transaction of its own,
+/// so neither holds cursor locks while the other takes its own. When the second fails, the whole
+/// batch answers the error although the first statement committed: the acks it applied are
+/// no-ops when retried.
 pub async fn acknowledge_batch(
     client: &mut deadpool_postgres::Object,
     calls: &[Vec<AckRequest>],
