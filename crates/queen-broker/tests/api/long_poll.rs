@@ -121,7 +121,34 @@ async fn abandon_a_long_poll(app: &TestApp, queue: &str) {
         format!("GET /api/v1/pop/queue/{queue}?batch=1&wait=true&timeout=30000 HTTP/1.1\r\nHost: {address}\r\n\r\n");
     socket.write_all(request.as_bytes()).await.expect("the request");
     until_parked(app, 1).await;
+    let client_port = socket.local_addr().expect("the client's address").port();
     drop(socket);
+    until_the_broker_received_the_close(client_port).await;
+}
+
+/// Waits until the kernel has handed the broker's end of the connection from `client_port` the
+/// client's FIN (the socket is in CLOSE_WAIT, or gone): from then on the broker can see that its
+/// client left. On a loaded machine the FIN may be processed after a request sent on another
+/// connection just after it.
+async fn until_the_broker_received_the_close(client_port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp")
+            + &std::fs::read_to_string("/proc/net/tcp6").unwrap_or_default();
+        // Columns: slot, local address:port, remote address:port, state (hex): 08 is CLOSE_WAIT,
+        // 09 LAST_ACK once the broker closed its end too.
+        let waiting = table.lines().skip(1).any(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let remote_port = fields.get(2).and_then(|remote| remote.rsplit(':').next());
+            remote_port.and_then(|port| u16::from_str_radix(port, 16).ok()) == Some(client_port)
+                && !matches!(fields.get(3), Some(&"08") | Some(&"09"))
+        });
+        if !waiting {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the broker's end of port {client_port} never saw the close");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 #[actix_web::test]
