@@ -42,6 +42,8 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(13, "0013_kv"),
     migration!(14, "0014_timers"),
     migration!(15, "0015_offset_reads"),
+    migration!(16, "0016_partition_keys"),
+    migration!(17, "0017_citus_distribution"),
 ];
 
 /// The newest schema version this build knows.

@@ -235,10 +235,16 @@ pub async fn ensure_queue(client: &impl GenericClient, name: &str) -> Result<Que
 pub async fn ensure_partition(client: &impl GenericClient, queue_id: i64, name: &str) -> Result<i64, StoreError> {
     let statement = client
         .prepare_cached(
-            "WITH created AS (
-                 INSERT INTO queen.partitions (queue_id, name) VALUES ($1, $2)
-                 ON CONFLICT (queue_id, name) DO NOTHING RETURNING id)
-             SELECT id FROM created UNION ALL SELECT id FROM queen.partitions WHERE queue_id = $1 AND name = $2 LIMIT 1",
+            "WITH named AS (
+                 INSERT INTO queen.partition_names (queue_id, name, partition_id)
+                 VALUES ($1, $2, nextval(pg_get_serial_sequence('queen.partitions', 'id')))
+                 ON CONFLICT (queue_id, name) DO NOTHING RETURNING partition_id
+             ), created AS (
+                 INSERT INTO queen.partitions (id, queue_id, name) OVERRIDING SYSTEM VALUE
+                 SELECT partition_id, $1, $2 FROM named RETURNING id
+             )
+             SELECT id FROM created
+             UNION ALL SELECT partition_id FROM queen.partition_names WHERE queue_id = $1 AND name = $2 LIMIT 1",
         )
         .await?;
     for _ in 0..3 {
@@ -345,8 +351,9 @@ pub async fn find_partitions(
     queue_id: i64,
     names: &[&str],
 ) -> Result<Vec<(String, i64)>, StoreError> {
-    let statement =
-        client.prepare_cached("SELECT name, id FROM queen.partitions WHERE queue_id = $1 AND name = ANY($2)").await?;
+    let statement = client
+        .prepare_cached("SELECT name, partition_id FROM queen.partition_names WHERE queue_id = $1 AND name = ANY($2)")
+        .await?;
     Ok(client.query(&statement, &[&queue_id, &names]).await?.iter().map(|row| (row.get(0), row.get(1))).collect())
 }
 
@@ -375,18 +382,22 @@ pub async fn create_partitions(
         .prepare_cached(
             "WITH wanted AS (
                  SELECT w.name, w.ord FROM unnest($2::text[]) WITH ORDINALITY AS w(name, ord)
-                  WHERE NOT EXISTS (SELECT 1 FROM queen.partitions p WHERE p.queue_id = $1 AND p.name = w.name)
+                  WHERE NOT EXISTS (SELECT 1 FROM queen.partition_names n WHERE n.queue_id = $1 AND n.name = w.name)
              ), verdict AS (
                  SELECT count(*) AS adding,
                         CASE WHEN $3::bigint > 0
-                             THEN (SELECT count(*) FROM queen.partitions WHERE queue_id = $1) ELSE 0 END AS held
+                             THEN (SELECT count(*) FROM queen.partition_names WHERE queue_id = $1) ELSE 0 END AS held
                    FROM wanted
-             ), created AS (
-                 INSERT INTO queen.partitions (queue_id, name)
-                 SELECT $1, w.name FROM wanted w, verdict v
+             ), named AS (
+                 INSERT INTO queen.partition_names (queue_id, name, partition_id)
+                 SELECT $1, w.name, nextval(pg_get_serial_sequence('queen.partitions', 'id')) FROM wanted w, verdict v
                   WHERE $3 = 0 OR v.held + v.adding <= $3
                   ORDER BY w.ord
                  ON CONFLICT (queue_id, name) DO NOTHING
+              RETURNING name, partition_id
+             ), created AS (
+                 INSERT INTO queen.partitions (id, queue_id, name) OVERRIDING SYSTEM VALUE
+                 SELECT partition_id, $1, name FROM named
              )
              SELECT held, adding FROM verdict",
         )
@@ -434,7 +445,9 @@ pub async fn queues_of(
 }
 
 pub async fn find_partition(client: &impl GenericClient, queue_id: i64, name: &str) -> Result<Option<i64>, StoreError> {
-    let statement = client.prepare_cached("SELECT id FROM queen.partitions WHERE queue_id = $1 AND name = $2").await?;
+    let statement = client
+        .prepare_cached("SELECT partition_id FROM queen.partition_names WHERE queue_id = $1 AND name = $2")
+        .await?;
     Ok(client.query_opt(&statement, &[&queue_id, &name]).await?.map(|row| row.get(0)))
 }
 

@@ -212,12 +212,17 @@ pub async fn clean_up_partitions(
                   ORDER BY p.id
                   LIMIT $2
                     FOR UPDATE SKIP LOCKED
+             ), removed AS (
+                 DELETE FROM queen.partitions p USING idle, queen.queues q
+                  WHERE p.id = idle.id AND q.id = p.queue_id
+                    -- A push that got in first made it non-empty again.
+                    AND p.last_offset < p.retained_from
+              RETURNING q.name AS queue, q.id AS queue_id, p.name AS partition
+             ), unnamed AS (
+                 DELETE FROM queen.partition_names n USING removed r
+                  WHERE n.queue_id = r.queue_id AND n.name = r.partition
              )
-             DELETE FROM queen.partitions p USING idle, queen.queues q
-              WHERE p.id = idle.id AND q.id = p.queue_id
-                -- A push that got in first made it non-empty again.
-                AND p.last_offset < p.retained_from
-          RETURNING q.name, q.id, p.name",
+             SELECT queue, queue_id, partition FROM removed",
             &[&idle_days, &limit],
         )
         .await?;

@@ -60,8 +60,8 @@ pub async fn record(client: &impl GenericClient, trace: &NewTrace<'_>) -> Result
                    FROM message
               RETURNING id, message_offset, created_at
              ), named AS (
-                 INSERT INTO queen.message_trace_names (name, trace_id)
-                 SELECT name, event.id FROM event CROSS JOIN unnest($5::text[]) AS name
+                 INSERT INTO queen.message_trace_names (name, trace_id, partition_id)
+                 SELECT name, event.id, $1::bigint FROM event CROSS JOIN unnest($5::text[]) AS name
              )
              SELECT id, message_offset, created_at FROM event",
         )
@@ -190,7 +190,7 @@ pub async fn by_name(
     let sql = format!(
         "SELECT {EVENT_COLUMNS}
            FROM queen.message_trace_names n
-           JOIN queen.message_traces t ON t.id = n.trace_id
+           JOIN queen.message_traces t ON t.partition_id = n.partition_id AND t.id = n.trace_id
            JOIN queen.partitions p ON p.id = t.partition_id
            JOIN queen.queues q ON q.id = p.queue_id
           WHERE n.name = $1::text
@@ -210,7 +210,7 @@ pub async fn by_name(
                   WHERE n.name = $1::text
                     AND (($2::timestamptz IS NULL AND $3::timestamptz IS NULL)
                          OR EXISTS (SELECT 1 FROM queen.message_traces t
-                                     WHERE t.id = n.trace_id
+                                     WHERE t.partition_id = n.partition_id AND t.id = n.trace_id
                                        AND ($2::timestamptz IS NULL OR t.created_at >= $2::timestamptz)
                                        AND ($3::timestamptz IS NULL OR t.created_at <= $3::timestamptz)))",
                 &[&name, &from, &to],
@@ -252,7 +252,7 @@ pub async fn names(
                FROM walked w
               CROSS JOIN LATERAL (SELECT count(*) AS events FROM queen.message_trace_names n WHERE n.name = w.name) counted
               CROSS JOIN LATERAL (
-                  SELECT t.created_at FROM queen.message_trace_names n JOIN queen.message_traces t ON t.id = n.trace_id
+                  SELECT t.created_at FROM queen.message_trace_names n JOIN queen.message_traces t ON t.partition_id = n.partition_id AND t.id = n.trace_id
                    WHERE n.name = w.name ORDER BY n.trace_id DESC LIMIT 1) newest
               WHERE w.name IS NOT NULL AND ($1::text IS NULL OR strpos(lower(w.name), lower($1::text)) > 0)
               LIMIT $2::bigint OFFSET $3::bigint",

@@ -136,7 +136,9 @@ async fn planned_from_views_pops_find_pushed_partitions_without_scanning_the_que
         .batch_execute(&format!(
             "INSERT INTO queen.queues (name) VALUES ('wide');
              INSERT INTO queen.partitions (queue_id, name)
-                  SELECT q.id, 'p' || g FROM queen.queues q, generate_series(1, {PARTITIONS}) g;"
+                  SELECT q.id, 'p' || g FROM queen.queues q, generate_series(1, {PARTITIONS}) g;
+             INSERT INTO queen.partition_names (queue_id, name, partition_id)
+                  SELECT queue_id, name, id FROM queen.partitions;"
         ))
         .await
         .expect("partitions");

@@ -11,6 +11,7 @@ mod dashboard;
 mod database_tls;
 mod delivery;
 mod depth;
+mod distribution;
 mod encryption;
 mod expiry;
 mod failures;
