@@ -533,26 +533,44 @@ pub enum LeaseExtension {
 }
 
 /// Extends a live lease on every partition it covers, to `seconds` from now (the queue's lease
-/// time when `None`); never shortens it.
+/// time when `None`); never shortens it. `partitions`, when the caller knows every partition the
+/// lease was granted on, confines the statement to them (on a distributed cluster, to their
+/// shards); otherwise every partition is searched by lease id.
 pub async fn extend_lease(
     client: &impl GenericClient,
     lease_id: Uuid,
+    partitions: Option<&[i64]>,
     seconds: Option<i32>,
 ) -> Result<LeaseExtension, StoreError> {
-    let statement = client
-        .prepare_cached(
-            "WITH extended AS (
-                 UPDATE queen.log_consumers c
-                    SET lease_expires_at = GREATEST(c.lease_expires_at,
-                                                    now() + COALESCE($2, q.lease_time_seconds) * interval '1 second')
-                   FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
-                  WHERE c.lease_id = $1 AND c.lease_expires_at > now() AND p.id = c.partition_id
-              RETURNING c.lease_expires_at)
-             SELECT (SELECT count(*) FROM extended), (SELECT min(lease_expires_at) FROM extended),
-                    EXISTS (SELECT 1 FROM queen.log_consumers WHERE lease_id = $1)",
-        )
-        .await?;
-    let row = client.query_one(&statement, &[&lease_id, &seconds]).await?;
+    macro_rules! extension {
+        ($lease_holds:literal) => {
+            concat!(
+                "WITH extended AS (
+                     UPDATE queen.log_consumers c
+                        SET lease_expires_at = GREATEST(c.lease_expires_at,
+                                                        now() + COALESCE($2, q.lease_time_seconds) * interval '1 second')
+                       FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+                      WHERE ",
+                $lease_holds,
+                " AND c.lease_expires_at > now() AND p.id = c.partition_id
+                  RETURNING c.lease_expires_at)
+                 SELECT (SELECT count(*) FROM extended), (SELECT min(lease_expires_at) FROM extended),
+                        EXISTS (SELECT 1 FROM queen.log_consumers c WHERE ",
+                $lease_holds,
+                ")"
+            )
+        };
+    }
+    let row = match partitions {
+        Some(partitions) => {
+            let statement = client.prepare_cached(extension!("c.partition_id = ANY($3) AND c.lease_id = $1")).await?;
+            client.query_one(&statement, &[&lease_id, &seconds, &partitions]).await?
+        }
+        None => {
+            let statement = client.prepare_cached(extension!("c.lease_id = $1")).await?;
+            client.query_one(&statement, &[&lease_id, &seconds]).await?
+        }
+    };
     let extended: i64 = row.get(0);
     let expires_at: Option<DateTime<Utc>> = row.get(1);
     let known: bool = row.get(2);
@@ -564,19 +582,47 @@ pub async fn extend_lease(
 }
 
 /// Those of `leases` that are not live: unknown, expired or released. A transaction's
-/// `requiredLeases` must all be live for it to commit.
-pub async fn not_live_leases(client: &impl GenericClient, leases: &[Uuid]) -> Result<Vec<Uuid>, StoreError> {
+/// `requiredLeases` must all be live for it to commit. `partitions`, when the caller knows every
+/// partition each lease was granted on (one list per lease, in order), confines the check to them.
+pub async fn not_live_leases(
+    client: &impl GenericClient,
+    leases: &[Uuid],
+    partitions: Option<&[Vec<i64>]>,
+) -> Result<Vec<Uuid>, StoreError> {
     if leases.is_empty() {
         return Ok(Vec::new());
     }
-    let statement = client
-        .prepare_cached(
-            "SELECT l.lease_id FROM unnest($1::uuid[]) AS l(lease_id)
-              WHERE NOT EXISTS (SELECT 1 FROM queen.log_consumers c
-                                 WHERE c.lease_id = l.lease_id AND c.lease_expires_at > now())",
-        )
-        .await?;
-    Ok(client.query(&statement, &[&leases]).await?.iter().map(|row| row.get(0)).collect())
+    let rows = match partitions {
+        Some(partitions) => {
+            // One (lease, partition) pair per row; a lease is live when one of its pairs is.
+            let (pair_leases, pair_partitions): (Vec<Uuid>, Vec<i64>) = leases
+                .iter()
+                .zip(partitions)
+                .flat_map(|(lease, partitions)| partitions.iter().map(move |partition| (*lease, *partition)))
+                .unzip();
+            let statement = client
+                .prepare_cached(
+                    "SELECT l.lease_id FROM unnest($1::uuid[]) AS l(lease_id)
+                      WHERE NOT EXISTS (
+                          SELECT 1 FROM unnest($2::uuid[], $3::bigint[]) AS h(lease_id, partition_id)
+                            JOIN queen.log_consumers c ON c.partition_id = h.partition_id AND c.lease_id = h.lease_id
+                           WHERE h.lease_id = l.lease_id AND c.lease_expires_at > now())",
+                )
+                .await?;
+            client.query(&statement, &[&leases, &pair_leases, &pair_partitions]).await?
+        }
+        None => {
+            let statement = client
+                .prepare_cached(
+                    "SELECT l.lease_id FROM unnest($1::uuid[]) AS l(lease_id)
+                      WHERE NOT EXISTS (SELECT 1 FROM queen.log_consumers c
+                                         WHERE c.lease_id = l.lease_id AND c.lease_expires_at > now())",
+                )
+                .await?;
+            client.query(&statement, &[&leases]).await?
+        }
+    };
+    Ok(rows.iter().map(|row| row.get(0)).collect())
 }
 
 /// One acknowledgement as received.

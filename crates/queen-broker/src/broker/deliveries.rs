@@ -1,10 +1,13 @@
-//! What this broker delivered under each lease it granted: for every partition of the delivery,
-//! the offset of each transaction id. An ack naming the lease is resolved from it instead of
-//! looking the ids up in PostgreSQL, which also lets a batch that completes its deliveries commit
-//! in one statement (`queen_store::completed_spans`).
+//! What this broker delivered under each lease it granted: the partitions the lease was granted
+//! on, and for each the offset of every transaction id delivered. An ack naming the lease is
+//! resolved from it instead of looking the ids up in PostgreSQL, which also lets a batch that
+//! completes its deliveries commit in one statement (`queen_store::completed_spans`); a lease
+//! extension or a transaction's required lease is looked for on the lease's partitions only, so
+//! on a distributed cluster it reaches their shards alone (`docs/scale-out.md`).
 //!
-//! It is a cache, bounded in bytes: an ack that reaches another broker of the fleet, or comes
-//! after its entry was evicted, is resolved by lookup as before. An offset from here is the one
+//! It is a cache, bounded in bytes: a call that reaches another broker of the fleet, or comes
+//! after its entry was evicted, looks the lease up in every partition, and an ack its ids, as
+//! before. An offset from here is the one
 //! the consumer was given; a lookup finds the id's latest message, which differs only when the id
 //! was pushed again after its dedup window (and then the delivered one is the one meant).
 
@@ -33,6 +36,8 @@ type Offsets = Arc<HashMap<String, i64>>;
 
 pub struct Deliveries {
     by_lease: Cache<(Uuid, i64), Offsets>,
+    /// Every partition each lease was granted on.
+    partitions: Cache<Uuid, Arc<Vec<i64>>>,
 }
 
 impl Default for Deliveries {
@@ -45,13 +50,24 @@ impl Default for Deliveries {
             })
             .time_to_live(KEEP_FOR)
             .build();
-        Self { by_lease }
+        let partitions = Cache::builder()
+            .max_capacity(MAX_BYTES / 4)
+            .weigher(|_, partitions: &Arc<Vec<i64>>| {
+                u32::try_from(partitions.len() * 8 + PER_MESSAGE).unwrap_or(u32::MAX)
+            })
+            .time_to_live(KEEP_FOR)
+            .build();
+        Self { by_lease, partitions }
     }
 }
 
 impl Deliveries {
-    /// Remembers what a pop delivered under `lease_id`.
-    pub fn record(&self, lease_id: Uuid, messages: &[DeliveredMessage]) {
+    /// Remembers what a pop delivered under `lease_id` on the partitions it `claimed` (a pop over
+    /// several queues records once per queue, under one lease).
+    pub fn record(&self, lease_id: Uuid, claimed: &[i64], messages: &[DeliveredMessage]) {
+        let mut partitions = self.partitions.get(&lease_id).map(|known| known.to_vec()).unwrap_or_default();
+        partitions.extend_from_slice(claimed);
+        self.partitions.insert(lease_id, Arc::new(partitions));
         let mut by_partition: HashMap<i64, HashMap<String, i64>> = HashMap::new();
         for message in messages {
             let offsets = by_partition.entry(message.partition_id).or_default();
@@ -60,6 +76,11 @@ impl Deliveries {
         for (partition_id, offsets) in by_partition {
             self.by_lease.insert((lease_id, partition_id), Arc::new(offsets));
         }
+    }
+
+    /// Every partition `lease_id` was granted on, when this broker granted it and still knows.
+    pub fn partitions_of(&self, lease_id: Uuid) -> Option<Arc<Vec<i64>>> {
+        self.partitions.get(&lease_id)
     }
 
     /// Gives each ack that names a lease this broker delivered under the offset its transaction

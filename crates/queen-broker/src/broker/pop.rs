@@ -394,7 +394,8 @@ async fn pop_queue(
     };
     drop(client);
     if !request.auto_ack {
-        broker.deliveries.record(lease_id, &messages);
+        let claimed: Vec<i64> = claims.iter().map(|c| c.partition_id).collect();
+        broker.deliveries.record(lease_id, &claimed, &messages);
     }
 
     let metrics = &broker.metrics;

@@ -124,6 +124,11 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
     let capped = queues_of_items.values().filter(|queue| queue.options.max_size > 0);
     timers::seal_payloads(broker, &mut timer_ops).await?;
 
+    // The required leases' partitions, when this broker granted every one of them.
+    let known_partitions: Option<Vec<Vec<i64>>> = required_leases
+        .iter()
+        .map(|lease| broker.deliveries.partitions_of(*lease).map(|partitions| partitions.to_vec()))
+        .collect();
     let mut client = broker.pool.get().await.map_err(StoreError::from)?;
     let tx = client.transaction().await.map_err(StoreError::from)?;
     // The rider's key locks come first, before any cursor or partition lock, in every bundle; a
@@ -138,7 +143,7 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
         },
     };
     // Before the acks: an ack that completes its lease's span releases the lease.
-    let not_live = queen_store::cursors::not_live_leases(&tx, &required_leases).await?;
+    let not_live = queen_store::cursors::not_live_leases(&tx, &required_leases, known_partitions.as_deref()).await?;
     if !not_live.is_empty() {
         let leases: Vec<String> = not_live.iter().map(ToString::to_string).collect();
         return Err(TransactionError::RolledBack(format!(
