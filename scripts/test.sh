@@ -62,12 +62,13 @@ if [ ! -x "$venv/bin/python" ] || ! cmp -s "$requirements" "$venv/requirements.t
 fi
 export QUEEN_COMPAT_PYTHON="$venv/bin/python"
 
-# The shared test cluster and the TLS-only one (tests of TLS to PostgreSQL).
+# The shared test cluster, the TLS-only one (tests of TLS to PostgreSQL) and the one recording
+# statements (tests of the SQL the broker sends).
 stop_test_clusters() {
     local pg_ctl data
     pg_ctl=$(compgen -G "/usr/lib/postgresql/*/bin/pg_ctl" | sort -V | tail -n 1 || true)
     pg_ctl=${pg_ctl:-$(command -v pg_ctl)}
-    for data in "$target/queen-test-pg" "$target/queen-test-pg-tls/pg"; do
+    for data in "$target/queen-test-pg" "$target/queen-test-pg-tls/pg" "$target/queen-test-pg-statements"; do
         [ -f "$data/postmaster.pid" ] || continue
         if [ "$(id -u)" -eq 0 ]; then
             runuser -u "$(stat -c %U "$data")" -- "$pg_ctl" -D "$data" -m fast -w stop >/dev/null || true

@@ -12,6 +12,7 @@ pub mod in_process;
 mod json_server;
 mod process;
 pub mod pytest;
+pub mod statements_cluster;
 pub mod tls_cluster;
 
 use std::path::{Path, PathBuf};

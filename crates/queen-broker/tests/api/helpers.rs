@@ -56,6 +56,12 @@ impl TestApp {
         TestApp { base, http: client(), db }
     }
 
+    /// A broker on a database the test made (on another cluster, say).
+    pub async fn spawn_in(db: TestDatabase, tweak: impl FnOnce(&mut Config)) -> TestApp {
+        let base = Self::start(&db, tweak).await;
+        TestApp { base, http: client(), db }
+    }
+
     /// A broker serving HTTPS (`tweak` sets its `http.tls_*` files), spoken to through `http`, a
     /// client that trusts its certificate.
     pub async fn spawn_https(http: reqwest::Client, tweak: impl FnOnce(&mut Config)) -> TestApp {

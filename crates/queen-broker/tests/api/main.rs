@@ -38,6 +38,7 @@ mod queue_options;
 mod queue_series;
 mod request_ids;
 mod retention;
+mod routing;
 mod seek;
 mod segment_cache;
 mod storage;
