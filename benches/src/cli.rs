@@ -27,6 +27,10 @@ pub enum Command {
     Run(RunArgs),
     /// Insert segments straight into PostgreSQL with the production SQL (no broker)
     Ceiling(CeilingArgs),
+    /// Simulate a fleet's LISTEN/NOTIFY announcements on the bench's own PostgreSQL (no broker)
+    Announce(AnnounceArgs),
+    /// Time the queue-wide candidate scan of a pop as the partitions of a queue grow (no broker)
+    ScanCost(ScanCostArgs),
 }
 
 #[derive(Debug, Args)]
@@ -94,6 +98,74 @@ pub struct CeilingArgs {
     /// Directory for report.json and report.md
     #[arg(long, default_value = "target/bench")]
     pub out: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct AnnounceArgs {
+    /// Fleet sizes to simulate, one LISTEN connection per broker
+    #[arg(long, value_delimiter = ',', default_value = "3,30,300")]
+    pub brokers: Vec<usize>,
+    /// How announcements reach the brokers; both by default
+    #[arg(long, value_delimiter = ',', default_value = "single,sharded")]
+    pub designs: Vec<crate::announce::Design>,
+    /// Announcements per second offered, over all publishers
+    #[arg(long, default_value_t = 2000)]
+    pub rate: u32,
+    /// Queues the announcements are spread over, uniformly
+    #[arg(long, default_value_t = 1000)]
+    pub queues: usize,
+    /// Partitions of each queue, for the partition ids the announcements name
+    #[arg(long, default_value_t = 10)]
+    pub partitions_per_queue: usize,
+    /// Publisher connections; each sends its share once per announcer interval (5 ms)
+    #[arg(long, default_value_t = 2)]
+    pub publishers: usize,
+    /// Channels of the sharded design; a queue's announcements go to the channel of its hash
+    #[arg(long, default_value_t = 64)]
+    pub channels: usize,
+    /// Brokers that serve each queue (hold its consumers), chosen by hashing
+    #[arg(long, default_value_t = 3)]
+    pub brokers_per_queue: usize,
+    /// Measured time of each cell (by send time)
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Time each cell sends before it measures
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub warmup: Duration,
+    /// After the cells, raise the offered rate for these designs at the largest fleet until the
+    /// brokers no longer keep up
+    #[arg(long, value_delimiter = ',')]
+    pub saturate: Vec<crate::announce::Design>,
+    /// First offered rate of the saturation search; it doubles, then one bisection step
+    #[arg(long, default_value_t = 1000)]
+    pub saturate_from: u32,
+    /// Highest offered rate the saturation search tries
+    #[arg(long, default_value_t = 64_000)]
+    pub saturate_max: u32,
+    /// Measured time of each step of the saturation search
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub saturate_step: Duration,
+    /// A step is kept up with only if the wake latency p99 stays within this
+    #[arg(long, default_value = "100ms", value_parser = parse_duration)]
+    pub latency_bound: Duration,
+    /// Data directory of the bench's own PostgreSQL; defaults to bench-pg-announce in the target
+    /// directory
+    #[arg(long, value_name = "DIR")]
+    pub pg_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ScanCostArgs {
+    /// Partition counts of the queues measured, one queue each
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000")]
+    pub partitions: Vec<usize>,
+    /// Runs of each query per queue
+    #[arg(long, default_value_t = 50)]
+    pub runs: usize,
+    /// Data directory of the bench's own PostgreSQL; defaults to bench-pg-scan-cost in the
+    /// target directory
+    #[arg(long, value_name = "DIR")]
+    pub pg_dir: Option<PathBuf>,
 }
 
 /// The shape of the load, shared by every scenario.

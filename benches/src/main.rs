@@ -3,8 +3,10 @@
 //! `suite` runs everything side by side on this machine and reports ratios; `run` runs one
 //! scenario against a broker you started; `ceiling` measures PostgreSQL alone. Every scenario
 //! verifies that every message pushed reached every group exactly once, and the exit code is
-//! non-zero when one did not.
+//! non-zero when one did not. `announce` and `scan-cost` measure, on a PostgreSQL of their own,
+//! what the fleet's announcements and a pop's candidate scan cost as the fleet and the queues grow.
 
+mod announce;
 mod broker_process;
 mod ceiling;
 mod ceiling_raw;
@@ -12,8 +14,10 @@ mod cli;
 mod environment;
 mod generator;
 mod ledger;
+mod own_postgres;
 mod procfs;
 mod report;
+mod scan_cost;
 mod scenarios;
 mod stats;
 mod suite;
@@ -56,6 +60,8 @@ async fn main() -> ExitCode {
             let out = args.out.clone();
             (ceiling_only(args).await, out)
         }
+        Command::Announce(args) => return print_tables(announce::run(args).await),
+        Command::ScanCost(args) => return print_tables(scan_cost::run(args).await),
     };
     match report {
         Ok(report) => finish(&report, &out),
@@ -84,6 +90,20 @@ fn finish(report: &Report, out: &Path) -> ExitCode {
         eprintln!("!!! {problem}");
     }
     ExitCode::FAILURE
+}
+
+/// The measurements without a broker print their markdown tables and write nothing.
+fn print_tables<E: std::fmt::Display>(tables: Result<String, E>) -> ExitCode {
+    match tables {
+        Ok(tables) => {
+            println!("{tables}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("queen-bench: {e}");
+            ExitCode::from(2)
+        }
+    }
 }
 
 async fn run_one(args: RunArgs) -> Result<Report, Box<dyn Error>> {

@@ -56,7 +56,7 @@ pub async fn run(args: SuiteArgs) -> Result<Report, SuiteError> {
 }
 
 /// The target directory: this binary lives in `<target>/release`.
-fn target_dir() -> Result<PathBuf, SuiteError> {
+pub fn target_dir() -> Result<PathBuf, SuiteError> {
     let exe = std::env::current_exe().map_err(SuiteError::Location)?;
     let profile_dir = exe.parent().unwrap_or(Path::new("."));
     Ok(profile_dir.parent().unwrap_or(profile_dir).to_owned())
@@ -209,11 +209,11 @@ pub fn load_flags(load: &LoadArgs) -> String {
 }
 
 /// The postmaster's pid: the first line of `postmaster.pid`.
-fn postmaster_pid(data_dir: &Path) -> Option<i32> {
+pub fn postmaster_pid(data_dir: &Path) -> Option<i32> {
     std::fs::read_to_string(data_dir.join("postmaster.pid")).ok()?.lines().next()?.trim().parse().ok()
 }
 
-async fn recreate_database(admin: &tokio_postgres::Client, name: &str) -> Result<(), tokio_postgres::Error> {
+pub async fn recreate_database(admin: &tokio_postgres::Client, name: &str) -> Result<(), tokio_postgres::Error> {
     drop_database(admin, name).await?;
     admin.batch_execute(&format!("CREATE DATABASE \"{name}\"")).await
 }
