@@ -7,14 +7,15 @@
 //!
 //! It is a cache, bounded in bytes: a call that reaches another broker of the fleet, or comes
 //! after its entry was evicted, looks the lease up in every partition, and an ack its ids, as
-//! before. An offset from here is the one
-//! the consumer was given; a lookup finds the id's latest message, which differs only when the id
-//! was pushed again after its dedup window (and then the delivered one is the one meant).
+//! before. An offset from here is the one the consumer was given; a lookup finds the id's latest
+//! message, which differs only when the id was pushed again after its dedup window (and then the
+//! delivered one is the one meant).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use moka::policy::EvictionPolicy;
 use moka::sync::Cache;
 use queen_store::ack_rules::LeaseFence;
 use queen_store::cursors::AckRequest;
@@ -49,6 +50,9 @@ impl Default for Deliveries {
                 u32::try_from(bytes).unwrap_or(u32::MAX)
             })
             .time_to_live(KEEP_FOR)
+            // Every delivery is a new key, seen once or twice: frequency-based admission would
+            // keep the first deliveries that filled the cache and turn the new ones away.
+            .eviction_policy(EvictionPolicy::lru())
             .build();
         let partitions = Cache::builder()
             .max_capacity(MAX_BYTES / 4)
@@ -56,6 +60,7 @@ impl Default for Deliveries {
                 u32::try_from(partitions.len() * 8 + PER_MESSAGE).unwrap_or(u32::MAX)
             })
             .time_to_live(KEEP_FOR)
+            .eviction_policy(EvictionPolicy::lru())
             .build();
         Self { by_lease, partitions }
     }
@@ -92,5 +97,64 @@ impl Deliveries {
                 request.offset = offsets.get(&request.transaction_id).copied();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use queen_store::ack_rules::AckStatus;
+
+    fn delivered(partition_id: i64, offset: i64) -> DeliveredMessage {
+        DeliveredMessage {
+            message_id: Uuid::now_v7(),
+            transaction_id: format!("{partition_id}-{offset}-{}", Uuid::now_v7()),
+            trace_id: None,
+            producer: None,
+            queue: Arc::from("q"),
+            partition_id,
+            partition: Arc::from("p"),
+            data: serde_json::value::RawValue::from_string("1".into()).expect("JSON"),
+            created_at: chrono::Utc::now(),
+            offset,
+            delivery_attempt: 1,
+        }
+    }
+
+    fn ack_of(lease_id: Uuid, message: &DeliveredMessage) -> AckRequest {
+        AckRequest {
+            partition_id: message.partition_id,
+            transaction_id: message.transaction_id.clone(),
+            offset: None,
+            status: AckStatus::Completed,
+            fence: LeaseFence::Lease(lease_id),
+            consumer_group: "g".into(),
+            error: None,
+        }
+    }
+
+    #[test]
+    fn the_newest_deliveries_resolve_once_the_map_is_full() {
+        let deliveries = Deliveries::default();
+        // Several times what the map holds, one lease per pop of 100 messages, as a busy consumer
+        // makes them; each is resolved once, by its ack.
+        for pop in 0..2_000 {
+            let lease_id = Uuid::now_v7();
+            let messages: Vec<DeliveredMessage> = (0..100).map(|i| delivered(pop % 32, pop * 100 + i)).collect();
+            deliveries.record(lease_id, &[pop % 32], &messages);
+            let mut acks: Vec<AckRequest> = messages.iter().map(|m| ack_of(lease_id, m)).collect();
+            deliveries.resolve(&mut acks);
+            deliveries.by_lease.run_pending_tasks();
+        }
+        let lease_id = Uuid::now_v7();
+        let messages: Vec<DeliveredMessage> = (0..100).map(|i| delivered(7, 1_000_000 + i)).collect();
+        deliveries.record(lease_id, &[7], &messages);
+        deliveries.by_lease.run_pending_tasks();
+        deliveries.partitions.run_pending_tasks();
+        let mut acks: Vec<AckRequest> = messages.iter().map(|m| ack_of(lease_id, m)).collect();
+        deliveries.resolve(&mut acks);
+        let resolved = acks.iter().filter(|a| a.offset.is_some()).count();
+        assert_eq!(resolved, 100, "the latest pop's acks are resolved from the map");
+        assert_eq!(deliveries.partitions_of(lease_id).as_deref(), Some(&vec![7]));
     }
 }
