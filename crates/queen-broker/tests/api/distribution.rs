@@ -40,6 +40,18 @@ const CITUS_STAND_INS: &str = "
         RETURNS void LANGUAGE sql
         AS $$ INSERT INTO public.citus_calls (kind, rel, key, colocate) VALUES ('distributed', rel, key, colocate_with) $$;";
 
+/// The type of `table`'s column `key`, as Citus compares co-located distribution columns.
+async fn key_type(db: &tokio_postgres::Client, table: &str, key: &str) -> String {
+    db.query_one(
+        "SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
+          WHERE a.attrelid = $1::text::regclass AND a.attname = $2",
+        &[&table, &key],
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{table}.{key}: {e}"))
+    .get(0)
+}
+
 #[derive(Debug)]
 struct Placement {
     order: i32,
@@ -79,21 +91,6 @@ async fn the_citus_branch_leaves_a_schema_citus_accepts_and_the_broker_works_on_
     assert_eq!(placements.len(), tables.len(), "a table is placed twice: {placements:?}");
 
     // The co-location group of a distributed table, as Citus forms them.
-    let key_type = |table: &str, key: &str| {
-        let (table, key) = (table.to_owned(), key.to_owned());
-        let db = &db;
-        async move {
-            let row = db
-                .query_one(
-                    "SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
-                      WHERE a.attrelid = $1::text::regclass AND a.attname = $2",
-                    &[&table, &key],
-                )
-                .await
-                .unwrap_or_else(|e| panic!("{table}.{key}: {e}"));
-            row.get::<_, String>(0)
-        }
-    };
     let mut groups: HashMap<String, String> = HashMap::new();
     let mut ordered: Vec<(&String, &Placement)> = placements.iter().collect();
     ordered.sort_by_key(|(_, p)| p.order);
@@ -101,14 +98,14 @@ async fn the_citus_branch_leaves_a_schema_citus_accepts_and_the_broker_works_on_
         let Some(key) = &placement.key else { continue };
         let group = match placement.colocate.as_deref() {
             Some("none") => (*table).clone(),
-            Some("default") | None => format!("default {}", key_type(table, key).await),
+            Some("default") | None => format!("default {}", key_type(&db, table, key).await),
             Some(other) => {
                 let group =
                     groups.get(other).unwrap_or_else(|| panic!("{table} co-located with {other}, not yet placed"));
                 let other_key = placements[other].key.clone().expect("a distributed table");
                 assert_eq!(
-                    key_type(table, key).await,
-                    key_type(other, &other_key).await,
+                    key_type(&db, table, key).await,
+                    key_type(&db, other, &other_key).await,
                     "{table} and {other} are co-located on keys of different types"
                 );
                 group.clone()

@@ -272,6 +272,7 @@ fn routing(sql: &str) -> Routing {
     // its own).
     let mut resolved: HashSet<String> = HashSet::new();
     let mut references: Vec<(String, String)> = Vec::new(); // (alias, distribution key)
+    let mut inserts_rows = false;
     for i in 0..tokens.len() {
         match word(i) {
             Some("unnest") => {
@@ -312,6 +313,7 @@ fn routing(sql: &str) -> Routing {
                 let Some(&(_, key)) = DISTRIBUTED.iter().find(|(t, _)| *t == table) else { continue };
                 // An insert's rows go each to the shard of their own key.
                 if i > 0 && word(i - 1) == Some("into") {
+                    inserts_rows = true;
                     continue;
                 }
                 let mut j = i + 1;
@@ -325,13 +327,7 @@ fn routing(sql: &str) -> Routing {
         }
     }
     if references.is_empty() {
-        return if sql.to_lowercase().contains("insert into queen.")
-            && DISTRIBUTED.iter().any(|(t, _)| sql.to_lowercase().contains(&format!("insert into queen.{t} ")))
-        {
-            Routing::Routed
-        } else {
-            Routing::Local
-        };
+        return if inserts_rows { Routing::Routed } else { Routing::Local };
     }
     // Aliases given to a CTE where it is read (`FROM chosen ch`) are resolved as the CTE is.
     for i in 0..tokens.len().saturating_sub(1) {
