@@ -138,3 +138,50 @@ async fn a_pop_that_cannot_read_what_it_claimed_gives_the_lease_back_uncounted()
     assert_eq!(again.status, reqwest::StatusCode::INTERNAL_SERVER_ERROR, "{again:?}");
     assert_eq!(app.count("SELECT count(*) FROM queen.log_dlq").await, 0, "nothing given up on");
 }
+
+/// The partitions of the messages a pop answered, in order, without repeats.
+fn partitions_of(answer: &[Value]) -> Vec<String> {
+    let mut partitions: Vec<String> = Vec::new();
+    for message in answer {
+        let partition = message["partition"].as_str().expect("partition").to_owned();
+        if partitions.last() != Some(&partition) {
+            partitions.push(partition);
+        }
+    }
+    partitions
+}
+
+#[actix_web::test]
+async fn queue_wide_pops_serve_the_longest_unserved_partition_first_and_reach_a_new_one() {
+    let app = TestApp::spawn().await;
+    let items = |partition: &str, n: i64| -> Value {
+        let item = |i| {
+            json!({"queue": "turns", "partition": partition, "transactionId": format!("{partition}{i}"),
+                   "payload": {"n": i}})
+        };
+        Value::Array((1..=n).map(item).collect())
+    };
+    app.push(items("a", 30)).await;
+    app.push(items("b", 30)).await;
+    // One partition per pop: both always have more, so each pop takes the one the group was
+    // served longest ago, and the two take turns.
+    let mut served = Vec::new();
+    for _ in 0..6 {
+        let answer = app.pop("queue/turns", "batch=5&partitions=1&consumerGroup=g").await.messages();
+        assert_eq!(answer.len(), 5, "a pop of one partition takes five of its messages");
+        served.extend(partitions_of(&answer));
+        app.ack_all(&answer, "completed", Some("g")).await;
+    }
+    assert!(served.windows(2).all(|pair| pair[0] != pair[1]), "the two partitions take turns: {served:?}");
+
+    // A partition the group has never read, among partitions that always have more: it is
+    // served by the next pops, not after the others drain.
+    app.push(items("c", 1)).await;
+    let mut next = Vec::new();
+    for _ in 0..2 {
+        let answer = app.pop("queue/turns", "batch=5&partitions=1&consumerGroup=g").await.messages();
+        next.extend(partitions_of(&answer));
+        app.ack_all(&answer, "completed", Some("g")).await;
+    }
+    assert!(next.contains(&"c".to_owned()), "the new partition was served within two pops: {next:?}");
+}
