@@ -228,6 +228,9 @@ pub struct Claimed {
 /// A lease that ran out over the head message (delivered, never acknowledged) is a failed
 /// delivery of it, counted like a failed ack; a head with no failure left under the queue's retry
 /// limit is not claimed but reported in [`Claimed::exhausted`].
+///
+/// A claim that takes a lease commits asynchronously: lost in a crash before it reached the disk,
+/// it is a lease that never was, and its messages are delivered again.
 pub async fn claim(client: &impl GenericClient, request: &ClaimRequest<'_>) -> Result<Claimed, StoreError> {
     if request.partition_ids.is_empty() || request.batch < 1 || request.max_partitions < 1 {
         return Ok(Claimed::default());
@@ -294,7 +297,11 @@ pub async fn claim(client: &impl GenericClient, request: &ClaimRequest<'_>) -> R
              RETURNING c.partition_id, ch.start_after + 1 AS first, ch.start_after + ch.take AS last,
                        CASE WHEN $7 THEN 1 ELSE c.head_attempts END AS attempt, c.lease_expires_at, ch.expired, ch.ord
              )
-             SELECT partition_id, first, last, attempt, lease_expires_at, expired, ord, false FROM claimed
+             -- A leasing claim commits without waiting for the WAL flush (docs/architecture.md,
+             -- *Pop*); one that commits at delivery waits, so that its cursor never moves back.
+             SELECT partition_id, first, last, attempt, lease_expires_at, expired, ord, false
+               FROM claimed LEFT JOIN (SELECT set_config('synchronous_commit', 'off', true) WHERE NOT $7) AS commit_mode
+                 ON true
              UNION ALL
              SELECT partition_id, NULL, NULL, NULL, NULL, true, ord, true FROM candidate WHERE exhausted",
         ))
