@@ -297,8 +297,9 @@ pub async fn claim(client: &impl GenericClient, request: &ClaimRequest<'_>) -> R
              RETURNING c.partition_id, ch.start_after + 1 AS first, ch.start_after + ch.take AS last,
                        CASE WHEN $7 THEN 1 ELSE c.head_attempts END AS attempt, c.lease_expires_at, ch.expired, ch.ord
              )
-             -- A leasing claim commits without waiting for the WAL flush (docs/architecture.md,
-             -- *Pop*); one that commits at delivery waits, so that its cursor never moves back.
+             -- A leasing claim commits without waiting for the WAL flush (docs/architecture.md, *A
+             -- lease does not wait for the disk*); one that commits at delivery waits, so that its
+             -- cursor never moves back.
              SELECT partition_id, first, last, attempt, lease_expires_at, expired, ord, false
                FROM claimed LEFT JOIN (SELECT set_config('synchronous_commit', 'off', true) WHERE NOT $7) AS commit_mode
                  ON true
