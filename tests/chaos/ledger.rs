@@ -11,6 +11,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::sync::Mutex;
+use std::time::Instant;
 
 use serde_json::Value;
 use tokio_postgres::Client;
@@ -33,8 +34,8 @@ struct Seen {
 struct State {
     /// Transaction id → payload, for every push a producer sent (answered or not).
     attempted: HashMap<String, Value>,
-    /// Transaction ids whose push was answered `queued` or `duplicate`.
-    acknowledged: HashSet<String>,
+    /// Transaction id → when the request that was answered `queued` or `duplicate` was sent.
+    acknowledged: HashMap<String, Instant>,
     /// Deliveries of transaction ids no producer pushed.
     unknown: Vec<String>,
     /// (group, transaction id) → what the group saw.
@@ -82,14 +83,21 @@ impl Ledger {
         self.state().attempted.entry(transaction_id.to_owned()).or_insert_with(|| payload.clone());
     }
 
-    /// The broker answered the push of `transaction_id` with `queued` or `duplicate`.
-    pub fn acknowledged(&self, transaction_id: &str) {
-        self.state().acknowledged.insert(transaction_id.to_owned());
+    /// The broker answered the push of `transaction_id`, sent at `sent`, with `queued` or
+    /// `duplicate`.
+    pub fn acknowledged(&self, transaction_id: &str, sent: Instant) {
+        self.state().acknowledged.entry(transaction_id.to_owned()).or_insert(sent);
     }
 
     /// The transaction ids acknowledged so far.
     pub fn acknowledged_ids(&self) -> HashSet<String> {
-        self.state().acknowledged.clone()
+        self.state().acknowledged.keys().cloned().collect()
+    }
+
+    /// How many pushes were acknowledged by a request sent at `since` or later. A request sent
+    /// earlier may be answered later, and its transaction may have begun before a fault did.
+    pub fn acknowledged_sent_since(&self, since: Instant) -> usize {
+        self.state().acknowledged.values().filter(|sent| **sent >= since).count()
     }
 
     pub fn acknowledged_count(&self) -> usize {
@@ -152,7 +160,7 @@ impl Ledger {
         let copies = extra_copies(db, self.queue).await;
         let state = self.state();
         let mut report = String::new();
-        let lost: Vec<&String> = state.acknowledged.iter().filter(|id| !stored.contains_key(*id)).collect();
+        let lost: Vec<&String> = state.acknowledged.keys().filter(|id| !stored.contains_key(*id)).collect();
         let foreign: Vec<&String> = stored.keys().filter(|id| !state.attempted.contains_key(*id)).collect();
         note(&mut report, "acknowledged pushes that are not stored", &lost);
         note(&mut report, "stored messages no producer pushed", &foreign);
@@ -195,7 +203,7 @@ impl Ledger {
         let stored = stored_messages(db, self.queue).await;
         let lost: Vec<String> = {
             let mut state = self.state();
-            let lost: Vec<String> = state.acknowledged.iter().filter(|id| !stored.contains_key(*id)).cloned().collect();
+            let lost: Vec<String> = state.acknowledged.keys().filter(|id| !stored.contains_key(*id)).cloned().collect();
             for id in &lost {
                 state.acknowledged.remove(id);
             }

@@ -164,13 +164,14 @@ async fn produce(plan: Plan, producer: usize, http: reqwest::Client, ledger: Arc
         // Until the broker says what became of it: the same ids each time.
         loop {
             let base = &plan.bases[attempt % plan.bases.len()];
+            let sent = Instant::now();
             match http.post(format!("{base}/api/v1/push")).json(&body).send().await {
                 Ok(answer) if answer.status() == StatusCode::CREATED => {
                     let results: Value = answer.json().await.expect("a push answer is whole");
                     for (item, result) in items.iter().zip(results.as_array().expect("one result per item")) {
                         let status = result["status"].as_str().unwrap_or_default();
                         assert!(matches!(status, "queued" | "duplicate"), "push answered {result}");
-                        ledger.acknowledged(item["transactionId"].as_str().expect("an id"));
+                        ledger.acknowledged(item["transactionId"].as_str().expect("an id"), sent);
                     }
                     break;
                 }

@@ -215,7 +215,9 @@ async fn refuse_writes_under_load(pg: &Single, database: &str, fault: Fault<'_>)
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    let acknowledged_before = workload.ledger().acknowledged_count();
+    // From here on every broker refuses writes. A workload push sent before may still be
+    // answered `queued` (its transaction began before the fault); one sent after must not be.
+    let refusing_since = Instant::now();
     let disk_full = matches!(fault, Fault::DiskFull { .. });
     for (b, base) in bases.iter().enumerate() {
         let deadline = Instant::now() + PATIENCE;
@@ -283,7 +285,7 @@ async fn refuse_writes_under_load(pg: &Single, database: &str, fault: Fault<'_>)
     let gone: Vec<_> = pooled_before.iter().filter(|pid| !pooled_now.contains(pid)).collect();
     assert!(gone.is_empty(), "pooled sessions {gone:?} ended during the fault");
     println!("{} sessions pooled before the fault, all still there; {} now", pooled_before.len(), pooled_now.len());
-    let acknowledged_during_fault = workload.ledger().acknowledged_count() - acknowledged_before;
+    let acknowledged_during_fault = workload.ledger().acknowledged_sent_since(refusing_since);
     if !disk_full {
         assert_eq!(acknowledged_during_fault, 0, "pushes were acknowledged while PostgreSQL was read-only");
     }
