@@ -2,11 +2,18 @@
 //! do not fetch, open and decompress the whole segment again for every pop: a read takes the
 //! segments it finds here and fetches from PostgreSQL only the spans between them.
 //!
-//! Only segments a read took part of are kept: their reader comes back for the rest. A segment
-//! read whole is not (its reader is past it), so a consumer draining a backlog in large batches
-//! does not turn the cache into a copy of the backlog. Entries are weighed by their bytes and
-//! the least recently used go first: a log is read forward, so the segment a reader finished
-//! with is the one to drop.
+//! An entry is kept while a reader is inside it, since that reader comes back for the rest:
+//! - a read that ends inside a segment leaves a reader there (and keeps a segment it fetched);
+//! - a read that starts inside a segment and reaches its end takes one away, and the entry goes
+//!   when none is left;
+//! - a read that covers a segment whole changes nothing: a consumer draining a backlog in large
+//!   batches does not turn the cache into a copy of the backlog.
+//!
+//! A reader that never comes back (a consumer gone, a lease that expired and was re-read from
+//! its start) leaves its entry counted; entries are weighed by their bytes and the least
+//! recently used go first, so such entries age out. Without the count, every segment a pop ended
+//! inside stayed until the bound pushed it out, and a busy broker held its whole bound
+//! (64 MiB by default) of segments no reader wanted.
 //!
 //! **Why a hit is never stale.** An entry is keyed by (partition id, base offset), and what it
 //! holds never changes: a segment is written once, by a committed append, and never updated.
@@ -26,7 +33,7 @@
 //!   reconnects ([`SegmentCache::clear`]).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use deadpool_postgres::GenericClient;
@@ -48,10 +55,18 @@ type SegmentKey = (i64, i64);
 /// offset; the cache itself says whether the entry is still there.
 type Held = Arc<Mutex<HashMap<i64, BTreeMap<i64, i64>>>>;
 
+/// A held segment and how many readers are inside it (see the module).
+struct Entry {
+    segment: Arc<StoredSegment>,
+    readers: AtomicI64,
+}
+
+type Segments = Cache<SegmentKey, Arc<Entry>>;
+
 /// Decoded segments shared by every reader of the broker, bounded by bytes.
 pub struct SegmentCache {
     /// `None` when the cache is off (a size of 0): every read goes to the database.
-    segments: Option<Cache<SegmentKey, Arc<StoredSegment>>>,
+    segments: Option<Segments>,
     held: Held,
     hits: AtomicU64,
     misses: AtomicU64,
@@ -83,8 +98,8 @@ impl SegmentCache {
             let index = Arc::clone(&held);
             Cache::builder()
                 .max_capacity(max_bytes)
-                .weigher(|_, segment: &Arc<StoredSegment>| {
-                    u32::try_from(segment.frames.memory_len() + ENTRY_OVERHEAD).unwrap_or(u32::MAX)
+                .weigher(|_, entry: &Arc<Entry>| {
+                    u32::try_from(entry.segment.frames.memory_len() + ENTRY_OVERHEAD).unwrap_or(u32::MAX)
                 })
                 .eviction_policy(EvictionPolicy::lru())
                 .eviction_listener(move |key: Arc<SegmentKey>, _, cause| {
@@ -119,9 +134,10 @@ impl SegmentCache {
             for piece in self.pieces(span) {
                 let hole = match piece {
                     Piece::Held { base_offset, end_offset } => match segments.get(&(span.partition_id, base_offset)) {
-                        Some(segment) => {
+                        Some(entry) => {
                             self.hits.fetch_add(1, Ordering::Relaxed);
-                            found[index].push(segment);
+                            self.count_readers(segments, &entry, span);
+                            found[index].push(Arc::clone(&entry.segment));
                             continue;
                         }
                         // Evicted since the index was read.
@@ -143,7 +159,7 @@ impl SegmentCache {
             let index = missing_for[hole];
             let span = &spans[index];
             let segment = Arc::new(segment);
-            if segment.base_offset < span.first || segment.end_offset() > span.last {
+            if segment.end_offset() > span.last {
                 self.keep(segments, &segment);
             }
             found[index].push(segment);
@@ -184,11 +200,29 @@ impl SegmentCache {
         pieces
     }
 
-    fn keep(&self, segments: &Cache<SegmentKey, Arc<StoredSegment>>, segment: &Arc<StoredSegment>) {
+    /// Keeps a segment fetched by a read that ended inside it: one reader is inside.
+    fn keep(&self, segments: &Segments, segment: &Arc<StoredSegment>) {
         // Indexed first: the eviction of the entry (or its refusal) un-indexes it after.
         let key = (segment.partition_id, segment.base_offset);
         lock(&self.held).entry(key.0).or_default().insert(key.1, segment.end_offset());
-        segments.insert(key, Arc::clone(segment));
+        segments.insert(key, Arc::new(Entry { segment: Arc::clone(segment), readers: AtomicI64::new(1) }));
+    }
+
+    /// Counts a read of `span` that found `entry` held: a reader entering it or leaving it.
+    fn count_readers(&self, segments: &Segments, entry: &Entry, span: &Span) {
+        let segment = &entry.segment;
+        let (came_from_inside, stays_inside) = (span.first > segment.base_offset, span.last < segment.end_offset());
+        match (came_from_inside, stays_inside) {
+            (false, true) => {
+                entry.readers.fetch_add(1, Ordering::Relaxed);
+            }
+            // The reader that takes the last one away drops the entry. One entering at that
+            // moment finds it gone when it comes back, and fetches it again.
+            (true, false) if entry.readers.fetch_sub(1, Ordering::Relaxed) <= 1 => {
+                segments.invalidate(&(segment.partition_id, segment.base_offset));
+            }
+            _ => {}
+        }
     }
 
     /// Drops every entry (the database may have been replaced).
@@ -269,6 +303,27 @@ mod tests {
         segments.run_pending_tasks();
         assert_eq!(described(cache.pieces(&Span { partition_id: 7, first: 1, last: 10 })), ["missing 1-10"]);
         assert!(lock(&cache.held).is_empty());
+    }
+
+    #[test]
+    fn a_segment_is_held_while_a_reader_is_inside_it() {
+        let cache = SegmentCache::new(1 << 20);
+        let segments = cache.segments.as_ref().unwrap();
+        // A read of 1-4 fetched it: one reader inside.
+        cache.keep(segments, &Arc::new(segment(7, 1, 10)));
+        let read = |first, last| {
+            let entry = segments.get(&(7, 1)).expect("held");
+            cache.count_readers(segments, &entry, &Span { partition_id: 7, first, last });
+            segments.run_pending_tasks();
+        };
+        read(1, 3); // A second reader enters.
+        read(1, 10); // A third reads it whole and is past it.
+        read(5, 6); // The first goes on inside it.
+        read(7, 12); // It leaves; the second is still inside.
+        assert_eq!(described(cache.pieces(&Span { partition_id: 7, first: 4, last: 4 })), ["held 1-10"]);
+        read(4, 10); // The second leaves: nobody is.
+        assert!(segments.get(&(7, 1)).is_none());
+        assert!(lock(&cache.held).is_empty(), "nor indexed");
     }
 
     #[test]
