@@ -369,6 +369,30 @@ pub async fn cursor_lags(
         .collect())
 }
 
+/// A group's lag on a queue: its cursors' lags summed, and the oldest unread message's age.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueLag {
+    pub group: String,
+    pub queue: String,
+    pub lag_messages: i64,
+    pub lag_seconds: f64,
+}
+
+/// The lag of every group on every queue it has cursors on, summed by PostgreSQL: what a metrics
+/// scrape reports, in a row per group and queue however many partitions the queues have.
+pub async fn queue_lags(client: &impl GenericClient) -> Result<Vec<QueueLag>, StoreError> {
+    let sql = format!(
+        "SELECT c.consumer_group, q.name, sum({LAG_MESSAGES})::int8, max({LAG_SECONDS})
+           FROM {CURSORS_WITH_OLDEST_UNREAD}
+          GROUP BY c.consumer_group, q.name"
+    );
+    let rows = client.query(&sql, &[]).await?;
+    Ok(rows
+        .iter()
+        .map(|row| QueueLag { group: row.get(0), queue: row.get(1), lag_messages: row.get(2), lag_seconds: row.get(3) })
+        .collect())
+}
+
 /// A group's registration on a queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Registration {

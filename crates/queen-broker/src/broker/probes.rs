@@ -71,14 +71,15 @@ pub async fn refresh_metrics(broker: &Broker) {
     }
     let lags = async {
         let client = broker.pool.get().await.ok()?;
-        queen_store::groups::cursor_lags(&client, None, None).await.ok()
+        queen_store::groups::queue_lags(&client).await.ok()
     };
     let Ok(Some(lags)) = tokio::time::timeout(PROBE_TIMEOUT, lags).await else { return };
+    // Queues past the label limit share one label.
     let mut totals: BTreeMap<(&str, &str), (i64, f64)> = BTreeMap::new();
-    for cursor in &lags {
-        let total = totals.entry((metrics.queue_label(&cursor.queue), &cursor.group)).or_default();
-        total.0 += cursor.lag_messages;
-        total.1 = total.1.max(cursor.lag_seconds);
+    for lag in &lags {
+        let total = totals.entry((metrics.queue_label(&lag.queue), &lag.group)).or_default();
+        total.0 += lag.lag_messages;
+        total.1 = total.1.max(lag.lag_seconds);
     }
     metrics.lag_messages.reset();
     metrics.lag_seconds.reset();

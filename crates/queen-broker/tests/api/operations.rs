@@ -116,6 +116,33 @@ async fn metrics_are_json_for_the_official_client() {
 }
 
 #[actix_web::test]
+async fn consumer_lag_is_a_groups_unread_messages_over_every_partition_of_the_queue() {
+    let app = TestApp::spawn().await;
+    for (partition, count) in [("a", 2), ("b", 3), ("c", 4)] {
+        for n in 0..count {
+            app.push_one("lagged", partition, &format!("{partition}{n}"), json!(n)).await;
+        }
+        // Group g reads and acks the first message of each partition: 1, 2 and 3 stay unread.
+        let first = app.pop(&format!("queue/lagged/partition/{partition}"), "batch=1&consumerGroup=g").await.messages();
+        app.ack_all(&first, "completed", Some("g")).await;
+    }
+    // Group h reads all of partition a and nothing else.
+    let all_of_a = app.pop("queue/lagged/partition/a", "batch=10&consumerGroup=h").await.messages();
+    app.ack_all(&all_of_a, "completed", Some("h")).await;
+    let text = app.http.get(app.url("/metrics?format=prometheus")).send().await.expect("metrics").text().await;
+    let text = text.expect("text");
+    let sample = |name: &str, group: &str| -> f64 {
+        let prefix = format!("{name}{{group=\"{group}\",queue=\"lagged\"}} ");
+        let value = text.lines().find_map(|line| line.strip_prefix(&prefix)).unwrap_or_else(|| panic!("{prefix}"));
+        value.parse().expect("a number")
+    };
+    assert_eq!(sample("queen_consumer_group_lag_messages", "g"), 6.0);
+    assert!(sample("queen_consumer_group_lag_seconds", "g") > 0.0);
+    assert_eq!(sample("queen_consumer_group_lag_messages", "h"), 0.0);
+    assert_eq!(sample("queen_consumer_group_lag_seconds", "h"), 0.0);
+}
+
+#[actix_web::test]
 async fn status_and_resource_routes_report_the_data() {
     let app = TestApp::spawn().await;
     app.post("/api/v1/configure", &json!({"queue": "billing.invoices", "options": {"leaseTime": 60}})).await;
