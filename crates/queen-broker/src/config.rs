@@ -180,7 +180,9 @@ pub struct PushConfig {
     /// Push requests one partition writer holds (queued or being written) before refusing more
     /// with 429.
     pub writer_mailbox: usize,
-    /// A partition writer with nothing to do for this long stops.
+    /// How long a partition writer with nothing to do stays for the partition's next push
+    /// (and a consumer group's ack actor, at least 1 s); 0 stops a writer as soon as its last
+    /// push is answered, so a broker holds writers only for partitions being written.
     pub writer_idle_seconds: u64,
 }
 
@@ -191,7 +193,7 @@ impl Default for PushConfig {
             max_segment_messages: 10_000,
             max_segment_bytes: 8 * 1024 * 1024,
             writer_mailbox: 1024,
-            writer_idle_seconds: 60,
+            writer_idle_seconds: 0,
         }
     }
 }

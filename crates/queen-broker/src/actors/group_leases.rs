@@ -90,7 +90,11 @@ impl Actor for GroupLeases {
         self.metrics.actors.with_label_values(&[ACTOR]).inc();
         let idle = self.idle;
         ctx.run_interval(idle / 2, move |leases, ctx| {
-            if leases.queue.is_idle() && leases.last_activity.elapsed() >= idle {
+            // Only when no ack call holds a place with it: none is then on its way here.
+            if leases.queue.is_idle()
+                && leases.last_activity.elapsed() >= idle
+                && leases.registry.release_if_unused(&leases.group, &ctx.address())
+            {
                 ctx.stop();
             }
         });

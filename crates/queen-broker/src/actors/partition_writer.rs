@@ -27,6 +27,9 @@ use crate::services::announcer::Announcer;
 /// This actor's label in the metrics.
 const ACTOR: &str = "partition_writer";
 
+/// The shortest period at which a writer checks whether it has been idle long enough to stop.
+const IDLE_CHECK_MIN: Duration = Duration::from_secs(1);
+
 /// The partition a writer appends to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WriteTarget {
@@ -40,6 +43,8 @@ pub struct WriterLimits {
     pub max_segment_messages: usize,
     pub max_segment_bytes: usize,
     pub mailbox: usize,
+    /// How long a writer with nothing to do stays; zero stops it as soon as its last request
+    /// is answered.
     pub idle: Duration,
 }
 
@@ -123,7 +128,18 @@ impl PartitionWriter {
             writer.queue.done();
             writer.last_activity = Instant::now();
             writer.write_next(ctx);
+            if writer.limits.idle.is_zero() {
+                writer.stop_if_unused(ctx);
+            }
         }));
+    }
+
+    /// Stops when nothing is queued or in flight and no request holds a place with this writer
+    /// ([`Registry::release_if_unused`]); the partition's next push starts a new one.
+    fn stop_if_unused(&self, ctx: &mut Context<Self>) {
+        if self.queue.is_idle() && self.registry.release_if_unused(&self.target.partition_id, &ctx.address()) {
+            ctx.stop();
+        }
     }
 
     fn record(&self, result: &queen_store::log::AppendResult, bytes: usize) {
@@ -145,10 +161,12 @@ impl Actor for PartitionWriter {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         self.metrics.actors.with_label_values(&[ACTOR]).inc();
+        // Also stops a writer that was started for a push whose request never came (the push
+        // was refused, or its client went away, before it sent).
         let idle = self.limits.idle;
-        ctx.run_interval(idle / 2, move |writer, ctx| {
-            if writer.queue.is_idle() && writer.last_activity.elapsed() >= idle {
-                ctx.stop();
+        ctx.run_interval((idle / 2).max(IDLE_CHECK_MIN), move |writer, ctx| {
+            if writer.last_activity.elapsed() >= idle {
+                writer.stop_if_unused(ctx);
             }
         });
     }

@@ -90,6 +90,24 @@ impl<K: Eq + Hash + Clone, A: Actor> Registry<K, A> {
         actors.values().all(|entry| entry.load.held() == 0)
     }
 
+    /// Forgets `addr` for `key` when no request holds a place with it, and says whether the actor
+    /// may stop: a sender takes its place under this lock before it sends, so while this holds
+    /// no message is on its way to the actor, and a later sender starts a new one.
+    pub fn release_if_unused(&self, key: &K, addr: &Addr<A>) -> bool {
+        let mut actors = self.actors.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        match actors.get(key) {
+            Some(entry) if entry.addr == *addr => {
+                let unused = entry.load.held() == 0;
+                if unused {
+                    actors.remove(key);
+                }
+                unused
+            }
+            // Replaced (it was found stopped) or forgotten: no sender can reach it.
+            _ => true,
+        }
+    }
+
     /// Forgets `addr` for `key`, unless another actor has replaced it since.
     pub fn remove(&self, key: &K, addr: &Addr<A>) {
         let mut actors = self.actors.lock().unwrap_or_else(|poisoned| poisoned.into_inner());

@@ -193,7 +193,7 @@ impl Broker {
             announcer: announcer.clone(),
         };
         actix::spawn(keep_listening(pg.clone(), listeners));
-        let idle = Duration::from_secs(config.push.writer_idle_seconds.max(1));
+        let idle = Duration::from_secs(config.push.writer_idle_seconds);
         let writers = Writers::new(WriterDeps {
             pool: pool.clone(),
             limits: WriterLimits {
@@ -208,7 +208,8 @@ impl Broker {
         let groups = Groups::new(
             pool.clone(),
             announcer.clone(),
-            idle,
+            // A group actor checks for idleness on a timer, which needs a period.
+            idle.max(Duration::from_secs(1)),
             limits.group_ack_calls,
             Arc::clone(&metrics),
             cipher.clone(),

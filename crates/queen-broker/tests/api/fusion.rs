@@ -146,3 +146,49 @@ async fn a_push_to_several_partitions_answers_in_item_order() {
     assert_eq!(app.count("SELECT count(*) FROM queen.queues").await, 2, "queues are created by their first push");
     assert_eq!(app.count("SELECT count(*) FROM queen.partitions").await, 3);
 }
+
+/// Live partition writers of the broker.
+async fn live_writers(app: &TestApp) -> f64 {
+    app.metric("queen_actors{actor=\"partition_writer\"}").await
+}
+
+#[actix_web::test]
+async fn a_partitions_writer_stops_once_its_pushes_are_answered_and_pushes_racing_its_stop_are_all_written() {
+    const PRODUCERS: usize = 4;
+    const PUSHES: usize = 100;
+    let app = TestApp::spawn().await;
+    // Each producer waits for its answer before the next push, so the writer often drains and
+    // stops just as another producer's push reaches it.
+    let producers = (0..PRODUCERS).map(|producer| {
+        let app = &app;
+        async move {
+            let mut offsets = Vec::new();
+            for n in 0..PUSHES {
+                let item = json!({"queue": "churn", "partition": "p", "transactionId": format!("{producer}-{n}"), "payload": n});
+                let answer = app.post("/api/v1/push", &json!({"items": [item]})).await;
+                assert_eq!(answer.status, StatusCode::CREATED, "producer {producer}, push {n}: {answer:?}");
+                assert_eq!(answer.body[0]["status"], "queued");
+                offsets.push(answer.body[0]["offset"].as_i64().expect("an offset"));
+            }
+            offsets
+        }
+    });
+    let offsets: BTreeSet<i64> = join_all(producers).await.into_iter().flatten().collect();
+    let total = (PRODUCERS * PUSHES) as i64;
+    assert_eq!(offsets, (1..=total).collect::<BTreeSet<_>>(), "every push written once, offsets dense");
+    assert_eq!(app.count("SELECT last_offset FROM queen.partitions").await, total);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while live_writers(&app).await > 0.0 {
+        assert!(std::time::Instant::now() < deadline, "the writer is still live with nothing to write");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+#[actix_web::test]
+async fn a_writer_idle_time_keeps_a_partitions_writer_between_pushes() {
+    let app = TestApp::spawn_with(|config| config.push.writer_idle_seconds = 60).await;
+    app.push_one("kept", "p", "1", json!(1)).await;
+    assert_eq!(live_writers(&app).await, 1.0);
+    app.push_one("kept", "p", "2", json!(2)).await;
+    assert_eq!(live_writers(&app).await, 1.0, "the same writer took the second push");
+}
