@@ -7,12 +7,16 @@
 //!
 //! It is a cache, bounded in bytes: a call that reaches another broker of the fleet, or comes
 //! after its entry was evicted, looks the lease up in every partition, and an ack its ids, as
-//! before. An offset from here is the one the consumer was given; a lookup finds the id's latest
-//! message, which differs only when the id was pushed again after its dedup window (and then the
-//! delivered one is the one meant).
+//! before. A lease's entry for a partition goes once acks have resolved every delivery in it, so
+//! the cache holds deliveries still waiting for their ack (and those of consumers that never
+//! acked, until the bound or the time limit evicts them); an ack sent again after that is looked
+//! up like one from another broker. An offset from here is the one the consumer was given; a
+//! lookup finds the id's latest message, which differs only when the id was pushed again after
+//! its dedup window (and then the delivered one is the one meant).
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use moka::policy::EvictionPolicy;
@@ -32,8 +36,15 @@ const KEEP_FOR: Duration = Duration::from_secs(600);
 /// Bytes an entry holds besides its transaction ids: the offset and the map's share.
 const PER_MESSAGE: usize = 48;
 
-/// Transaction id → offset, of one partition under one lease.
-type Offsets = Arc<HashMap<String, i64>>;
+/// What one partition delivered under one lease.
+struct Delivered {
+    /// Transaction id → offset.
+    offsets: HashMap<String, i64>,
+    /// Deliveries no ack has resolved yet.
+    unresolved: AtomicUsize,
+}
+
+type Offsets = Arc<Delivered>;
 
 pub struct Deliveries {
     by_lease: Cache<(Uuid, i64), Offsets>,
@@ -46,7 +57,7 @@ impl Default for Deliveries {
         let by_lease = Cache::builder()
             .max_capacity(MAX_BYTES)
             .weigher(|_, offsets: &Offsets| {
-                let bytes: usize = offsets.keys().map(|id| id.len() + PER_MESSAGE).sum();
+                let bytes: usize = offsets.offsets.keys().map(|id| id.len() + PER_MESSAGE).sum();
                 u32::try_from(bytes).unwrap_or(u32::MAX)
             })
             .time_to_live(KEEP_FOR)
@@ -79,7 +90,8 @@ impl Deliveries {
             offsets.insert(message.transaction_id.clone(), message.offset);
         }
         for (partition_id, offsets) in by_partition {
-            self.by_lease.insert((lease_id, partition_id), Arc::new(offsets));
+            let unresolved = AtomicUsize::new(offsets.len());
+            self.by_lease.insert((lease_id, partition_id), Arc::new(Delivered { offsets, unresolved }));
         }
     }
 
@@ -93,8 +105,14 @@ impl Deliveries {
     pub fn resolve(&self, requests: &mut [AckRequest]) {
         for request in requests {
             let LeaseFence::Lease(lease_id) = request.fence else { continue };
-            if let Some(offsets) = self.by_lease.get(&(lease_id, request.partition_id)) {
-                request.offset = offsets.get(&request.transaction_id).copied();
+            let key = (lease_id, request.partition_id);
+            let Some(delivered) = self.by_lease.get(&key) else { continue };
+            request.offset = delivered.offsets.get(&request.transaction_id).copied();
+            if request.offset.is_some()
+                && delivered.unresolved.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                    == Ok(1)
+            {
+                self.by_lease.invalidate(&key);
             }
         }
     }
@@ -136,14 +154,12 @@ mod tests {
     #[test]
     fn the_newest_deliveries_resolve_once_the_map_is_full() {
         let deliveries = Deliveries::default();
-        // Several times what the map holds, one lease per pop of 100 messages, as a busy consumer
-        // makes them; each is resolved once, by its ack.
+        // Several times what the map holds, one lease per pop of 100 messages, never acked (the
+        // consumers went away).
         for pop in 0..2_000 {
             let lease_id = Uuid::now_v7();
             let messages: Vec<DeliveredMessage> = (0..100).map(|i| delivered(pop % 32, pop * 100 + i)).collect();
             deliveries.record(lease_id, &[pop % 32], &messages);
-            let mut acks: Vec<AckRequest> = messages.iter().map(|m| ack_of(lease_id, m)).collect();
-            deliveries.resolve(&mut acks);
             deliveries.by_lease.run_pending_tasks();
         }
         let lease_id = Uuid::now_v7();
@@ -156,5 +172,32 @@ mod tests {
         let resolved = acks.iter().filter(|a| a.offset.is_some()).count();
         assert_eq!(resolved, 100, "the latest pop's acks are resolved from the map");
         assert_eq!(deliveries.partitions_of(lease_id).as_deref(), Some(&vec![7]));
+    }
+
+    #[test]
+    fn an_entry_goes_once_acks_have_resolved_every_delivery_in_it() {
+        let deliveries = Deliveries::default();
+        let lease_id = Uuid::now_v7();
+        let messages: Vec<DeliveredMessage> = (1..=3).map(|offset| delivered(5, offset)).collect();
+        deliveries.record(lease_id, &[5], &messages);
+        let mut first_two: Vec<AckRequest> = messages[..2].iter().map(|m| ack_of(lease_id, m)).collect();
+        deliveries.resolve(&mut first_two);
+        assert_eq!(first_two.iter().map(|a| a.offset).collect::<Vec<_>>(), [Some(1), Some(2)]);
+        // An id the lease did not deliver resolves nothing and counts nothing.
+        let mut stranger = vec![ack_of(lease_id, &delivered(5, 99))];
+        deliveries.resolve(&mut stranger);
+        assert_eq!(stranger[0].offset, None);
+        deliveries.by_lease.run_pending_tasks();
+        assert!(deliveries.by_lease.get(&(lease_id, 5)).is_some(), "one delivery still waits for its ack");
+        let mut last = vec![ack_of(lease_id, &messages[2])];
+        deliveries.resolve(&mut last);
+        assert_eq!(last[0].offset, Some(3));
+        deliveries.by_lease.run_pending_tasks();
+        assert!(deliveries.by_lease.get(&(lease_id, 5)).is_none(), "every delivery was acked");
+        // Sent again, the ack is left to the database lookup.
+        let mut again = vec![ack_of(lease_id, &messages[2])];
+        deliveries.resolve(&mut again);
+        assert_eq!(again[0].offset, None);
+        assert_eq!(deliveries.partitions_of(lease_id).as_deref(), Some(&vec![5]), "the lease's partitions stay");
     }
 }
