@@ -6,7 +6,7 @@ use queen_log::FrameOwned;
 
 use crate::StoreError;
 use crate::log::Span;
-use crate::segment_cache::SegmentCache;
+use crate::segment_cache::{ReadEnd, SegmentCache};
 use queen_log::Cipher;
 
 /// One group's progress on a message.
@@ -57,7 +57,8 @@ pub async fn find(
         return Ok(None);
     };
     let offset: i64 = row.get(0);
-    let read = segments.read(client, &[Span { partition_id, first: offset, last: offset }], keys).await?;
+    let read =
+        segments.read(client, &[Span { partition_id, first: offset, last: offset }], keys, ReadEnd::AtSpanEnd).await?;
     let found = read.iter().find_map(|segment| {
         let (_, frame) = segment.frames_in(offset, offset).next()?;
         Some((segment.created_at, frame.ok()?.to_owned()))
@@ -126,7 +127,7 @@ pub async fn newest(
     let spans: Vec<Span> =
         rows.iter().map(|row| Span { partition_id: row.get(0), first: row.get(2), last: row.get(3) }).collect();
     let mut listed = Vec::new();
-    for segment in segments.read(client, &spans, keys).await? {
+    for segment in segments.read(client, &spans, keys, ReadEnd::AtSpanEnd).await? {
         let Some(span) = spans.iter().find(|s| s.partition_id == segment.partition_id) else { continue };
         for (offset, frame) in segment.frames_in(span.first, span.last) {
             let Ok(frame) = frame else { break };

@@ -9,6 +9,11 @@
 //! - a read that covers a segment whole changes nothing: a consumer draining a backlog in large
 //!   batches does not turn the cache into a copy of the backlog.
 //!
+//! That holds for readers that take their spans whole, as pops do ([`ReadEnd::AtSpanEnd`]). An
+//! offset fetch stops where its byte budget runs out, which it learns only from the decoded
+//! segments ([`ReadEnd::Anywhere`]): its reads keep a fetched segment the span does not cover
+//! whole, and count nothing.
+//!
 //! A reader that never comes back (a consumer gone, a lease that expired and was re-read from
 //! its start) leaves its entry counted; entries are weighed by their bytes and the least
 //! recently used go first, so such entries age out. Without the count, every segment a pop ended
@@ -84,6 +89,16 @@ pub struct SegmentCacheStats {
     pub segments: u64,
 }
 
+/// Where the readers of a read stop, which says what the cache keeps for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadEnd {
+    /// Each reader takes its span whole (a pop: the span is what its claim delivered), so the
+    /// cache counts it into the segment its span ends inside and out of the one it leaves.
+    AtSpanEnd,
+    /// A reader may stop anywhere inside its span (an offset fetch cut by its byte budget).
+    Anywhere,
+}
+
 /// Where a read finds a piece of a span.
 enum Piece {
     Held { base_offset: i64, end_offset: i64 },
@@ -121,6 +136,7 @@ impl SegmentCache {
         client: &impl GenericClient,
         spans: &[Span],
         keys: Option<&Cipher>,
+        end: ReadEnd,
     ) -> Result<Vec<Arc<StoredSegment>>, StoreError> {
         let Some(segments) = &self.segments else {
             let fetched = read_spans_indexed(client, spans, keys).await?;
@@ -136,7 +152,9 @@ impl SegmentCache {
                     Piece::Held { base_offset, end_offset } => match segments.get(&(span.partition_id, base_offset)) {
                         Some(entry) => {
                             self.hits.fetch_add(1, Ordering::Relaxed);
-                            self.count_readers(segments, &entry, span);
+                            if end == ReadEnd::AtSpanEnd {
+                                self.count_readers(segments, &entry, span);
+                            }
                             found[index].push(Arc::clone(&entry.segment));
                             continue;
                         }
@@ -159,7 +177,11 @@ impl SegmentCache {
             let index = missing_for[hole];
             let span = &spans[index];
             let segment = Arc::new(segment);
-            if segment.end_offset() > span.last {
+            let reader_inside = match end {
+                ReadEnd::AtSpanEnd => segment.end_offset() > span.last,
+                ReadEnd::Anywhere => segment.base_offset < span.first || segment.end_offset() > span.last,
+            };
+            if reader_inside {
                 self.keep(segments, &segment);
             }
             found[index].push(segment);

@@ -16,6 +16,7 @@ use chrono::{DateTime, Utc};
 use queen_store::StoreError;
 use queen_store::log::{Span, StoredSegment};
 use queen_store::offset_reads::{self, ChangedPage, ChangedQuery, PlannedSegment, ReadPlan, ReadTarget};
+use queen_store::segment_cache::ReadEnd;
 
 use super::{Broker, BrokerError};
 
@@ -104,7 +105,7 @@ pub async fn fetch(broker: &Broker, entries: &[FetchEntry], max_bytes: i64) -> R
         plans.iter().zip(entries).map(|(plan, e)| where_it_stands(plan, e.offset)).collect();
     let spans = spans_within(entries, &plans, &answers, call_bytes);
     let wanted: Vec<Span> = spans.iter().flatten().copied().collect();
-    let segments = broker.segments.read(&client, &wanted, broker.cipher.as_deref()).await?;
+    let segments = broker.segments.read(&client, &wanted, broker.cipher.as_deref(), ReadEnd::Anywhere).await?;
     let by_partition = by_partition(&segments);
     let mut budget = Budget { call_left: call_bytes, delivered: false };
     for ((answer, entry), span) in answers.iter_mut().zip(entries).zip(&spans) {

@@ -14,6 +14,7 @@ use chrono::{DateTime, Utc};
 use queen_store::cursors::{self, ClaimRequest, Claimed, CursorSeed, Expiry, Scope, Visibility};
 use queen_store::log::Span;
 use queen_store::queues::{self, Queue};
+use queen_store::segment_cache::ReadEnd;
 use serde_json::value::RawValue;
 use uuid::Uuid;
 
@@ -442,7 +443,7 @@ async fn read_claimed(
 ) -> Result<Vec<DeliveredMessage>, BrokerError> {
     let spans: Vec<Span> =
         claims.iter().map(|c| Span { partition_id: c.partition_id, first: c.first, last: c.last }).collect();
-    let segments = broker.segments.read(client, &spans, broker.cipher.as_deref()).await?;
+    let segments = broker.segments.read(client, &spans, broker.cipher.as_deref(), ReadEnd::AtSpanEnd).await?;
     let queue_name: Arc<str> = Arc::from(queue.name.as_str());
     let attempts: HashMap<i64, (i64, i64, i32)> =
         claims.iter().map(|c| (c.partition_id, (c.first, c.last, c.delivery_attempt))).collect();
