@@ -58,7 +58,7 @@ pub async fn find(
     };
     let offset: i64 = row.get(0);
     let read =
-        segments.read(client, &[Span { partition_id, first: offset, last: offset }], keys, ReadEnd::AtSpanEnd).await?;
+        segments.read(client, &[Span { partition_id, first: offset, last: offset }], keys, ReadEnd::Anywhere).await?;
     let found = read.iter().find_map(|segment| {
         let (_, frame) = segment.frames_in(offset, offset).next()?;
         Some((segment.created_at, frame.ok()?.to_owned()))
@@ -127,7 +127,7 @@ pub async fn newest(
     let spans: Vec<Span> =
         rows.iter().map(|row| Span { partition_id: row.get(0), first: row.get(2), last: row.get(3) }).collect();
     let mut listed = Vec::new();
-    for segment in segments.read(client, &spans, keys, ReadEnd::AtSpanEnd).await? {
+    for segment in segments.read(client, &spans, keys, ReadEnd::Anywhere).await? {
         let Some(span) = spans.iter().find(|s| s.partition_id == segment.partition_id) else { continue };
         for (offset, frame) in segment.frames_in(span.first, span.last) {
             let Ok(frame) = frame else { break };

@@ -11,8 +11,9 @@
 //!
 //! That holds for readers that take their spans whole, as pops do ([`ReadEnd::AtSpanEnd`]). An
 //! offset fetch stops where its byte budget runs out, which it learns only from the decoded
-//! segments ([`ReadEnd::Anywhere`]): its reads keep a fetched segment the span does not cover
-//! whole, and count nothing.
+//! segments, and a message lookup does not come back ([`ReadEnd::Anywhere`]): their reads keep a
+//! fetched segment the span does not cover whole, and count nothing, so they never hold an entry
+//! past the pops reading it.
 //!
 //! A reader that never comes back (a consumer gone, a lease that expired and was re-read from
 //! its start) leaves its entry counted; entries are weighed by their bytes and the least
@@ -95,7 +96,8 @@ pub enum ReadEnd {
     /// Each reader takes its span whole (a pop: the span is what its claim delivered), so the
     /// cache counts it into the segment its span ends inside and out of the one it leaves.
     AtSpanEnd,
-    /// A reader may stop anywhere inside its span (an offset fetch cut by its byte budget).
+    /// A reader may stop anywhere inside its span, or not come back at all (an offset fetch cut
+    /// by its byte budget, a message lookup): the cache counts nothing for it.
     Anywhere,
 }
 

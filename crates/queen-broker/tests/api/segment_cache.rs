@@ -45,6 +45,22 @@ async fn pops_of_one_go_through_a_large_segment_in_order_reading_it_once() {
 }
 
 #[actix_web::test]
+async fn a_message_lookup_leaves_no_reader_inside_a_segment() {
+    let app = TestApp::spawn().await;
+    segment(&app, "looked", "m", 100).await;
+    let partition = "queue/looked/partition/p";
+    let first = app.pop(partition, "batch=40&autoAck=true").await;
+    assert_eq!(first.data_ints("i"), (0..40).collect::<Vec<_>>());
+    let partition_id = first.messages()[0]["partitionId"].as_str().expect("partitionId").to_owned();
+    // The segment's first message, looked up while the consumer is inside the segment.
+    let looked = app.get(&format!("/api/v1/messages/{partition_id}/m-0")).await;
+    assert_eq!(looked.status, StatusCode::OK, "{looked:?}");
+    assert_eq!(app.metric(MISSES).await, 1.0, "the lookup was served from the cache");
+    assert_eq!(app.pop(partition, "batch=100&autoAck=true").await.data_ints("i"), (40..100).collect::<Vec<_>>());
+    assert_eq!(app.metric("queen_segment_cache_segments").await, 0.0, "the consumer was its only reader");
+}
+
+#[actix_web::test]
 async fn a_segment_stays_held_while_a_group_is_inside_it() {
     let app = TestApp::spawn().await;
     segment(&app, "shared", "m", 100).await;
