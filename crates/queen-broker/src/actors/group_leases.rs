@@ -28,6 +28,10 @@ const ACTOR: &str = "group_leases";
 /// Most acknowledgements applied in one transaction.
 const MAX_ACKS_PER_BATCH: usize = 10_000;
 
+/// The shortest time a group actor with nothing to do stays: it looks for idleness on a timer of
+/// half that, which needs a period.
+const IDLE_MIN: Duration = Duration::from_secs(1);
+
 /// One acknowledgement call (all of it for this group).
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -129,7 +133,8 @@ pub struct Groups {
 }
 
 impl Groups {
-    /// The group actors, each holding at most `max_calls` ack calls.
+    /// The group actors, each holding at most `max_calls` ack calls and staying `idle` (at least
+    /// [`IDLE_MIN`]) once they have nothing to do.
     pub fn new(
         pool: Pool,
         announcer: Announcer,
@@ -139,7 +144,7 @@ impl Groups {
         keys: Option<Arc<Cipher>>,
     ) -> Self {
         let registry = Registry::new(Bound::new(Limited::GroupLeases, max_calls, &metrics));
-        Self { registry, pool, announcer, idle, metrics, keys }
+        Self { registry, pool, announcer, idle: idle.max(IDLE_MIN), metrics, keys }
     }
 
     fn start(&self, group: &Arc<str>) -> Addr<GroupLeases> {

@@ -208,8 +208,7 @@ impl Broker {
         let groups = Groups::new(
             pool.clone(),
             announcer.clone(),
-            // A group actor checks for idleness on a timer, which needs a period.
-            idle.max(Duration::from_secs(1)),
+            idle,
             limits.group_ack_calls,
             Arc::clone(&metrics),
             cipher.clone(),
