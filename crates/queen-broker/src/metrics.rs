@@ -53,6 +53,7 @@ pub struct Metrics {
     pub lag_seconds: prometheus::GaugeVec,
     // Actors.
     pub actors: IntGaugeVec,
+    pub actors_started: IntCounterVec,
     pub actor_queued: IntGaugeVec,
     // Overload.
     pub overload_refusals: IntCounterVec,
@@ -229,6 +230,12 @@ impl Metrics {
                 .expect("a valid metric definition"),
             ),
             actors: gauge_vec(&r, "queen_actors", "Live actors of this broker.", &["actor"]),
+            actors_started: counter_vec(
+                &r,
+                "queen_actors_started_total",
+                "Actors this broker started: against queen_actors, how often idle actors stop and start again.",
+                &["actor"],
+            ),
             actor_queued: gauge_vec(
                 &r,
                 "queen_actor_queued_requests",

@@ -92,6 +92,7 @@ impl Actor for GroupLeases {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         self.metrics.actors.with_label_values(&[ACTOR]).inc();
+        self.metrics.actors_started.with_label_values(&[ACTOR]).inc();
         let idle = self.idle;
         ctx.run_interval(idle / 2, move |leases, ctx| {
             // Only when no ack call holds a place with it: none is then on its way here.

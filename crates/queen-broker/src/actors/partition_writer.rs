@@ -161,6 +161,7 @@ impl Actor for PartitionWriter {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         self.metrics.actors.with_label_values(&[ACTOR]).inc();
+        self.metrics.actors_started.with_label_values(&[ACTOR]).inc();
         // Also stops a writer that was started for a push whose request never came (the push
         // was refused, or its client went away, before it sent).
         let idle = self.limits.idle;

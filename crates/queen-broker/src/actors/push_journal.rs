@@ -477,6 +477,7 @@ impl Actor for PushJournal {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         self.metrics.actors.with_label_values(&[ACTOR]).inc();
+        self.metrics.actors_started.with_label_values(&[ACTOR]).inc();
         // Appends are bounded before they are sent (`Journal::append`); actix's own capacity is
         // off, so that the drain's and the status's requests never wait behind it.
         ctx.set_mailbox_capacity(0);

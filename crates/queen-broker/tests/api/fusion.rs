@@ -152,6 +152,11 @@ async fn live_writers(app: &TestApp) -> f64 {
     app.metric("queen_actors{actor=\"partition_writer\"}").await
 }
 
+/// Partition writers the broker has started.
+async fn writers_started(app: &TestApp) -> f64 {
+    app.metric("queen_actors_started_total{actor=\"partition_writer\"}").await
+}
+
 #[actix_web::test]
 async fn a_partitions_writer_stops_once_its_pushes_are_answered_and_pushes_racing_its_stop_are_all_written() {
     const PRODUCERS: usize = 4;
@@ -188,7 +193,27 @@ async fn a_partitions_writer_stops_once_its_pushes_are_answered_and_pushes_racin
 async fn a_writer_idle_time_keeps_a_partitions_writer_between_pushes() {
     let app = TestApp::spawn_with(|config| config.push.writer_idle_seconds = 60).await;
     app.push_one("kept", "p", "1", json!(1)).await;
-    assert_eq!(live_writers(&app).await, 1.0);
+    // Without the idle time the writer stops as soon as the push is answered; watched for a
+    // second, this one stays.
+    let watched_until = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    while std::time::Instant::now() < watched_until {
+        assert_eq!(live_writers(&app).await, 1.0, "the writer stopped within its idle time");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     app.push_one("kept", "p", "2", json!(2)).await;
-    assert_eq!(live_writers(&app).await, 1.0, "the same writer took the second push");
+    assert_eq!(writers_started(&app).await, 1.0, "the first push's writer took the second push");
+}
+
+#[actix_web::test]
+async fn without_an_idle_time_each_push_after_a_pause_starts_a_new_writer() {
+    let app = TestApp::spawn().await;
+    for n in 1..=2 {
+        app.push_one("churn", "p", &n.to_string(), json!(n)).await;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while live_writers(&app).await > 0.0 {
+            assert!(std::time::Instant::now() < deadline, "the writer is still live with nothing to write");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+    assert_eq!(writers_started(&app).await, 2.0, "a writer per push, each stopped once it was answered");
 }
