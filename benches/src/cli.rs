@@ -31,6 +31,9 @@ pub enum Command {
     Announce(AnnounceArgs),
     /// Time the queue-wide candidate scan of a pop as the partitions of a queue grow (no broker)
     ScanCost(ScanCostArgs),
+    /// Measure what each way of indexing transaction ids for dedup costs against the segment row
+    /// alone, on the bench's own PostgreSQL (no broker)
+    DedupLayouts(DedupLayoutsArgs),
 }
 
 #[derive(Debug, Args)]
@@ -163,6 +166,29 @@ pub struct ScanCostArgs {
     #[arg(long, default_value_t = 50)]
     pub runs: usize,
     /// Data directory of the bench's own PostgreSQL; defaults to bench-pg-scan-cost in the
+    /// target directory
+    #[arg(long, value_name = "DIR")]
+    pub pg_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct DedupLayoutsArgs {
+    /// Messages per segment (one push's batch)
+    #[arg(long, default_value_t = 100)]
+    pub messages_per_segment: usize,
+    /// Concurrent writing connections
+    #[arg(long, default_value_t = 4)]
+    pub connections: usize,
+    /// Partitions each connection writes in turn
+    #[arg(long, default_value_t = 8)]
+    pub partitions_per_connection: usize,
+    /// Measured time of each cell
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub cell: Duration,
+    /// Rounds of every layout, in reverse order every other round
+    #[arg(long, default_value_t = 2)]
+    pub rounds: usize,
+    /// Data directory of the bench's own PostgreSQL; defaults to bench-pg-dedup-layouts in the
     /// target directory
     #[arg(long, value_name = "DIR")]
     pub pg_dir: Option<PathBuf>,

@@ -4,13 +4,15 @@
 //! scenario against a broker you started; `ceiling` measures PostgreSQL alone. Every scenario
 //! verifies that every message pushed reached every group exactly once, and the exit code is
 //! non-zero when one did not. `announce` and `scan-cost` measure, on a PostgreSQL of their own,
-//! what the fleet's announcements and a pop's candidate scan cost as the fleet and the queues grow.
+//! what the fleet's announcements and a pop's candidate scan cost as the fleet and the queues grow;
+//! `dedup-layouts` what each way of indexing transaction ids costs the push path.
 
 mod announce;
 mod broker_process;
 mod ceiling;
 mod ceiling_raw;
 mod cli;
+mod dedup_layouts;
 mod environment;
 mod generator;
 mod ledger;
@@ -62,6 +64,7 @@ async fn main() -> ExitCode {
         }
         Command::Announce(args) => return print_tables(announce::run(args).await),
         Command::ScanCost(args) => return print_tables(scan_cost::run(args).await),
+        Command::DedupLayouts(args) => return print_tables(dedup_layouts::run(args).await),
     };
     match report {
         Ok(report) => finish(&report, &out),
