@@ -1937,10 +1937,15 @@ fn transaction_body(group: Option<&'static str>, n: usize, pristine: bool) -> Bo
             }
             // A bundle of rider operations alone is a bundle.
             let ridden = [&kv, &timers].iter().any(|(rider, _)| rider.as_ref().is_some_and(|r| !r.is_null()));
-            let operations = replaced.unwrap_or_else(|| {
-                let (value, verdict) = array_of(&operations);
-                (Some(value), if operations.is_empty() && !ridden { Bad } else { verdict })
-            });
+            let operations = match replaced {
+                // An empty array in their place is a bundle of the riders alone, when there are any.
+                Some((Some(Value::Array(empty)), _)) if empty.is_empty() && ridden => (Some(Value::Array(empty)), Good),
+                Some(replaced) => replaced,
+                None => {
+                    let (value, verdict) = array_of(&operations);
+                    (Some(value), if operations.is_empty() && !ridden { Bad } else { verdict })
+                }
+            };
             Draft(vec![("operations", operations), ("requiredLeases", required), ("kv", kv), ("timers", timers)])
                 .built()
         })
