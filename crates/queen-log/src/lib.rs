@@ -22,6 +22,7 @@ mod frame;
 mod ids;
 mod journal;
 mod segment;
+pub mod zstd_contexts;
 
 pub use cipher::{Cipher, KeyError, SEALED_MAGIC, is_sealed};
 pub use error::{DecodeError, EncodeError};

@@ -44,7 +44,7 @@ impl SegmentBuilder {
 
     /// Compresses the collected frames.
     pub fn finish(self) -> Result<EncodedSegment, EncodeError> {
-        let body = zstd::bulk::compress(&self.raw, SEGMENT_ZSTD_LEVEL).map_err(|e| EncodeError::Zstd(e.to_string()))?;
+        let body = crate::zstd_contexts::compress_segment(&self.raw).map_err(|e| EncodeError::Zstd(e.to_string()))?;
         Ok(EncodedSegment { body, raw_len: self.raw.len(), frame_count: self.frame_count })
     }
 }
@@ -92,7 +92,7 @@ pub fn decode_segment(body: &[u8], expected_frames: usize, max_raw_len: usize) -
     if declared > limit {
         return Err(DecodeError::TooLarge { len: declared, limit });
     }
-    let raw = zstd::bulk::decompress(body, declared).map_err(|e| DecodeError::Zstd(e.to_string()))?;
+    let raw = crate::zstd_contexts::decompress(body, declared).map_err(|e| DecodeError::Zstd(e.to_string()))?;
     if raw.len() != declared {
         return Err(DecodeError::LengthMismatch { expected: declared, actual: raw.len() });
     }

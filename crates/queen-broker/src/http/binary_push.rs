@@ -131,7 +131,7 @@ fn inflate(compressed: &[u8], raw_len: usize, budget: &mut usize) -> Result<Vec<
         return Err(bad(format!("QPB1 body: raw_len {raw_len} is over the limit of {budget} decompressed bytes")));
     }
     let raw = one_zstd_frame(compressed)
-        .and_then(|()| zstd::bulk::decompress(compressed, raw_len).map_err(|e| e.to_string()))
+        .and_then(|()| queen_log::zstd_contexts::decompress(compressed, raw_len).map_err(|e| e.to_string()))
         .map_err(|e| bad(format!("QPB1 body: the compressed body (flag 0x01) does not decompress: {e}")))?;
     if raw.len() != raw_len {
         return Err(bad(format!("QPB1 body: the compressed body holds {} bytes, not raw_len {raw_len}", raw.len())));

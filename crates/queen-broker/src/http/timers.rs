@@ -258,7 +258,7 @@ fn payload_of(op: &JsonObject<'_>, max_payload: usize) -> Result<Vec<u8>, ApiErr
                 "{field} decompresses to {declared} bytes; at most {max_payload} are allowed"
             )));
         }
-        zstd::bulk::decompress(&bytes, declared as usize)
+        queen_log::zstd_contexts::decompress(&bytes, declared as usize)
             .map_err(|e| ApiError::bad_request(format!("{field} is not a valid zstd frame: {e}")))?
     } else {
         bytes
