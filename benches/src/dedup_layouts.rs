@@ -227,7 +227,7 @@ async fn run_cell(args: &DedupLayoutsArgs, url: &str, layout: Layout, keys: Keys
             .batch_execute("CREATE INDEX ON dedup.segments USING gin (transaction_ids) WITH (fastupdate = off)")
             .await?;
     }
-    let partitions = (args.connections * args.partitions_per_connection) as i64;
+    let partitions = (args.connections * args.partitions_per_connection.max(1)) as i64;
     admin.execute("INSERT INTO dedup.partitions (id) SELECT generate_series(1, $1::bigint)", &[&partitions]).await?;
     admin.batch_execute("CHECKPOINT").await?;
     let generator = Arc::new(MessageGenerator::new("dedup-layouts", Instant::now()));
@@ -239,7 +239,7 @@ async fn run_cell(args: &DedupLayoutsArgs, url: &str, layout: Layout, keys: Keys
     for connection in 0..args.connections {
         let client = connect(url).await?;
         let (generator, next_seq, segments) = (generator.clone(), next_seq.clone(), segments.clone());
-        let (messages, per_connection) = (args.messages_per_segment, args.partitions_per_connection);
+        let (messages, per_connection) = (args.messages_per_segment, args.partitions_per_connection.max(1));
         writers.push(tokio::spawn(async move {
             let statement = client.prepare(&layout.insert()).await?;
             let own: Vec<i64> = (0..per_connection).map(|i| (connection * per_connection + i + 1) as i64).collect();
