@@ -36,6 +36,8 @@ pub struct Candidate {
     /// consumer of the group holds it until then, or its next message is not visible yet
     /// (`delayedProcessing`, `windowBuffer`, a `retryDelay` after a failure).
     pub not_before: Option<DateTime<Utc>>,
+    /// Messages past the group's cursor, visible or not; `None` without a cursor.
+    pub backlog: Option<i64>,
 }
 
 /// Which partitions of a queue a candidate query looks at.
@@ -104,7 +106,7 @@ pub async fn candidates(
             concat!(
                 "SELECT p.id, p.name, c.partition_id IS NOT NULL, ",
                 $not_before,
-                " AS not_before FROM ",
+                " AS not_before, p.last_offset - GREATEST(c.committed, p.retained_from - 1) AS backlog FROM ",
                 $partitions,
                 $queue,
                 " LEFT JOIN queen.log_consumers c ON c.partition_id = p.id AND c.consumer_group = $2
@@ -137,6 +139,7 @@ pub async fn candidates(
             partition: row.get(1),
             has_cursor: row.get(2),
             not_before: row.get(3),
+            backlog: row.get(4),
         })
         .collect())
 }
@@ -185,6 +188,10 @@ pub struct ClaimRequest<'a> {
     pub batch: i64,
     /// Most partitions one claim may take.
     pub max_partitions: i64,
+    /// Most cursors the claim locks, taking them in order of preference and passing over those
+    /// another claim holds. Locking a cursor is a write whether or not it is then taken, and a
+    /// cursor locked and not taken is one a concurrent claim of the group passes over.
+    pub lock_at_most: i64,
     /// The lease shared by every partition this claim takes.
     pub lease_id: Uuid,
     /// Overrides the queue's lease time.
@@ -232,7 +239,7 @@ pub struct Claimed {
 /// A claim that takes a lease commits asynchronously: lost in a crash before it reached the disk,
 /// it is a lease that never was, and its messages are delivered again.
 pub async fn claim(client: &impl GenericClient, request: &ClaimRequest<'_>) -> Result<Claimed, StoreError> {
-    if request.partition_ids.is_empty() || request.batch < 1 || request.max_partitions < 1 {
+    if request.partition_ids.is_empty() || request.batch < 1 || request.max_partitions < 1 || request.lock_at_most < 1 {
         return Ok(Claimed::default());
     }
     let statement = client
@@ -265,6 +272,7 @@ pub async fn claim(client: &impl GenericClient, request: &ClaimRequest<'_>) -> R
                     AND (c.retry_at IS NULL OR c.retry_at <= now())
                     AND v.last_offset > s.start_after
                   ORDER BY x.ord
+                  LIMIT $9::bigint
                     FOR UPDATE OF c SKIP LOCKED
              ), allotted AS (
                  SELECT *, LEAST(last_offset - start_after,
@@ -319,6 +327,7 @@ pub async fn claim(client: &impl GenericClient, request: &ClaimRequest<'_>) -> R
                 &request.lease_seconds,
                 &request.auto_ack,
                 &request.conflation,
+                &request.lock_at_most,
             ],
         )
         .await?;

@@ -350,6 +350,7 @@ async fn pop_queue(
         partition_ids: &partition_ids,
         batch: i64::from(budget.messages),
         max_partitions: i64::from(if only_partition.is_some() { 1 } else { budget.partitions }),
+        lock_at_most: enough_to_fill(&free, budget.messages, conflates, visibility),
         lease_id,
         lease_seconds: request.lease_seconds,
         auto_ack: request.auto_ack,
@@ -413,6 +414,25 @@ async fn pop_queue(
         messages,
         ..Delivery::default()
     }))
+}
+
+/// How many of `free`, taken in order, the claim locks: as many as have backlogs that fill
+/// `messages`. A partition without a cursor counts as full, and a conflating group is served one
+/// message per partition. Under a delay or a window a backlog may not be visible yet, so every
+/// one may be locked.
+fn enough_to_fill(free: &[&cursors::Candidate], messages: u32, conflates: bool, visibility: Visibility) -> i64 {
+    let every = free.len() as i64;
+    if visibility == Visibility::Rules {
+        return every;
+    }
+    let wanted = i64::from(messages);
+    let mut offered = 0;
+    let filled_by = free.iter().position(|candidate| {
+        let backlog = candidate.backlog.unwrap_or(wanted);
+        offered += if conflates { backlog.min(1) } else { backlog };
+        offered >= wanted
+    });
+    filled_by.map_or(every, |last| last as i64 + 1)
 }
 
 /// Gives back what a pop claimed and could not hand out ([`cursors::give_back_claims`]), on the
@@ -521,6 +541,7 @@ async fn serve_past_exhausted_heads(
         partition_ids: exhausted,
         batch: request.batch - taken,
         max_partitions: request.max_partitions - claimed.len() as i64,
+        lock_at_most: exhausted.len() as i64,
         ..*request
     };
     Ok(cursors::claim(&*client, &rest).await?.claims)
@@ -579,4 +600,56 @@ async fn planned_candidates(
 
 fn corrupt(partition_id: i64, base_offset: i64, source: queen_log::DecodeError) -> BrokerError {
     BrokerError::from(queen_store::StoreError::CorruptSegment { partition_id, base_offset, source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn free(backlogs: &[Option<i64>]) -> Vec<cursors::Candidate> {
+        let candidate = |(id, backlog): (usize, &Option<i64>)| cursors::Candidate {
+            partition_id: id as i64,
+            partition: format!("p{id}"),
+            has_cursor: backlog.is_some(),
+            not_before: None,
+            backlog: *backlog,
+        };
+        backlogs.iter().enumerate().map(candidate).collect()
+    }
+
+    fn locked(backlogs: &[Option<i64>], messages: u32, conflates: bool, visibility: Visibility) -> i64 {
+        let candidates = free(backlogs);
+        enough_to_fill(&candidates.iter().collect::<Vec<_>>(), messages, conflates, visibility)
+    }
+
+    #[test]
+    fn a_claim_locks_the_partitions_that_fill_the_batch() {
+        let backlogs = [Some(30), Some(30), Some(30), Some(30), Some(30), Some(30), Some(30), Some(30)];
+        assert_eq!(locked(&backlogs, 100, false, Visibility::Immediate), 4);
+        assert_eq!(locked(&backlogs, 60, false, Visibility::Immediate), 2);
+        assert_eq!(locked(&[Some(5000), Some(5000), Some(5000)], 100, false, Visibility::Immediate), 1);
+    }
+
+    #[test]
+    fn a_claim_may_lock_every_partition_when_together_they_do_not_fill_the_batch() {
+        assert_eq!(locked(&[Some(10), Some(20), Some(30)], 100, false, Visibility::Immediate), 3);
+    }
+
+    #[test]
+    fn a_partition_without_a_cursor_counts_as_full() {
+        assert_eq!(locked(&[None, Some(1), Some(1)], 100, false, Visibility::Immediate), 1);
+        assert_eq!(locked(&[Some(1), Some(1), None, Some(1)], 100, false, Visibility::Immediate), 3);
+    }
+
+    #[test]
+    fn a_conflating_group_counts_one_message_per_partition() {
+        let backlogs = [Some(500), Some(500), Some(500), Some(500), Some(500), Some(500)];
+        assert_eq!(locked(&backlogs, 3, true, Visibility::Immediate), 3);
+    }
+
+    #[test]
+    fn under_a_delay_or_a_window_every_free_partition_may_be_locked() {
+        let backlogs = [Some(5000), Some(5000), Some(5000), Some(5000), Some(5000)];
+        assert_eq!(locked(&backlogs, 100, false, Visibility::Rules), 5);
+    }
 }
