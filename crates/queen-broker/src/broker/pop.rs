@@ -345,12 +345,14 @@ async fn pop_queue(
     if queue.options.expiry_seconds().is_some() {
         expire_old_messages(broker, &mut client, queue, &request.group, &partition_ids).await?;
     }
+    let max_partitions = i64::from(if only_partition.is_some() { 1 } else { budget.partitions });
     let claim_request = ClaimRequest {
         group: &request.group,
         partition_ids: &partition_ids,
         batch: i64::from(budget.messages),
-        max_partitions: i64::from(if only_partition.is_some() { 1 } else { budget.partitions }),
-        lock_at_most: enough_to_fill(&free, budget.messages, conflates, visibility),
+        max_partitions,
+        // A cursor locked past the claim's partitions would not be taken.
+        lock_at_most: enough_to_fill(&free, budget.messages, conflates, visibility).min(max_partitions),
         lease_id,
         lease_seconds: request.lease_seconds,
         auto_ack: request.auto_ack,

@@ -186,28 +186,41 @@ async fn queue_wide_pops_serve_the_longest_unserved_partition_first_and_reach_a_
     assert!(next.contains(&"c".to_owned()), "the new partition was served within two pops: {next:?}");
 }
 
-#[actix_web::test]
-async fn concurrent_pops_of_a_group_each_fill_their_batch_from_partitions_the_other_left() {
+/// Two pops of one group at once, over eight partitions of `per_partition` messages each: what
+/// each was answered, checked to share no message and no partition.
+async fn two_concurrent_pops(per_partition: i64, query: &str) -> (Vec<Value>, Vec<Value>) {
     let app = TestApp::spawn().await;
     for partition in ["a", "b", "c", "d", "e", "f", "g", "h"] {
         let item = |i| {
             json!({"queue": "shared", "partition": partition, "transactionId": format!("{partition}{i}"),
                    "payload": {"n": i}})
         };
-        app.push(Value::Array((1..=30).map(item).collect())).await;
+        app.push(Value::Array((1..=per_partition).map(item).collect())).await;
     }
-    // Each batch needs two partitions' worth; whichever pop claims first, the other finds two
-    // more partitions past the ones just taken.
-    let query = "batch=60&partitions=10&consumerGroup=g";
     let (first, second) = tokio::join!(app.pop("queue/shared", query), app.pop("queue/shared", query));
     let (first, second) = (first.messages(), second.messages());
-    assert_eq!((first.len(), second.len()), (60, 60), "both pops filled their batch");
     let mut taken: Vec<String> = first.iter().chain(&second).map(|m| m["transactionId"].to_string()).collect();
+    let answered = taken.len();
     taken.sort();
     taken.dedup();
-    assert_eq!(taken.len(), 120, "no message went to both");
-    let (mut one, mut other) = (partitions_of(&first), partitions_of(&second));
-    one.sort();
-    other.sort();
+    assert_eq!(taken.len(), answered, "no message went to both");
+    let (one, other) = (partitions_of(&first), partitions_of(&second));
     assert!(one.iter().all(|p| !other.contains(p)), "each partition went to one pop: {one:?} {other:?}");
+    (first, second)
+}
+
+#[actix_web::test]
+async fn concurrent_pops_of_a_group_each_fill_their_batch_from_partitions_the_other_left() {
+    // Each batch needs two partitions' worth; whichever pop claims first, the other finds two
+    // more partitions past the ones just taken.
+    let (first, second) = two_concurrent_pops(30, "batch=60&partitions=10&consumerGroup=g").await;
+    assert_eq!((first.len(), second.len()), (60, 60), "both pops filled their batch");
+}
+
+#[actix_web::test]
+async fn concurrent_pops_of_a_group_each_take_their_partitions_when_the_batch_is_not_the_limit() {
+    // Eight messages in all cannot fill a batch of 100: the partition limit is what stops each
+    // pop, and neither holds more partitions than it takes.
+    let (first, second) = two_concurrent_pops(1, "batch=100&partitions=2&consumerGroup=g").await;
+    assert_eq!((first.len(), second.len()), (2, 2), "both pops took two partitions");
 }
