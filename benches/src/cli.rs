@@ -174,19 +174,19 @@ pub struct ScanCostArgs {
 #[derive(Debug, Args)]
 pub struct DedupLayoutsArgs {
     /// Messages per segment (one push's batch)
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, value_parser = at_least_one())]
     pub messages_per_segment: usize,
     /// Concurrent writing connections
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = at_least_one())]
     pub connections: usize,
     /// Partitions each connection writes in turn
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = at_least_one())]
     pub partitions_per_connection: usize,
     /// Measured time of each cell
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub cell: Duration,
     /// Rounds of every layout, in reverse order every other round
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = at_least_one())]
     pub rounds: usize,
     /// Data directory of the bench's own PostgreSQL; defaults to bench-pg-dedup-layouts in the
     /// target directory
@@ -244,6 +244,11 @@ pub struct LoadArgs {
     pub sustain_budget: Duration,
 }
 
+/// A count that must be 1 or more: a 0 is refused rather than run as something else.
+fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::new().range(1..)
+}
+
 /// `15s`, `500ms`, `2m` or a bare number of seconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
@@ -271,5 +276,15 @@ mod tests {
         assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
         assert!(parse_duration("fast").is_err());
         assert!(parse_duration("3h").is_err());
+    }
+
+    #[test]
+    fn dedup_layouts_refuses_zero_counts() {
+        use clap::Parser;
+        for flag in ["--messages-per-segment", "--connections", "--partitions-per-connection", "--rounds"] {
+            let parsed = Cli::try_parse_from(["queen-bench", "dedup-layouts", flag, "0"]);
+            assert!(parsed.is_err(), "{flag} 0 was accepted");
+            assert!(Cli::try_parse_from(["queen-bench", "dedup-layouts", flag, "1"]).is_ok(), "{flag} 1 was refused");
+        }
     }
 }

@@ -196,7 +196,7 @@ pub async fn run(args: DedupLayoutsArgs) -> Result<String, DedupLayoutsError> {
 
 async fn measure(args: &DedupLayoutsArgs, url: &str) -> Result<String, DedupLayoutsError> {
     let mut cells = Vec::new();
-    for round in 0..args.rounds.max(1) {
+    for round in 0..args.rounds {
         let mut order: Vec<(Layout, Keys)> =
             [Keys::V4, Keys::V7].into_iter().flat_map(|keys| Layout::ALL.map(|layout| (layout, keys))).collect();
         if round % 2 == 1 {
@@ -227,7 +227,7 @@ async fn run_cell(args: &DedupLayoutsArgs, url: &str, layout: Layout, keys: Keys
             .batch_execute("CREATE INDEX ON dedup.segments USING gin (transaction_ids) WITH (fastupdate = off)")
             .await?;
     }
-    let partitions = (args.connections * args.partitions_per_connection.max(1)) as i64;
+    let partitions = (args.connections * args.partitions_per_connection) as i64;
     admin.execute("INSERT INTO dedup.partitions (id) SELECT generate_series(1, $1::bigint)", &[&partitions]).await?;
     admin.batch_execute("CHECKPOINT").await?;
     let generator = Arc::new(MessageGenerator::new("dedup-layouts", Instant::now()));
@@ -239,7 +239,7 @@ async fn run_cell(args: &DedupLayoutsArgs, url: &str, layout: Layout, keys: Keys
     for connection in 0..args.connections {
         let client = connect(url).await?;
         let (generator, next_seq, segments) = (generator.clone(), next_seq.clone(), segments.clone());
-        let (messages, per_connection) = (args.messages_per_segment, args.partitions_per_connection.max(1));
+        let (messages, per_connection) = (args.messages_per_segment, args.partitions_per_connection);
         writers.push(tokio::spawn(async move {
             let statement = client.prepare(&layout.insert()).await?;
             let own: Vec<i64> = (0..per_connection).map(|i| (connection * per_connection + i + 1) as i64).collect();
@@ -269,7 +269,7 @@ async fn run_cell(args: &DedupLayoutsArgs, url: &str, layout: Layout, keys: Keys
 }
 
 fn report(args: &DedupLayoutsArgs, cells: &[Cell]) -> String {
-    let rounds = args.rounds.max(1);
+    let rounds = args.rounds;
     let mut out = format!(
         "Dedup layouts: {} messages per segment, one statement per segment (autocommit), {} connections, {} s per \
          cell, {rounds} round(s); msgs/s, and in parentheses ÷ the `segments` cell of the same round and keys.\n\n",
