@@ -63,6 +63,10 @@ pub struct SuiteArgs {
     /// Do not run pg_test_fsync before and after the suite
     #[arg(long)]
     pub no_fsync_probe: bool,
+    /// Runs of each scenario per build, alternating which build goes first; the report gives
+    /// every round and stands the median one for them (an odd count has a true median)
+    #[arg(long, default_value_t = 1, value_parser = at_least_one())]
+    pub rounds: usize,
     #[command(flatten)]
     pub load: LoadArgs,
 }

@@ -19,6 +19,7 @@ mod ledger;
 mod own_postgres;
 mod procfs;
 mod report;
+mod rounds;
 mod scan_cost;
 mod scenarios;
 mod stats;

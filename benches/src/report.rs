@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::ceiling::{CONNECTIONS, CeilingCell, CeilingReport, CellKind, MESSAGES_PER_SEGMENT};
 use crate::environment::{Environment, fdatasync_ops};
+use crate::rounds::Rounds;
 use crate::scenarios::{ScenarioName, ScenarioReport, Sustain};
 use crate::stats::Distribution;
 
@@ -97,6 +98,9 @@ pub struct Report {
     pub verified: bool,
     /// What failed outside the scenarios (the ceiling, the suite's own set-up).
     pub failures: Vec<String>,
+    /// Every round's headline, when the suite ran more than one round per scenario; each
+    /// scenario's row above is then its median round ([`crate::rounds::representative`]).
+    pub rounds: Vec<Rounds>,
 }
 
 impl Report {
@@ -108,7 +112,7 @@ impl Report {
     ) -> Self {
         let targets = check_targets(&scenarios, ceiling.as_ref(), compare.as_ref());
         let verified = all_runs(&scenarios, compare.as_ref()).all(|(_, s)| s.passed());
-        Self { environment, scenarios, ceiling, compare, targets, verified, failures: Vec::new() }
+        Self { environment, scenarios, ceiling, compare, targets, verified, failures: Vec::new(), rounds: Vec::new() }
     }
 
     /// Every problem that makes the run fail, one line each.
@@ -142,6 +146,7 @@ impl Report {
         if let Some(compare) = &self.compare {
             self.write_comparison(&mut out, compare);
         }
+        self.write_rounds(&mut out);
         self.write_sustain(&mut out);
         self.write_fairness_and_plans(&mut out);
         if let Some(ceiling) = &self.ceiling {
@@ -313,6 +318,37 @@ impl Report {
                 pair(rss(a), rss(b)),
                 yes_no(a.passed()),
                 yes_no(b.passed()),
+            );
+        }
+        out.push('\n');
+    }
+
+    fn write_rounds(&self, out: &mut String) {
+        if self.rounds.iter().all(|r| r.a.len() < 2 && r.b.len() < 2) {
+            return;
+        }
+        let _ = writeln!(
+            out,
+            "Rounds: each scenario ran {} times per build (alternating which build went first), and each row \
+             above is its median round (of an even count, the lower middle; a round that failed stands for them \
+             all). Every round's headline, in the order they ran:\n",
+            self.rounds.iter().map(|r| r.a.len()).max().unwrap_or(0)
+        );
+        let _ = writeln!(out, "| scenario | headline | A | B | A/B, round by round |\n|---|---|---|---|---|");
+        for rounds in &self.rounds {
+            let Some(run) = scenario(&self.scenarios, rounds.scenario) else { continue };
+            let (label, _) = headline(run);
+            let listed = |values: &[Option<f64>]| {
+                values.iter().map(|v| v.map_or_else(dash, |v| figure(label, v))).collect::<Vec<_>>().join(" · ")
+            };
+            let ratios: Vec<String> = rounds.a.iter().zip(&rounds.b).map(|(a, b)| ratio_text(*a, *b)).collect();
+            let _ = writeln!(
+                out,
+                "| {} | {label} | {} | {} | {} |",
+                rounds.scenario,
+                listed(&rounds.a),
+                if rounds.b.is_empty() { dash() } else { listed(&rounds.b) },
+                if ratios.is_empty() { dash() } else { ratios.join(" · ") },
             );
         }
         out.push('\n');
@@ -509,7 +545,7 @@ fn write_ceiling(out: &mut String, ceiling: &CeilingReport) {
 }
 
 /// The one figure of a scenario an A/B comparison is about: its name, and the value.
-fn headline(s: &ScenarioReport) -> (&'static str, Option<f64>) {
+pub(crate) fn headline(s: &ScenarioReport) -> (&'static str, Option<f64>) {
     match s.scenario {
         ScenarioName::Consume
         | ScenarioName::Partitions1
@@ -742,7 +778,7 @@ fn verified_target(scenarios: &[ScenarioReport], compare: Option<&Comparison>) -
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::ceiling::CellShape;
     use crate::ledger::Verification;
@@ -765,7 +801,7 @@ mod tests {
         }
     }
 
-    fn scenario_report(name: ScenarioName, pushed_per_s: f64, rss_mib: u64) -> ScenarioReport {
+    pub(crate) fn scenario_report(name: ScenarioName, pushed_per_s: f64, rss_mib: u64) -> ScenarioReport {
         ScenarioReport {
             scenario: name,
             shape: "a shape".into(),
@@ -784,7 +820,7 @@ mod tests {
         }
     }
 
-    fn verified(mut report: ScenarioReport) -> ScenarioReport {
+    pub(crate) fn verified(mut report: ScenarioReport) -> ScenarioReport {
         report.verification =
             vec![Verification { stream: "s".into(), queued: 1, duplicate_answers: 0, uncertain: 0, groups: vec![] }];
         report
@@ -919,6 +955,26 @@ mod tests {
         );
         assert!(markdown.contains("| push-b1 | B | pushed msg/s | 1,400 | 1,000 | **1.40** |"), "{markdown}");
         assert!(markdown.contains("Sustainable fan-out (sustain-10 (build B), 1 group)"), "{markdown}");
+        assert!(!markdown.contains("Rounds:"), "one round each: no rounds table");
+    }
+
+    #[test]
+    fn rounds_are_listed_with_their_ratios_round_by_round() {
+        let a = vec![verified(scenario_report(ScenarioName::PushB1, 1_400.0, 30))];
+        let runs =
+            vec![ComparedRun { ran_first: true, report: verified(scenario_report(ScenarioName::PushB1, 1_000.0, 30)) }];
+        let mut report = Report::new(Environment::default(), a, None, Some(Comparison { broker: "b".into(), runs }));
+        report.rounds = vec![Rounds {
+            scenario: ScenarioName::PushB1,
+            a: vec![Some(1_400.0), Some(1_500.0), Some(900.0)],
+            b: vec![Some(1_000.0), Some(1_000.0), None],
+        }];
+        let markdown = report.markdown();
+        assert!(markdown.contains("each scenario ran 3 times per build"), "{markdown}");
+        assert!(
+            markdown.contains("| push-b1 | pushed msg/s | 1,400 · 1,500 · 900 | 1,000 · 1,000 · – | 1.40 · 1.50 · – |"),
+            "{markdown}"
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@ use crate::cli::{LoadArgs, SuiteArgs};
 use crate::environment::{Environment, fdatasync_probe};
 use crate::procfs::Watched;
 use crate::report::{ComparedRun, Comparison, Report};
+use crate::rounds::{Rounds, representative};
 use crate::scenarios::{Harness, ScenarioName, ScenarioReport};
 
 #[derive(Debug, thiserror::Error)]
@@ -90,6 +91,10 @@ impl Suite<'_> {
                 b.display()
             ),
         };
+        let broker = match self.args.rounds {
+            1 => broker,
+            rounds => format!("{broker}, {rounds} rounds of each scenario"),
+        };
         let mut environment = Environment::collect(broker, load_flags(&self.args.load));
         environment.read_postgres(&self.postgres.url("postgres")).await?;
         let probe_dir = self.postgres.data_dir().parent().unwrap_or(Path::new(".")).to_owned();
@@ -105,29 +110,43 @@ impl Suite<'_> {
             if self.args.scenarios.is_empty() { ScenarioName::ALL.to_vec() } else { self.args.scenarios.clone() };
         let mut reports = Vec::new();
         let mut compared = Vec::new();
+        let mut rounds = Vec::new();
         for (index, scenario) in scenarios.into_iter().enumerate() {
-            // A then B for one scenario, B then A for the next: neither always meets the
-            // server (its caches, its WAL) in the state the other left.
-            let b_first = self.compare_bin.is_some() && index % 2 == 1;
-            let order: &[Build] = match (&self.compare_bin, b_first) {
-                (None, _) => &[Build::A],
-                (Some(_), false) => &[Build::A, Build::B],
-                (Some(_), true) => &[Build::B, Build::A],
-            };
-            for &build in order {
-                tracing::info!(%scenario, ?build, "scenario");
-                let database = format!("bench_{}", scenario.as_str().replace('-', "_"));
-                recreate_database(&admin, &database).await?;
-                let report = self.run_scenario(scenario, build, &database, postmaster).await;
-                if !report.passed() {
-                    let why = report.failure.as_deref().unwrap_or("verification failed");
-                    tracing::error!(%scenario, ?build, "scenario failed: {why}");
+            let (mut runs_a, mut runs_b, mut b_went_first) = (Vec::new(), Vec::new(), Vec::new());
+            for round in 0..self.args.rounds {
+                // A then B, then B then A: neither always meets the server (its caches, its
+                // WAL) in the state the other left.
+                let b_first = self.compare_bin.is_some() && (index + round) % 2 == 1;
+                let order: &[Build] = match (&self.compare_bin, b_first) {
+                    (None, _) => &[Build::A],
+                    (Some(_), false) => &[Build::A, Build::B],
+                    (Some(_), true) => &[Build::B, Build::A],
+                };
+                for &build in order {
+                    tracing::info!(%scenario, ?build, round = round + 1, "scenario");
+                    let database = format!("bench_{}", scenario.as_str().replace('-', "_"));
+                    recreate_database(&admin, &database).await?;
+                    let report = self.run_scenario(scenario, build, &database, postmaster).await;
+                    if !report.passed() {
+                        let why = report.failure.as_deref().unwrap_or("verification failed");
+                        tracing::error!(%scenario, ?build, "scenario failed: {why}");
+                    }
+                    drop_database(&admin, &database).await?;
+                    match build {
+                        Build::A => runs_a.push(report),
+                        Build::B => {
+                            runs_b.push(report);
+                            b_went_first.push(b_first);
+                        }
+                    }
                 }
-                drop_database(&admin, &database).await?;
-                match build {
-                    Build::A => reports.push(report),
-                    Build::B => compared.push(ComparedRun { ran_first: b_first, report }),
-                }
+            }
+            rounds.push(Rounds::new(scenario, &runs_a, &runs_b));
+            if let Some(median) = representative(&runs_a) {
+                reports.push(runs_a.swap_remove(median));
+            }
+            if let Some(median) = representative(&runs_b) {
+                compared.push(ComparedRun { ran_first: b_went_first[median], report: runs_b.swap_remove(median) });
             }
         }
         let comparison =
@@ -149,6 +168,7 @@ impl Suite<'_> {
         let _ = connection.await;
         let mut report = Report::new(environment, reports, ceiling, comparison);
         report.failures = failures;
+        report.rounds = rounds;
         Ok(report)
     }
 

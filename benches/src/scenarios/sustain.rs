@@ -138,6 +138,7 @@ impl Search<'_> {
                 pushed = step.pushed_per_s.round(),
                 max_lag = step.max_lag,
                 kept_up = step.kept_up,
+                missed = %step.missed.join("; "),
                 "sustain step"
             );
             if step.kept_up {
