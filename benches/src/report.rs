@@ -327,12 +327,16 @@ impl Report {
         if self.rounds.iter().all(|r| r.a.len() < 2 && r.b.len() < 2) {
             return;
         }
+        let times = self.rounds.iter().map(|r| r.a.len()).max().unwrap_or(0);
+        let per_build = match self.compare {
+            Some(_) => " per build (alternating which build went first)",
+            None => "",
+        };
         let _ = writeln!(
             out,
-            "Rounds: each scenario ran {} times per build (alternating which build went first), and each row \
-             above is its median round (of an even count, the lower middle; a round that failed stands for them \
-             all). Every round's headline, in the order they ran:\n",
-            self.rounds.iter().map(|r| r.a.len()).max().unwrap_or(0)
+            "Rounds: each scenario ran {times} times{per_build}, and each row above is its median round (of an \
+             even count, the lower middle; a round that failed stands for them all). Every round's headline, in \
+             the order they ran:\n"
         );
         let _ = writeln!(out, "| scenario | headline | A | B | A/B, round by round |\n|---|---|---|---|---|");
         for rounds in &self.rounds {
