@@ -31,6 +31,31 @@ def test_create_and_configure_a_queue(queen_url):
     run(body())
 
 
+def test_an_option_the_broker_does_not_act_on_is_refused_by_name(queen_url):
+    """config() passes any key through: one the broker does not act on is a 400 naming it (the
+    client raises it), and the queue is neither created nor changed."""
+
+    async def body():
+        name = unique("strict-options")
+        async with client(queen_url) as q:
+            with pytest.raises(httpx.HTTPStatusError) as raised:
+                await q.queue(name).config({"lease_time": 7, "max_partitions": 4}).create()
+            assert raised.value.response.status_code == 400
+            assert "options.maxPartitions is not a queue option" in str(raised.value), raised.value
+            with pytest.raises(httpx.HTTPStatusError) as missing:
+                await q.admin.get_queue(name)
+            assert missing.value.response.status_code == 404, "the refused call created the queue"
+
+            await q.queue(name).config({"lease_time": 7}).create()
+            with pytest.raises(httpx.HTTPStatusError):
+                await q.queue(name).config({"lease_time": 9, "colour": "blue"}).create()
+            details = await q.admin.get_queue(name)
+            assert details["options"]["leaseTime"] == 7, details
+            assert "colour" not in details["options"], details
+
+    run(body())
+
+
 def test_push_answers_queued_with_message_and_transaction_ids(queen_url):
     """§6.2: one result per item, status queued, a message_id and the client's transaction id."""
 

@@ -21,7 +21,7 @@ use crate::{Client, Error};
 
 /// A queue's configuration: create a queue, or merge options into an existing one (options
 /// not given keep their value). The common options are typed; [`option`](QueueConfig::option)
-/// passes any other through (the broker keeps, echoes and lists unknown ones as ignored).
+/// names any other by its wire name (the broker refuses, with a 400, an option it does not act on).
 ///
 /// Durations are sent in whole seconds, rounded up, except `retryDelay` (milliseconds).
 ///
@@ -204,7 +204,7 @@ pub struct QueueOptions {
     pub encryption_enabled: bool,
     /// `dedupWindowSeconds`.
     pub dedup_window_seconds: i64,
-    /// Options the broker keeps and echoes but does not act on.
+    /// Options this version of the client does not know (a newer broker's).
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
@@ -228,9 +228,6 @@ pub struct Configured {
     pub task: Option<String>,
     /// Every option with its effective value.
     pub options: QueueOptions,
-    /// Options kept but not acted on.
-    #[serde(default)]
-    pub ignored_options: Vec<String>,
 }
 
 /// A queue: its options and size.

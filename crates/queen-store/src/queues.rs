@@ -3,7 +3,6 @@
 use std::sync::LazyLock;
 
 use deadpool_postgres::GenericClient;
-use serde_json::{Map, Value};
 use tokio_postgres::error::SqlState;
 
 use crate::events::{self, Event};
@@ -79,19 +78,16 @@ pub struct Queue {
     pub namespace: Option<String>,
     pub task: Option<String>,
     pub options: QueueOptions,
-    /// Options this broker does not know, as configured (echoed back, never acted on).
-    pub unknown_options: Map<String, Value>,
 }
 
 /// The columns [`queue_from_row`] reads, in its order.
 pub(crate) const QUEUE_COLUMNS: &str = "id, name, namespace, task, lease_time_seconds, retry_limit, retry_delay_ms, \
      priority, delayed_processing_seconds, window_buffer_seconds, max_size, ttl_seconds, max_wait_seconds, \
      dead_letter_queue, dlq_after_max_retries, retention_enabled, retention_seconds, completed_retention_seconds, \
-     encryption_enabled, dedup_window_seconds, unknown_options";
+     encryption_enabled, dedup_window_seconds";
 
 /// A queue from the first columns of a row selected with [`QUEUE_COLUMNS`].
 pub(crate) fn queue_from_row(row: &tokio_postgres::Row) -> Queue {
-    let unknown_options: Value = row.get(20);
     Queue {
         id: row.get(0),
         name: row.get(1),
@@ -115,10 +111,6 @@ pub(crate) fn queue_from_row(row: &tokio_postgres::Row) -> Queue {
             encryption_enabled: row.get(18),
             dedup_window_seconds: row.get(19),
         },
-        unknown_options: match unknown_options {
-            Value::Object(map) => map,
-            _ => Map::new(),
-        },
     }
 }
 
@@ -133,15 +125,14 @@ pub fn derived_namespace_task(name: &str) -> (Option<&str>, Option<&str>) {
 }
 
 /// Creates the queue (within `max_queues`, see [`create_queues`]) or updates its options, merging:
-/// options the request does not name keep their stored values, and `unknown` options are added to
-/// the stored ones. Every broker is told the queue changed. Returns the queue as stored afterwards.
+/// options the request does not name keep their stored values. Every broker is told the queue
+/// changed. Returns the queue as stored afterwards.
 pub async fn configure_queue(
     client: &mut deadpool_postgres::Client,
     name: &str,
     namespace: Option<&str>,
     task: Option<&str>,
     patch: &QueueOptionsPatch,
-    unknown: &Map<String, Value>,
     max_queues: i64,
 ) -> Result<Queue, StoreError> {
     let tx = client.transaction().await?;
@@ -168,12 +159,10 @@ pub async fn configure_queue(
              completed_retention_seconds = COALESCE($17, completed_retention_seconds),
              encryption_enabled = COALESCE($18, encryption_enabled),
              dedup_window_seconds = COALESCE($19, dedup_window_seconds),
-             unknown_options = unknown_options || $20,
              updated_at = now()
           WHERE name = $1
       RETURNING {QUEUE_COLUMNS}"
     );
-    let unknown = Value::Object(unknown.clone());
     let row = tx
         .query_one(
             &sql,
@@ -197,7 +186,6 @@ pub async fn configure_queue(
                 &patch.completed_retention_seconds,
                 &patch.encryption_enabled,
                 &patch.dedup_window_seconds,
-                &unknown,
             ],
         )
         .await?;

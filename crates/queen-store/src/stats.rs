@@ -85,11 +85,11 @@ pub async fn queues(
         .iter()
         .map(|row| QueueStats {
             queue: queue_from_row(row),
-            created_at: row.get(21),
-            partitions: row.get(22),
-            messages_pushed: row.get(23),
-            messages_stored: row.get(24),
-            last_push_at: row.get(25),
+            created_at: row.get(20),
+            partitions: row.get(21),
+            messages_pushed: row.get(22),
+            messages_stored: row.get(23),
+            last_push_at: row.get(24),
         })
         .collect())
 }

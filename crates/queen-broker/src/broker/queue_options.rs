@@ -2,10 +2,11 @@
 //! the wire, what each takes, and the echo of a queue's effective options. One table serves the
 //! checks and the echo, so an option cannot be accepted without being echoed, or the reverse.
 //!
-//! The client's option set is open (it sends unknown keys through unchanged): a key not in the
-//! table is kept and echoed as configured, listed as ignored, and never acted on.
+//! The client passes any key a user gives it through unchanged. A key not in the table is
+//! refused with a 400 that names it: an option the broker stored without acting on it would let
+//! a user believe it holds.
 
-use queen_store::queues::{Queue, QueueOptions, QueueOptionsPatch};
+use queen_store::queues::{QueueOptions, QueueOptionsPatch};
 use serde_json::{Map, Value};
 
 use super::BrokerError;
@@ -65,15 +66,23 @@ const KNOWN: &[KnownOption] = &[
     option!("dedupWindowSeconds", dedup_window_seconds, integer(0, INT)),
 ];
 
-/// The options of a configure request: the known ones checked into a patch (a `null` value
-/// leaves the stored one as it is), the unknown ones as they came.
-pub fn parse(options: &Map<String, Value>) -> Result<(QueueOptionsPatch, Map<String, Value>), BrokerError> {
+/// The longest part of an unknown option's name an error quotes.
+const QUOTED_NAME_CHARS: usize = 64;
+
+/// The options of a configure request checked into a patch (a `null` value leaves the stored one
+/// as it is). A name this broker does not act on is refused.
+pub fn parse(options: &Map<String, Value>) -> Result<QueueOptionsPatch, BrokerError> {
     let mut patch = QueueOptionsPatch::default();
-    let mut unknown = Map::new();
     for (key, value) in options {
         let Some(known) = KNOWN.iter().find(|o| o.name == key) else {
-            unknown.insert(key.clone(), value.clone());
-            continue;
+            let quoted: String = key.chars().take(QUOTED_NAME_CHARS).collect();
+            let cut = if quoted.len() < key.len() { "…" } else { "" };
+            let names: Vec<&str> = KNOWN.iter().map(|o| o.name).collect();
+            return Err(BrokerError::invalid(format!(
+                "options.{}{cut} is not a queue option this broker acts on; the options are {}",
+                quoted.escape_debug(),
+                names.join(", ")
+            )));
         };
         if value.is_null() {
             continue;
@@ -90,22 +99,12 @@ pub fn parse(options: &Map<String, Value>) -> Result<(QueueOptionsPatch, Map<Str
         }
         (known.set)(&mut patch, value);
     }
-    Ok((patch, unknown))
+    Ok(patch)
 }
 
-/// Every known option with its effective value (defaults included), then the unknown ones as
-/// configured.
-pub fn echo(queue: &Queue) -> Map<String, Value> {
-    let mut echoed: Map<String, Value> = KNOWN.iter().map(|o| (o.name.to_owned(), (o.get)(&queue.options))).collect();
-    for (key, value) in &queue.unknown_options {
-        echoed.entry(key.clone()).or_insert_with(|| value.clone());
-    }
-    echoed
-}
-
-/// The queue's options the broker does not act on.
-pub fn ignored(queue: &Queue) -> Vec<&str> {
-    queue.unknown_options.keys().map(String::as_str).collect()
+/// Every option with its effective value (defaults included).
+pub fn echo(options: &QueueOptions) -> Map<String, Value> {
+    KNOWN.iter().map(|o| (o.name.to_owned(), (o.get)(options))).collect()
 }
 
 #[cfg(test)]
@@ -122,8 +121,7 @@ mod tests {
             r#"{"leaseTime": 300, "retryLimit": 3, "priority": 0, "delayedProcessing": 0, "windowBuffer": 0,
                 "maxSize": 0, "retentionSeconds": 0, "completedRetentionSeconds": 0, "encryptionEnabled": false}"#,
         );
-        let (patch, unknown) = parse(&defaults).unwrap();
-        assert!(unknown.is_empty(), "{unknown:?}");
+        let patch = parse(&defaults).unwrap();
         assert_eq!(patch.lease_time_seconds, Some(300));
         assert_eq!(patch.max_size, Some(0));
         assert_eq!(patch.encryption_enabled, Some(false));
@@ -131,10 +129,36 @@ mod tests {
     }
 
     #[test]
-    fn unknown_keys_are_kept_and_null_leaves_the_stored_value() {
-        let (patch, unknown) = parse(&options(r#"{"retryDelay": null, "maxPartitions": 4, "xFoobar": "y"}"#)).unwrap();
-        assert_eq!(patch, QueueOptionsPatch::default());
-        assert_eq!(unknown, options(r#"{"maxPartitions": 4, "xFoobar": "y"}"#));
+    fn null_leaves_the_stored_value() {
+        assert_eq!(
+            parse(&options(r#"{"retryDelay": null, "leaseTime": null}"#)).unwrap(),
+            QueueOptionsPatch::default()
+        );
+    }
+
+    #[test]
+    fn an_unknown_option_is_refused_by_name() {
+        for (json, quoted) in [
+            (r#"{"leaseTime": 30, "maxPartitions": 4}"#, "options.maxPartitions is not"),
+            (r#"{"xFoobar": null}"#, "options.xFoobar is not"),
+            (r#"{"lease_time": 30}"#, "options.lease_time is not"),
+            (r#"{"nul\u0000": 1}"#, "options.nul\\0 is not"),
+        ] {
+            match parse(&options(json)) {
+                Err(BrokerError::Invalid(message)) => {
+                    assert!(message.starts_with(quoted), "{message}");
+                    assert!(message.ends_with("encryptionEnabled, dedupWindowSeconds"), "{message}");
+                }
+                other => panic!("{json}: expected a 400, got {other:?}"),
+            }
+        }
+        let long = format!(r#"{{"{}": 1}}"#, "é".repeat(1000));
+        match parse(&options(&long)) {
+            Err(BrokerError::Invalid(message)) => {
+                assert!(message.starts_with(&format!("options.{}… is not", "é".repeat(QUOTED_NAME_CHARS))), "{message}")
+            }
+            other => panic!("expected a 400, got {other:?}"),
+        }
     }
 
     #[test]

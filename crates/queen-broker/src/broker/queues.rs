@@ -14,32 +14,25 @@ use super::{Broker, queue_options};
 pub struct Configure {
     pub namespace: Option<String>,
     pub task: Option<String>,
-    /// As the client sent them: known options are checked, unknown ones kept.
+    /// As the client sent them; each is checked by [`queue_options::parse`].
     pub options: Map<String, Value>,
 }
 
 /// Creates the queue (within `limits.max_queues`) or merges options into it. Every broker forgets what it cached of the queue,
-/// so a changed option acts at once, on messages already stored too. Unknown options are stored
-/// and echoed; each is logged when a queue first gets it.
+/// so a changed option acts at once, on messages already stored too.
 pub async fn configure(broker: &Broker, name: &str, request: &Configure) -> Result<Queue, BrokerError> {
-    let (patch, unknown) = queue_options::parse(&request.options)?;
+    let patch = queue_options::parse(&request.options)?;
     if patch.encryption_enabled == Some(true) && broker.cipher.is_none() {
         return Err(BrokerError::invalid(
             "options.encryptionEnabled: this broker has no encryption key; set QUEEN_ENCRYPTION_KEY (or \
              encryption.key) to 64 hexadecimal characters, the same on every broker",
         ));
     }
-    let before = broker.names.queue(&broker.pool, name).await?;
     let mut client = broker.pool.get().await.map_err(StoreError::from)?;
     let (namespace, task) = (request.namespace.as_deref(), request.task.as_deref());
     let max_queues = broker.config.limits.creation().queues;
-    let queue = queues::configure_queue(&mut client, name, namespace, task, &patch, &unknown, max_queues).await?;
+    let queue = queues::configure_queue(&mut client, name, namespace, task, &patch, max_queues).await?;
     broker.names.forget_queue(name);
-    let new: Vec<&String> =
-        unknown.keys().filter(|key| !before.as_ref().is_some_and(|q| q.unknown_options.contains_key(*key))).collect();
-    if !new.is_empty() {
-        tracing::warn!(queue = name, options = ?new, "options this broker does not know: stored and echoed, not acted on");
-    }
     Ok(queue)
 }
 

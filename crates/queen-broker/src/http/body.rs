@@ -87,10 +87,9 @@ where
 
 /// The deepest a request body may nest arrays and objects: what `serde_json` reads. Members are
 /// kept as raw JSON, which is read without a depth limit, and parts of a body are stored and
-/// served again at the same depth (payloads in pop answers, unknown options in configure
-/// answers): a deeper body would be accepted and then answered as JSON that readers with a depth
-/// or recursion limit (`serde_json`, Python's `json`) cannot read, which no consumer could get
-/// past.
+/// served again at the same depth (payloads in pop answers): a deeper body would be accepted and
+/// then answered as JSON that readers with a depth or recursion limit (`serde_json`, Python's
+/// `json`) cannot read, which no consumer could get past.
 pub const MAX_NESTING: usize = 127;
 
 /// The deepest a message's data may nest when it does not arrive inside a push body (a timer's

@@ -34,7 +34,7 @@ pub async fn get_queue(broker: web::Data<Broker>, req: HttpRequest) -> Result<Ht
         name: queue.name.clone(),
         namespace: queue.namespace.clone(),
         task: queue.task.clone(),
-        options: queue_options::echo(&queue),
+        options: queue_options::echo(&queue.options),
         partitions: size.partitions,
         messages: size.messages,
     }))

@@ -89,7 +89,7 @@ struct QueueJson {
 impl From<QueueStats> for QueueJson {
     fn from(q: QueueStats) -> Self {
         QueueJson {
-            options: queue_options::echo(&q.queue),
+            options: queue_options::echo(&q.queue.options),
             id: q.queue.id,
             name: q.queue.name,
             namespace: q.queue.namespace,

@@ -1,5 +1,5 @@
 //! `POST /api/v1/configure`: the echo of every option with its effective value, unknown options
-//! kept and listed as ignored, merging, checks, and a change reaching every broker at once.
+//! refused by name, merging, checks, and a change reaching every broker at once.
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -21,7 +21,6 @@ async fn configure_echoes_every_option_with_its_effective_value() {
     let app = TestApp::spawn().await;
     let created = app.configure("plain", json!({})).await;
     assert_eq!(created["options"], defaults());
-    assert_eq!(created["ignoredOptions"], json!([]));
 
     let changed = app.configure("plain", json!({"leaseTime": 5, "retryDelay": 250, "deadLetterQueue": false})).await;
     let mut expected = defaults();
@@ -38,20 +37,30 @@ async fn configure_echoes_every_option_with_its_effective_value() {
 }
 
 #[actix_web::test]
-async fn unknown_options_are_kept_echoed_and_listed_as_ignored() {
+async fn an_option_the_broker_does_not_act_on_is_refused_by_name_and_changes_nothing() {
     let app = TestApp::spawn().await;
-    let first = app.configure("open", json!({"leaseTime": 30, "maxPartitions": 4, "colour": "blue"})).await;
-    assert_eq!(first["options"]["maxPartitions"], 4);
-    assert_eq!(first["options"]["colour"], "blue");
-    assert_eq!(first["options"]["leaseTime"], 30);
-    assert_eq!(first["ignoredOptions"], json!(["colour", "maxPartitions"]));
+    // `maxPartitions` is no queue option (a pop's `partitions` is), and `lease_time` is the
+    // client's spelling before it turns it into camelCase: a user who sends either must learn that
+    // it does not hold.
+    for (options, named) in [
+        (json!({"leaseTime": 30, "maxPartitions": 4}), "options.maxPartitions"),
+        (json!({"lease_time": 30}), "options.lease_time"),
+        (json!({"colour": null}), "options.colour"),
+    ] {
+        let answer = app.post("/api/v1/configure", &json!({"queue": "strict", "options": options})).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{answer:?}");
+        let error = answer.body["error"].as_str().unwrap_or_default();
+        assert!(error.starts_with(&format!("{named} is not a queue option this broker acts on")), "{error}");
+        assert!(error.contains("leaseTime, retryLimit"), "the answer lists the options: {error}");
+    }
+    assert_eq!(app.count("SELECT count(*) FROM queen.queues").await, 0, "no queue was created");
 
-    let second = app.configure("open", json!({"colour": "red", "shape": null})).await;
-    assert_eq!(second["options"]["colour"], "red");
-    assert_eq!(second["options"]["maxPartitions"], 4, "kept from the first call");
-    assert_eq!(second["ignoredOptions"], json!(["colour", "maxPartitions", "shape"]));
-    let stored = app.count("SELECT count(*) FROM queen.queues WHERE unknown_options ? 'leaseTime'").await;
-    assert_eq!(stored, 0, "known options live in their typed columns only");
+    app.configure("strict", json!({"leaseTime": 12})).await;
+    let answer = app.post("/api/v1/configure", &json!({"queue": "strict", "options": {"leaseTime": 99, "x": 1}})).await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{answer:?}");
+    let stored = app.get("/api/v1/resources/queues/strict").await.body;
+    assert_eq!(stored["options"]["leaseTime"], 12, "the known option of a refused call is not applied");
+    assert_eq!(stored["options"].as_object().map(|o| o.len()), defaults().as_object().map(|o| o.len()));
 }
 
 #[actix_web::test]

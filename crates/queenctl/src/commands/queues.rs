@@ -70,11 +70,11 @@ Examples:
   queenctl queues configure orders
   queenctl queues configure orders --lease-time 60 --retry-limit 5 --dead-letter-queue true
   queenctl queues configure orders --namespace shop --task billing --priority 10
-  queenctl queues configure orders --set maxSize=100000 --set customSetting='\"kept\"'
+  queenctl queues configure orders --set maxSize=100000 --set retentionEnabled=true
 
 Prints every option with its effective value. --set passes any option by its wire name; the
-value is read as JSON when it is JSON, as text otherwise. Options the broker does not know are
-kept, echoed and listed as ignored.";
+value is read as JSON when it is JSON, as text otherwise. The broker refuses an option it does
+not act on, and changes nothing.";
 
 #[derive(Debug, Args)]
 #[command(after_help = CONFIGURE_AFTER_HELP)]
@@ -319,11 +319,7 @@ async fn configure(ctx: &Ctx, args: ConfigureArgs) -> Result {
         .add("task", output::maybe(configured.task.as_deref()));
     output::print(&fields.render())?;
     output::line("")?;
-    output::print(&options_fields(&configured.options).render())?;
-    if !configured.ignored_options.is_empty() {
-        output::note(&format!("kept but not acted on by the broker: {}", configured.ignored_options.join(", ")));
-    }
-    Ok(())
+    output::print(&options_fields(&configured.options).render())
 }
 
 async fn delete(ctx: &Ctx, queue: &str, yes: bool) -> Result {

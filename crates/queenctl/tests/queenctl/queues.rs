@@ -19,7 +19,7 @@ async fn queues_are_configured_listed_shown_and_deleted_in_both_forms() {
             "--retry-limit",
             "2",
             "--set",
-            "customThing=abc",
+            "retentionSeconds=3600",
         ])
         .await
         .success();
@@ -27,8 +27,12 @@ async fn queues_are_configured_listed_shown_and_deleted_in_both_forms() {
         (configured.field("namespace"), configured.field("leaseTime"), configured.field("retryLimit")),
         ("shop", "45", "2")
     );
-    assert_eq!(configured.field("customThing"), "abc");
-    assert_eq!(configured.stderr.trim(), "kept but not acted on by the broker: customThing");
+    assert_eq!(configured.field("retentionSeconds"), "3600");
+    assert_eq!(configured.stderr, "");
+    let refused =
+        broker.run(&["queues", "configure", "shop-orders", "--set", "customThing=abc", "--lease-time", "9"]).await;
+    refused.fails(1, "options.customThing is not a queue option this broker acts on");
+    assert_eq!(broker.json(&["queues", "show", "shop-orders"]).await["queue"]["options"]["leaseTime"], 45);
     let changed = broker
         .json(&["queues", "configure", "shop-orders", "--max-size", "1000", "--dead-letter-queue", "false"])
         .await;
