@@ -194,7 +194,7 @@ impl Search<'_> {
     /// One measured step at `rate`, with the lags sampled while the producers push.
     async fn step(&self, rate: f64) -> SustainStep {
         let load = &self.harness.load;
-        let errors_before = self.stream.errors.counts().total();
+        let errors_before = self.stream.errors.counts();
         let lag_bound = (rate * LAG_SECONDS).ceil() as u64 + load.pop_batch as u64;
         let window = Window::open(self.stream, &self.harness.watched);
         let push = self.push_at(rate, load.sustain_step);
@@ -210,10 +210,15 @@ impl Search<'_> {
         max_lag = max_lag.max(self.max_lag());
         let measured = window.close(self.stream, &self.harness.watched);
         let latency_ms = self.stream.latency.as_ref().and_then(|l| l.summary_ms());
-        let errors = self.stream.errors.counts().total() - errors_before;
+        let errors_after = self.stream.errors.counts();
+        let errors = errors_after.total() - errors_before.total();
         let planned = rate * load.sustain_step.as_secs_f64();
-        let missed =
+        let mut missed =
             verdict(self.groups as u64, planned, measured.pushed, measured.delivered, (max_lag, lag_bound), errors);
+        // The error log keeps the run's first few messages: say what failed when one of them is this step's.
+        if let Some(first) = errors_after.first.get(errors_before.first.len()) {
+            missed.push(format!("first failure: {first}"));
+        }
         SustainStep {
             offered_per_s: rate,
             pushed_per_s: measured.pushed_per_s(),
