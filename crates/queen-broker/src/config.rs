@@ -51,6 +51,11 @@ pub struct HttpConfig {
     /// reading it; a body still incomplete then is answered 408 with `Connection: close` (slow
     /// clients). actix bounds only the head (`request_head_timeout_ms`), not the body.
     pub request_body_timeout_ms: u64,
+    /// How long a connection may sit idle between requests before the broker closes it. Longer
+    /// than the idle timeouts of clients and load balancers (httpx 5 s, nginx and AWS load
+    /// balancers 60 s), so that they close first: a broker that closes first may do so while a
+    /// request is on its way, and the client sees that call fail. actix's default is 5 s.
+    pub keep_alive_seconds: u64,
     /// HTTPS: the certificate chain the listener serves, PEM (the server's certificate first);
     /// set with `tls_key_file`, or neither for plain HTTP. Reloaded when it changes or on SIGHUP.
     pub tls_cert_file: Option<PathBuf>,
@@ -69,6 +74,7 @@ impl Default for HttpConfig {
             max_connections: 16 * 1024,
             request_head_timeout_ms: 30_000,
             request_body_timeout_ms: 30_000,
+            keep_alive_seconds: 75,
             tls_cert_file: None,
             tls_key_file: None,
         }
@@ -618,6 +624,9 @@ impl Config {
         }
         if self.http.request_body_timeout_ms < 1000 {
             return Err(invalid("http.request_body_timeout_ms", "must be at least 1000"));
+        }
+        if self.http.keep_alive_seconds == 0 {
+            return Err(invalid("http.keep_alive_seconds", "must be at least 1"));
         }
         let set = |path: &Option<PathBuf>| path.as_ref().is_some_and(|p| !p.as_os_str().is_empty());
         match (set(&self.http.tls_cert_file), set(&self.http.tls_key_file)) {

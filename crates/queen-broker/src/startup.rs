@@ -78,6 +78,7 @@ impl Application {
         };
         let max_connections = config.http.max_connections;
         let request_head_timeout_ms = config.http.request_head_timeout_ms;
+        let keep_alive = Duration::from_secs(config.http.keep_alive_seconds);
         let pg = database.target.clone();
         let broker = web::Data::new(
             Broker::new(pool, pg, Arc::new(config), broker_id, modes, journal, cipher).with_auth(auth.clone()),
@@ -110,7 +111,8 @@ impl Application {
         // Signals are ours to handle: the broker drains its work before the server stops.
         .disable_signals()
         .shutdown_timeout(CLOSE_CONNECTIONS_SECONDS)
-        .client_request_timeout(Duration::from_millis(request_head_timeout_ms));
+        .client_request_timeout(Duration::from_millis(request_head_timeout_ms))
+        .keep_alive(keep_alive);
         let server = match tls {
             Some(tls) => server.listen_rustls_0_23(listener, tls),
             None => server.listen(listener),
