@@ -44,7 +44,6 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(15, "0015_offset_reads"),
     migration!(16, "0016_partition_keys"),
     migration!(17, "0017_citus_distribution"),
-    migration!(18, "0018_no_unknown_queue_options"),
 ];
 
 /// The newest schema version this build knows.

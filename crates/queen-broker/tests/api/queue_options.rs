@@ -61,6 +61,8 @@ async fn an_option_the_broker_does_not_act_on_is_refused_by_name_and_changes_not
     let stored = app.get("/api/v1/resources/queues/strict").await.body;
     assert_eq!(stored["options"]["leaseTime"], 12, "the known option of a refused call is not applied");
     assert_eq!(stored["options"].as_object().map(|o| o.len()), defaults().as_object().map(|o| o.len()));
+    // The column earlier brokers kept unknown options in stays empty.
+    assert_eq!(app.count("SELECT count(*) FROM queen.queues WHERE unknown_options <> '{}'").await, 0);
 }
 
 #[actix_web::test]
