@@ -116,7 +116,7 @@ def test_each_role_gets_what_it_may_and_403_for_the_rest(queen_url):
     run(body())
 
 
-def test_a_producer_sub_in_the_body_is_ignored_for_the_tokens_subject(queen_url):
+def test_a_producer_sub_in_the_body_is_refused_and_the_tokens_subject_stamped(queen_url):
     async def body():
         name = unique("auth-spoof")
         token = hs256("svc-real", "read-write")
@@ -124,8 +124,10 @@ def test_a_producer_sub_in_the_body_is_ignored_for_the_tokens_subject(queen_url)
         async with httpx.AsyncClient(base_url=queen_url, timeout=10.0, headers=headers) as http:
             item = {"queue": name, "transactionId": "s1", "payload": 1, "producerSub": "svc-spoofed"}
             answer = await http.post("/api/v1/push", json={"items": [item]})
-            assert answer.status_code == 201, answer.text
+            assert answer.status_code == 400, answer.text
+            assert answer.json()["error"].startswith("items[0].producerSub is set by the broker"), answer.text
         async with Client(queen_url, token) as q:
+            assert (await q.queue(name).push([{"transactionId": "s1", "data": 1}]))[0]["status"] == "queued"
             messages = await pop_retry(q.queue(name).batch(1).wait(False))
             assert [m["producerSub"] for m in messages] == ["svc-real"], messages
 

@@ -50,6 +50,17 @@ pub fn check(kind: NameKind, field: &str, value: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The longest part of a member's name an error quotes.
+pub const QUOTED_MEMBER_CHARS: usize = 64;
+
+/// A member name a request sent, as an error quotes it: escaped, and cut (with `…`) past
+/// [`QUOTED_MEMBER_CHARS`] characters, since the name is the client's and may be anything.
+pub fn quoted_member(name: &str) -> String {
+    let quoted: String = name.chars().take(QUOTED_MEMBER_CHARS).collect();
+    let cut = if quoted.len() < name.len() { "…" } else { "" };
+    format!("{}{cut}", quoted.escape_debug())
+}
+
 /// The stored group name for what a request sent: absent, `null` and `__QUEUE_MODE__` are all
 /// queue mode.
 pub fn group_or_queue_mode(group: Option<&str>) -> &str {

@@ -10,6 +10,7 @@ use queen_store::queues::{QueueOptions, QueueOptionsPatch};
 use serde_json::{Map, Value};
 
 use super::BrokerError;
+use crate::names;
 
 /// What an option takes.
 #[derive(Debug, Clone, Copy)]
@@ -66,21 +67,16 @@ const KNOWN: &[KnownOption] = &[
     option!("dedupWindowSeconds", dedup_window_seconds, integer(0, INT)),
 ];
 
-/// The longest part of an unknown option's name an error quotes.
-const QUOTED_NAME_CHARS: usize = 64;
-
 /// The options of a configure request checked into a patch (a `null` value leaves the stored one
 /// as it is). A name this broker does not act on is refused.
 pub fn parse(options: &Map<String, Value>) -> Result<QueueOptionsPatch, BrokerError> {
     let mut patch = QueueOptionsPatch::default();
     for (key, value) in options {
         let Some(known) = KNOWN.iter().find(|o| o.name == key) else {
-            let quoted: String = key.chars().take(QUOTED_NAME_CHARS).collect();
-            let cut = if quoted.len() < key.len() { "…" } else { "" };
             let names: Vec<&str> = KNOWN.iter().map(|o| o.name).collect();
             return Err(BrokerError::invalid(format!(
-                "options.{}{cut} is not a queue option this broker acts on; the options are {}",
-                quoted.escape_debug(),
+                "options.{} is not a queue option this broker acts on; the options are {}",
+                names::quoted_member(key),
                 names.join(", ")
             )));
         };
@@ -155,7 +151,10 @@ mod tests {
         let long = format!(r#"{{"{}": 1}}"#, "é".repeat(1000));
         match parse(&options(&long)) {
             Err(BrokerError::Invalid(message)) => {
-                assert!(message.starts_with(&format!("options.{}… is not", "é".repeat(QUOTED_NAME_CHARS))), "{message}")
+                assert!(
+                    message.starts_with(&format!("options.{}… is not", "é".repeat(names::QUOTED_MEMBER_CHARS))),
+                    "{message}"
+                )
             }
             other => panic!("expected a 400, got {other:?}"),
         }

@@ -20,6 +20,7 @@ pub async fn single(
 ) -> Result<HttpResponse, ApiError> {
     let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
     let body = JsonObject::parse_body(&body, false)?;
+    body.takes_only(&[ACK_MEMBERS, &["consumerGroup"]].concat())?;
     let group = group_of(&body)?;
     let request = parse_ack(&body, &group)?;
     caller.check_partitions(&broker, &[request.partition_id]).await?;
@@ -29,12 +30,16 @@ pub async fn single(
 pub async fn batch(broker: web::Data<Broker>, caller: Caller, payload: web::Payload) -> Result<HttpResponse, ApiError> {
     let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
     let body = JsonObject::parse_body(&body, false)?;
+    body.takes_only(&["acknowledgments", "consumerGroup"])?;
     let group = group_of(&body)?;
     let items = body.objects("acknowledgments")?.ok_or_else(|| ApiError::bad_request("acknowledgments is required"))?;
     if items.is_empty() {
         return Err(ApiError::bad_request("acknowledgments must not be empty"));
     }
-    let requests = items.iter().map(|item| parse_ack(item, &group)).collect::<Result<Vec<_>, _>>()?;
+    let requests = items
+        .iter()
+        .map(|item| item.takes_only(ACK_MEMBERS).and_then(|()| parse_ack(item, &group)))
+        .collect::<Result<Vec<_>, _>>()?;
     let partitions: Vec<i64> = requests.iter().map(|request| request.partition_id).collect();
     caller.check_partitions(&broker, &partitions).await?;
     answer(&broker, &group, requests).await
@@ -95,6 +100,9 @@ pub fn status(item: &JsonObject<'_>) -> Result<AckStatus, ApiError> {
         ))),
     }
 }
+
+/// The members [`parse_ack`] reads; the group is the caller's to read (a batch names it once).
+pub const ACK_MEMBERS: &[&str] = &["transactionId", "partitionId", "status", "error", "leaseId"];
 
 /// One acknowledgement of a request body, for `group`, fenced by the lease it names.
 pub fn parse_ack(item: &JsonObject<'_>, group: &str) -> Result<AckRequest, ApiError> {

@@ -183,6 +183,29 @@ impl<'a> JsonObject<'a> {
         self.members.is_empty()
     }
 
+    /// The names of the object's members, in name order.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.members.keys().map(|key| key.as_ref())
+    }
+
+    /// The first member (in name order) that is not one of `takes`.
+    pub fn member_outside(&self, takes: &[&str]) -> Option<&str> {
+        self.keys().find(|key| !takes.contains(key))
+    }
+
+    /// Refuses (400) a member that is not one of `takes`, naming it and them: the broker reads
+    /// only those, and a member it would skip must not look accepted (a misspelt `leaseID`, say,
+    /// would otherwise leave an ack unfenced without a word).
+    pub fn takes_only(&self, takes: &[&str]) -> Result<(), ApiError> {
+        let Some(key) = self.member_outside(takes) else { return Ok(()) };
+        let whose = if self.path.is_empty() { "the body" } else { &self.path };
+        Err(ApiError::bad_request(format!(
+            "{} is not a member the broker reads here; {whose} takes {}",
+            self.name_of(&names::quoted_member(key)),
+            takes.join(", ")
+        )))
+    }
+
     /// The member as raw JSON; `None` when absent or `null`.
     pub fn raw(&self, key: &str) -> Option<&'a RawValue> {
         self.members.get(key).copied().filter(|raw| raw.get() != "null")

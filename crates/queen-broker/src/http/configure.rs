@@ -19,6 +19,7 @@ pub async fn handle(
 ) -> Result<HttpResponse, ApiError> {
     let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
     let body = JsonObject::parse_body(&body, false)?;
+    body.takes_only(&["queue", "namespace", "task", "options"])?;
     let queue = body.required_string("queue")?;
     names::check(NameKind::Queue, "queue", &queue).map_err(ApiError::BadRequest)?;
     caller.check_queues([queue.as_str()])?;

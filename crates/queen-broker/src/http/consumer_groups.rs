@@ -22,6 +22,7 @@ fn parse_time(field: &str, text: &str) -> Result<DateTime<Utc>, ApiError> {
 /// `{"toEnd": true}` or `{"timestamp": T}`; an empty body means `toEnd` where `empty_is_end`.
 fn seek_target(body: &[u8], empty_is_end: bool) -> Result<SeekTarget, ApiError> {
     let body = JsonObject::parse_body(body, true)?;
+    body.takes_only(&["toEnd", "timestamp"])?;
     let to_end = body.raw("toEnd").map(|raw| raw.get() == "true");
     let timestamp = body.string("timestamp")?;
     match (to_end, timestamp) {
@@ -131,6 +132,7 @@ pub async fn update_subscription(
     let group = path_name(&req, "group", NameKind::ConsumerGroup)?;
     let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
     let body = JsonObject::parse_body(&body, false)?;
+    body.takes_only(&["subscriptionTimestamp"])?;
     let at = parse_time("subscriptionTimestamp", &body.required_string("subscriptionTimestamp")?)?;
     let queues = groups::update_subscription(&broker, &group, at).await?;
     if queues.is_empty() {

@@ -5,13 +5,10 @@
 //! result, index-aligned with the operations, in a 200. A refusal names the field and writes
 //! nothing: `{"error": "<code>", "code", "reason": "<field>", "detail"}`.
 
-use std::collections::BTreeMap;
-
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError, web};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use serde::de::IgnoredAny;
 use serde_json::value::RawValue;
 
 use super::body::{JsonObject, MAX_NESTING, nesting_depth, read_body};
@@ -21,6 +18,7 @@ use crate::broker::kv::{
 };
 use crate::broker::{Broker, BrokerError, locks};
 use crate::error::ApiError;
+use crate::names;
 
 /// The deepest a value may nest: a `getMany` or `getPrefix` answer carries it five levels down.
 const MAX_VALUE_NESTING: usize = MAX_NESTING - 5;
@@ -28,6 +26,7 @@ const MAX_VALUE_NESTING: usize = MAX_NESTING - 5;
 pub async fn handle(broker: web::Data<Broker>, payload: web::Payload) -> Result<HttpResponse, StateError> {
     let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
     let body = JsonObject::parse_body(&body, false)?;
+    only(&body, &["operations"], "a key/value call", "kv_unknown_field")?;
     let batch = parse_batch(&body, "operations", Rider::No)?;
     match kv::apply(&broker, &batch).await? {
         Outcome::Applied(results) => {
@@ -146,12 +145,7 @@ pub fn parse_batch(body: &JsonObject<'_>, field: &str, rider: Rider) -> Result<B
             format!("{}: {refused}", body.name_of(field)),
         ));
     }
-    let members = member_names(body, field);
-    let parsed = operations
-        .iter()
-        .zip(&members)
-        .map(|(operation, members)| parse_operation(operation, members, rider))
-        .collect::<Result<Vec<_>, _>>()?;
+    let parsed = operations.iter().map(|operation| parse_operation(operation, rider)).collect::<Result<Vec<_>, _>>()?;
     Batch::new(parsed).map_err(|refused| {
         let (code, field) = match &refused {
             BatchRefusal::TooManyOperations(_) => ("kv_too_many_operations", body.name_of(field)),
@@ -164,26 +158,12 @@ pub fn parse_batch(body: &JsonObject<'_>, field: &str, rider: Rider) -> Result<B
     })
 }
 
-/// The member names of each object of the array `field` (already read as objects).
-pub fn member_names(body: &JsonObject<'_>, field: &str) -> Vec<Vec<String>> {
-    body.raw(field)
-        .and_then(|raw| serde_json::from_str::<Vec<BTreeMap<String, IgnoredAny>>>(raw.get()).ok())
-        .map(|objects| objects.into_iter().map(|members| members.into_keys().collect()).collect())
-        .unwrap_or_default()
-}
-
-/// Refuses a member the operation does not have, naming it.
-pub fn only(
-    object: &JsonObject<'_>,
-    members: &[String],
-    allowed: &[&str],
-    op: &str,
-    code: &'static str,
-) -> Result<(), Refusal> {
-    match members.iter().find(|member| !allowed.contains(&member.as_str())) {
+/// Refuses a member `object` (an operation, or the body) does not have, naming it.
+pub fn only(object: &JsonObject<'_>, allowed: &[&str], op: &str, code: &'static str) -> Result<(), Refusal> {
+    match object.member_outside(allowed) {
         None => Ok(()),
         Some(member) => {
-            let field = object.name_of(member);
+            let field = object.name_of(&names::quoted_member(member));
             Err(Refusal::new(
                 code,
                 field.clone(),
@@ -298,11 +278,11 @@ const DELETE_FIELDS: &[&str] = &["op", "ns", "key", "expect", "required"];
 const CHECK_FIELDS: &[&str] = &["op", "ns", "key", "expect", "required"];
 const INCR_FIELDS: &[&str] = &["op", "ns", "key", "delta", "min", "max", "ttlSeconds", "forever", "required"];
 
-fn parse_operation(object: &JsonObject<'_>, members: &[String], rider: Rider) -> Result<Operation, Refusal> {
+fn parse_operation(object: &JsonObject<'_>, rider: Rider) -> Result<Operation, Refusal> {
     let fields = Fields::new(object, "kv_invalid_field");
     let op = fields.typed("op", object.string("op"))?;
     let op = fields.required("op", op)?;
-    let allowed = |allowed| only(object, members, allowed, &op, "kv_unknown_field");
+    let allowed = |allowed| only(object, allowed, &op, "kv_unknown_field");
     let ns = || fields.required_name("ns", kv::MAX_NAMESPACE_BYTES);
     let key = || fields.required_name("key", kv::MAX_KEY_BYTES);
     let write = |change| -> Result<Operation, Refusal> {

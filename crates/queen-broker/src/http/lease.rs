@@ -34,6 +34,7 @@ pub async fn extend(
     let lease_id = Uuid::parse_str(raw).map_err(|_| ApiError::bad_request(format!("{raw:?} is not a lease id")))?;
     let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
     let body = JsonObject::parse_body(&body, true)?;
+    body.takes_only(&["seconds"])?;
     let seconds = body
         .integer("seconds")?
         .map(|s| {

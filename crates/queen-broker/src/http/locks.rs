@@ -6,7 +6,7 @@ use actix_web::{HttpResponse, web};
 use serde::Serialize;
 
 use super::body::{JsonObject, read_body};
-use super::kv::{Fields, Refusal, StateError, member_names, only};
+use super::kv::{Fields, Refusal, StateError, only};
 use super::timestamp;
 use crate::broker::Broker;
 use crate::broker::kv::MAX_TTL_SECONDS;
@@ -18,6 +18,7 @@ const MAX_OPERATIONS: usize = 256;
 pub async fn handle(broker: web::Data<Broker>, payload: web::Payload) -> Result<HttpResponse, StateError> {
     let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
     let body = JsonObject::parse_body(&body, false)?;
+    only(&body, &["operations"], "a locks call", "lock_unknown_field")?;
     let operations = parse_operations(&body)?;
     let outcomes = locks::run(&broker, &operations).await?;
     let results: Vec<ResultJson<'_>> = outcomes.iter().map(ResultJson::of).collect();
@@ -37,14 +38,10 @@ fn parse_operations(body: &JsonObject<'_>) -> Result<Vec<LockOp>, Refusal> {
             format!("operations must hold 1 to {MAX_OPERATIONS} operations, not {}", operations.len()),
         ));
     }
-    operations
-        .iter()
-        .zip(member_names(body, field))
-        .map(|(operation, members)| parse_operation(operation, &members))
-        .collect()
+    operations.iter().map(parse_operation).collect()
 }
 
-fn parse_operation(object: &JsonObject<'_>, members: &[String]) -> Result<LockOp, Refusal> {
+fn parse_operation(object: &JsonObject<'_>) -> Result<LockOp, Refusal> {
     let fields = Fields::new(object, "lock_invalid_field");
     let required = |key: &str, min: i64, max: i64| {
         let value = fields.bounded(key, min, max)?;
@@ -62,7 +59,7 @@ fn parse_operation(object: &JsonObject<'_>, members: &[String]) -> Result<LockOp
     };
     let op = fields.typed("op", object.string("op"))?;
     let op = fields.required("op", op)?;
-    let allowed = |fields: &[&str]| only(object, members, fields, &op, "lock_unknown_field");
+    let allowed = |fields: &[&str]| only(object, fields, &op, "lock_unknown_field");
     match op.as_str() {
         "acquire" => {
             allowed(&["op", "name", "ttlSeconds", "owner", "limit"])?;

@@ -28,6 +28,7 @@ const OFFSET_OUT_OF_RANGE: &str = "OFFSET_OUT_OF_RANGE";
 pub async fn fetch(broker: web::Data<Broker>, caller: Caller, payload: web::Payload) -> Result<HttpResponse, ApiError> {
     let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
     let body = JsonObject::parse_body(&body, false)?;
+    body.takes_only(&["entries", "maxBytes"])?;
     let max_bytes = byte_budget(&body)?.unwrap_or(MAX_FETCH_BYTES);
     let items = entries_of(&body, MAX_FETCH_ENTRIES)?;
     let entries = items.iter().map(|item| fetch_entry(item, max_bytes)).collect::<Result<Vec<_>, _>>()?;
@@ -43,6 +44,7 @@ pub async fn changed(
 ) -> Result<HttpResponse, ApiError> {
     let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
     let body = JsonObject::parse_body(&body, false)?;
+    body.takes_only(&["entries"])?;
     let items = entries_of(&body, MAX_CHANGED_ENTRIES)?;
     let entries = items.iter().map(changed_entry).collect::<Result<Vec<_>, _>>()?;
     caller.check_queues(entries.iter().map(|e| e.queue.as_str()))?;
@@ -84,6 +86,7 @@ fn required_name(item: &JsonObject<'_>, key: &str, kind: NameKind) -> Result<Str
 }
 
 fn fetch_entry(item: &JsonObject<'_>, call_bytes: i64) -> Result<FetchEntry, ApiError> {
+    item.takes_only(&["queue", "partition", "offset", "maxBytes"])?;
     let offset = item
         .integer("offset")?
         .ok_or_else(|| ApiError::bad_request(format!("{} is required", item.name_of("offset"))))?;
@@ -99,6 +102,7 @@ fn fetch_entry(item: &JsonObject<'_>, call_bytes: i64) -> Result<FetchEntry, Api
 }
 
 fn changed_entry(item: &JsonObject<'_>) -> Result<ChangedEntry, ApiError> {
+    item.takes_only(&["queue", "since", "after", "limit"])?;
     let limit = match item.integer("limit")? {
         None => MAX_CHANGED_PAGE,
         Some(limit) if (1..=MAX_CHANGED_PAGE).contains(&limit) => limit,

@@ -59,6 +59,7 @@ pub fn stamp(caller: &Caller, items: &mut [PushItem]) -> Result<(), ApiError> {
 /// flushes an empty batch when it closes). (Public for the push-path benchmark.)
 pub fn parse_items(body: &[u8], max_items: usize) -> Result<Vec<PushItem>, ApiError> {
     let body = JsonObject::parse_body(body, false)?;
+    body.takes_only(&["items"])?;
     let items = body.objects("items")?.ok_or_else(|| ApiError::bad_request("items is required"))?;
     if items.len() > max_items {
         return Err(ApiError::bad_request(format!(
@@ -69,7 +70,17 @@ pub fn parse_items(body: &[u8], max_items: usize) -> Result<Vec<PushItem>, ApiEr
     items.iter().map(parse_item).collect()
 }
 
+/// The members of a push item, here and in a transaction's push operation.
+const ITEM_MEMBERS: &[&str] = &["queue", "partition", "payload", "transactionId", "traceId"];
+
 pub fn parse_item(item: &JsonObject<'_>) -> Result<PushItem, ApiError> {
+    if item.raw_or_null("producerSub").is_some() {
+        return Err(ApiError::bad_request(format!(
+            "{} is set by the broker, from the caller's token; leave it out",
+            item.name_of("producerSub")
+        )));
+    }
+    item.takes_only(ITEM_MEMBERS)?;
     let checked = |kind, key: &str, value: String| {
         names::check(kind, &item.name_of(key), &value).map(|()| value).map_err(ApiError::BadRequest)
     };
@@ -94,7 +105,6 @@ pub fn parse_item(item: &JsonObject<'_>) -> Result<PushItem, ApiError> {
     // The payload is kept as the JSON text it was sent as; absent means null.
     let payload = item.raw_or_null("payload").map_or("null", |raw| raw.get()).as_bytes().to_vec();
     let message_id = queen_log::new_message_id();
-    // `producerSub` is the broker's to set (from the token), never the body's.
     Ok(PushItem { queue, partition, transaction_id, trace_id, producer: None, message_id, payload, received: None })
 }
 
@@ -185,6 +195,20 @@ mod tests {
             error_of(r#"{"items":[{"queue":"q","traceId":"nope"}]}"#).starts_with("items[0].traceId must be a UUID")
         );
         assert!(error_of(r#"{"items":[1]}"#).starts_with("items[0] must be a JSON object"));
+        assert_eq!(
+            error_of(r#"{"items":[{"queue":"q","data":1}]}"#),
+            "items[0].data is not a member the broker reads here; items[0] takes queue, partition, payload, \
+             transactionId, traceId"
+        );
+        assert_eq!(
+            error_of(r#"{"items":[],"bufferMs":5}"#),
+            "bufferMs is not a member the broker reads here; the body takes items"
+        );
+        assert!(
+            error_of(r#"{"items":[{"queue":"q","producerSub":null}]}"#).starts_with("items[0].producerSub is set by")
+        );
+        let long = format!(r#"{{"items":[{{"queue":"q","{}\n":1}}]}}"#, "k".repeat(100));
+        assert!(error_of(&long).starts_with(&format!("items[0].{}… is not", "k".repeat(64))));
     }
 
     #[test]

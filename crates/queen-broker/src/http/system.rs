@@ -28,7 +28,9 @@ pub async fn set_pop(broker: web::Data<Broker>, payload: web::Payload) -> Result
 
 async fn set(broker: &Broker, mode: Mode, payload: web::Payload) -> Result<HttpResponse, ApiError> {
     let body = read_body(payload, MAX_BODY, broker).await?;
-    let enabled = JsonObject::parse_body(&body, false)?
+    let body = JsonObject::parse_body(&body, false)?;
+    body.takes_only(&["enabled"])?;
+    let enabled = body
         .boolean("enabled")?
         .ok_or_else(|| ApiError::bad_request("enabled is required: {\"enabled\": true} or {\"enabled\": false}"))?;
     answer(maintenance_mode::set(broker, mode, enabled).await?)

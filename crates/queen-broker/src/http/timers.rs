@@ -3,8 +3,6 @@
 //! `GET /api/v1/timers/{queue}` (a keyset page). The operations are also the transaction's
 //! `timers` rider ([`parse_rider`]).
 
-use std::collections::BTreeMap;
-
 use actix_web::{HttpRequest, HttpResponse, web};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -56,6 +54,7 @@ const CANCEL_FIELDS: &[&str] = &["op", "queue", "timerKey", "txn"];
 pub async fn batch(broker: web::Data<Broker>, caller: Caller, payload: web::Payload) -> Result<HttpResponse, ApiError> {
     let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
     let body = JsonObject::parse_body(&body, false)?;
+    body.takes_only(&["operations"])?;
     let mut ops =
         parse_ops(&body, "operations", &broker)?.ok_or_else(|| ApiError::bad_request("operations is required"))?;
     if ops.is_empty() {
@@ -165,25 +164,11 @@ fn parse_ops(body: &JsonObject<'_>, key: &str, broker: &Broker) -> Result<Option
             ops.len()
         )));
     }
-    // The members of each operation, to refuse the ones a timer operation does not have.
-    let fields: Vec<BTreeMap<String, IgnoredAny>> = match body.raw(key) {
-        Some(raw) => serde_json::from_str(raw.get())
-            .map_err(|_| ApiError::bad_request(format!("{key} must be an array of objects")))?,
-        None => Vec::new(),
-    };
     let max_payload = broker.config.http.max_body_bytes;
-    ops.iter()
-        .zip(&fields)
-        .map(|(op, fields)| parse_op(op, fields.keys(), max_payload))
-        .collect::<Result<_, _>>()
-        .map(Some)
+    ops.iter().map(|op| parse_op(op, max_payload)).collect::<Result<_, _>>().map(Some)
 }
 
-fn parse_op<'f>(
-    op: &JsonObject<'_>,
-    fields: impl Iterator<Item = &'f String>,
-    max_payload: usize,
-) -> Result<TimerOp, ApiError> {
+fn parse_op(op: &JsonObject<'_>, max_payload: usize) -> Result<TimerOp, ApiError> {
     let kind = op.required_string("op")?;
     let allowed = match kind.as_str() {
         "schedule" | "reschedule" => SCHEDULE_FIELDS,
@@ -195,16 +180,19 @@ fn parse_op<'f>(
             )));
         }
     };
-    for field in fields {
-        if SERVER_OWNED.contains(&field.as_str()) || field.starts_with('_') {
+    for field in op.keys() {
+        if SERVER_OWNED.contains(&field) || field.starts_with('_') {
             return Err(ApiError::bad_request(format!(
                 "{} is set by the broker and cannot be sent: the producer comes from the token, the message id is \
                  minted, and the due time is only ever relative (delayMs)",
-                op.name_of(field)
+                op.name_of(&names::quoted_member(field))
             )));
         }
-        if !allowed.contains(&field.as_str()) {
-            return Err(ApiError::bad_request(format!("{} is not a field of a {kind} operation", op.name_of(field))));
+        if !allowed.contains(&field) {
+            return Err(ApiError::bad_request(format!(
+                "{} is not a field of a {kind} operation",
+                op.name_of(&names::quoted_member(field))
+            )));
         }
     }
     let checked = |kind, key: &str, value: String| {
@@ -390,8 +378,7 @@ mod tests {
 
     fn op(json: &str) -> Result<TimerOp, ApiError> {
         let body = JsonObject::parse_body(json.as_bytes(), false).expect("an object");
-        let fields: BTreeMap<String, IgnoredAny> = serde_json::from_str(json).expect("an object");
-        parse_op(&body, fields.keys(), 1 << 20)
+        parse_op(&body, 1 << 20)
     }
 
     fn refusal(json: &str) -> String {

@@ -114,6 +114,7 @@ pub async fn record(
 ) -> Result<HttpResponse, ApiError> {
     let body = read_body(payload, MAX_BODY_BYTES.min(broker.config.http.max_body_bytes), &broker).await?;
     let body = JsonObject::parse_body(&body, false)?;
+    body.takes_only(&["transactionId", "partitionId", "consumerGroup", "traceNames", "eventType", "data"])?;
     let partition_id = body_partition_id(&body)?;
     let transaction_id = body.required_string("transactionId")?;
     names::check(NameKind::TransactionId, "transactionId", &transaction_id).map_err(ApiError::BadRequest)?;

@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use queen_store::ack_rules::LeaseFence;
 
-use super::ack::{AckResult, parse_ack};
+use super::ack::{ACK_MEMBERS, AckResult, parse_ack};
 use super::authorize::Caller;
 use super::binary_push::{self, Limits, TransactionCounts};
 use super::body::{JsonObject, read_body};
@@ -95,6 +95,7 @@ pub async fn handle(
 /// binary body's `pushed` items (its groups) follow the operations of its head, which has no push
 /// operations of its own.
 fn parse_bundle(body: &JsonObject<'_>, max_items: usize, pushed: Option<Vec<PushItem>>) -> Result<Bundle, ApiError> {
+    body.takes_only(&["operations", "requiredLeases", "kv", "timers"])?;
     let kv = match body.raw("kv") {
         None => None,
         Some(_) => Some(
@@ -134,6 +135,7 @@ fn parse_bundle(body: &JsonObject<'_>, max_items: usize, pushed: Option<Vec<Push
         .iter()
         .map(|operation| match operation.required_string("type")?.as_str() {
             "ack" => {
+                operation.takes_only(&[&["type", "consumerGroup"], ACK_MEMBERS].concat())?;
                 let group = operation.string("consumerGroup")?;
                 let group = names::group_or_queue_mode(group.as_deref()).to_owned();
                 names::check(NameKind::ConsumerGroup, &operation.name_of("consumerGroup"), &group)
@@ -149,6 +151,7 @@ fn parse_bundle(body: &JsonObject<'_>, max_items: usize, pushed: Option<Vec<Push
                 operation.name_of("type")
             ))),
             "push" => {
+                operation.takes_only(&["type", "items"])?;
                 let pushed = operation
                     .objects("items")?
                     .ok_or_else(|| ApiError::bad_request(format!("{} is required", operation.name_of("items"))))?;

@@ -205,10 +205,16 @@ async fn role_names_and_claims_are_the_configured_ones() {
 }
 
 #[actix_web::test]
-async fn producer_sub_is_the_tokens_subject_and_a_spoofed_one_is_ignored() {
+async fn producer_sub_is_the_tokens_subject_and_a_spoofed_one_is_refused() {
     let app = TestApp::spawn_with(with_hs256).await;
     let token = hs256(&claims("svc-orders", "read-write"), SECRET);
-    let item = json!({"queue": "spoof", "transactionId": "t1", "payload": 1, "producerSub": "someone-else"});
+    let spoofed = json!({"queue": "spoof", "transactionId": "t0", "payload": 0, "producerSub": "someone-else"});
+    let refused = call(&app, "post", "/api/v1/push", Some(&token), Some(json!({"items": [spoofed]}))).await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{refused:?}");
+    assert!(refused.body["error"].as_str().is_some_and(|e| e.starts_with("items[0].producerSub is set by the broker")));
+    assert_eq!(app.count("SELECT count(*) FROM queen.queues").await, 0, "a refused push writes nothing");
+
+    let item = json!({"queue": "spoof", "transactionId": "t1", "payload": 1});
     let pushed = call(&app, "post", "/api/v1/push", Some(&token), Some(json!({"items": [item]}))).await;
     assert_eq!(pushed.status, StatusCode::CREATED, "{pushed:?}");
     let partition = pushed.body[0]["partition_id"].as_str().expect("a partition id").to_owned();
@@ -235,10 +241,12 @@ async fn producer_sub_is_the_tokens_subject_and_a_spoofed_one_is_ignored() {
 }
 
 #[actix_web::test]
-async fn without_auth_producer_sub_is_null_whatever_the_body_says() {
+async fn without_auth_producer_sub_is_null_and_a_body_cannot_set_it() {
     let app = TestApp::spawn().await;
-    let item = json!({"queue": "open", "transactionId": "t1", "payload": 1, "producerSub": "spoofed"});
-    app.push(json!([item])).await;
+    let spoofed = json!({"queue": "open", "transactionId": "t1", "payload": 1, "producerSub": "spoofed"});
+    let refused = app.post("/api/v1/push", &json!({"items": [spoofed]})).await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{refused:?}");
+    app.push(json!([{"queue": "open", "transactionId": "t1", "payload": 1}])).await;
     let popped = app.pop("queue/open", "wait=false").await;
     assert_eq!(popped.messages()[0]["producerSub"], Value::Null, "{popped:?}");
 }

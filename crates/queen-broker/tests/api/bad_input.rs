@@ -3,7 +3,7 @@
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::helpers::{Answer, TestApp};
+use crate::helpers::{Answer, TestApp, row_versions};
 
 fn assert_refused(answer: &Answer, status: StatusCode, mentions: &str) {
     assert_eq!(answer.status, status, "{answer:?}");
@@ -155,4 +155,64 @@ async fn unknown_routes_and_methods_get_json_errors() {
     assert_refused(&app.get("/api/v1/nothing-here").await, StatusCode::NOT_FOUND, "no route");
     assert_refused(&app.get("/api/v1/push").await, StatusCode::METHOD_NOT_ALLOWED, "not allowed");
     assert_refused(&app.get("/api/v1/resources/queues/absent").await, StatusCode::NOT_FOUND, "absent");
+}
+
+#[actix_web::test]
+async fn a_member_a_body_does_not_take_is_refused_by_name_and_changes_nothing() {
+    let app = TestApp::spawn().await;
+    let pushed = app.push_one("q", "p", "t1", json!(1)).await;
+    let partition = pushed["partition_id"].as_str().expect("a partition id").to_owned();
+    let popped = app.pop("queue/q", "consumerGroup=g&wait=false").await;
+    let lease = popped.messages()[0]["leaseId"].as_str().expect("a lease").to_owned();
+    let ack = json!({"transactionId": "t1", "partitionId": partition, "leaseId": lease});
+    let with = |body: &Value, key: &str, value: Value| {
+        let mut body = body.clone();
+        body[key] = value;
+        body
+    };
+    let push_item = json!({"queue": "q", "partition": "p", "payload": 2});
+    let push_op = json!({"type": "push", "items": [push_item]});
+    let ack_op = with(&ack, "type", json!("ack"));
+    let cases: Vec<(String, Value, String)> = vec![
+        ("/api/v1/push".into(), json!({"items": [push_item], "bufferMs": 100}), "bufferMs is not a member the broker reads here; the body takes items".into()),
+        ("/api/v1/push".into(), json!({"items": [with(&push_item, "namespace", json!("n"))]}), "items[0].namespace is not a member the broker reads here; items[0] takes queue, partition, payload, transactionId, traceId".into()),
+        ("/api/v1/push".into(), json!({"items": [with(&push_item, "producerSub", json!("someone"))]}), "items[0].producerSub is set by the broker, from the caller's token".into()),
+        ("/api/v1/ack".into(), with(&ack, "leaseID", json!(lease)), "leaseID is not a member the broker reads here; the body takes transactionId, partitionId, status, error, leaseId, consumerGroup".into()),
+        ("/api/v1/ack/batch".into(), json!({"acknowledgments": [ack], "group": "g"}), "group is not a member".into()),
+        ("/api/v1/ack/batch".into(), json!({"acknowledgments": [with(&ack, "consumerGroup", json!("g"))], "consumerGroup": "g"}), "acknowledgments[0].consumerGroup is not a member the broker reads here; acknowledgments[0] takes transactionId, partitionId, status, error, leaseId".into()),
+        ("/api/v1/transaction".into(), json!({"operations": [ack_op, push_op], "atomic": true}), "atomic is not a member the broker reads here; the body takes operations, requiredLeases, kv, timers".into()),
+        ("/api/v1/transaction".into(), json!({"operations": [with(&ack_op, "group", json!("g")), push_op]}), "operations[0].group is not a member".into()),
+        ("/api/v1/transaction".into(), json!({"operations": [ack_op, with(&push_op, "queue", json!("q"))]}), "operations[1].queue is not a member the broker reads here; operations[1] takes type, items".into()),
+        ("/api/v1/transaction".into(), json!({"operations": [ack_op, {"type": "push", "items": [with(&push_item, "delay", json!(5))]}]}), "operations[1].items[0].delay is not a member".into()),
+        (format!("/api/v1/lease/{lease}/extend"), json!({"seconds": 30, "minutes": 1}), "minutes is not a member the broker reads here; the body takes seconds".into()),
+        ("/api/v1/configure".into(), json!({"queue": "q", "options": {"leaseTime": 5}, "partitions": 4}), "partitions is not a member".into()),
+        ("/api/v1/traces".into(), json!({"transactionId": "t1", "partitionId": partition, "data": {}, "level": "x"}), "level is not a member".into()),
+        ("/api/v1/consumer-groups/g/queues/q/seek".into(), json!({"toEnd": true, "partition": "p"}), "partition is not a member the broker reads here; the body takes toEnd, timestamp".into()),
+        (format!("/api/v1/consumer-groups/g/queues/q/partitions/{partition}/seek"), json!({"toEnd": true, "offset": 0}), "offset is not a member".into()),
+        ("/api/v1/consumer-groups/g/subscription".into(), json!({"subscriptionTimestamp": "2026-01-01T00:00:00Z", "mode": "all"}), "mode is not a member".into()),
+        ("/api/v1/system/maintenance".into(), json!({"enabled": true, "reason": "upgrade"}), "reason is not a member".into()),
+        ("/api/v1/timers".into(), json!({"operations": [{"op": "cancel", "queue": "q", "timerKey": "k"}], "dryRun": true}), "dryRun is not a member".into()),
+        ("/api/v1/fetch".into(), json!({"entries": [{"queue": "q", "partition": "p", "offset": 0}], "timeout": 5}), "timeout is not a member".into()),
+        ("/api/v1/fetch".into(), json!({"entries": [{"queue": "q", "partition": "p", "offset": 0, "count": 5}]}), "entries[0].count is not a member the broker reads here; entries[0] takes queue, partition, offset, maxBytes".into()),
+        ("/api/v1/partitions/changed".into(), json!({"entries": [{"queue": "q"}], "since": "2026-01-01T00:00:00Z"}), "since is not a member the broker reads here; the body takes entries".into()),
+        ("/api/v1/partitions/changed".into(), json!({"entries": [{"queue": "q", "partition": "p"}]}), "entries[0].partition is not a member".into()),
+    ];
+    let db = app.db.connect().await;
+    let before = row_versions(&db).await;
+    for (path, body, error) in cases {
+        assert_refused(&app.post(&path, &body).await, StatusCode::BAD_REQUEST, &error);
+    }
+    // The key/value and lock routes answer in their own envelope: the code, the member, the detail.
+    for (path, code) in [("/api/v1/kv", "kv_unknown_field"), ("/api/v1/locks", "lock_unknown_field")] {
+        let body = json!({"operations": [{"op": "get", "ns": "n", "key": "k", "name": "k"}], "atomic": true});
+        let answer = app.post(path, &body).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{answer:?}");
+        assert_eq!((&answer.body["code"], &answer.body["reason"]), (&json!(code), &json!("atomic")), "{answer:?}");
+    }
+    assert_eq!(row_versions(&db).await, before, "a refused body changed something");
+
+    // The lease is still the group's and the message still unacknowledged: acked as the client
+    // sends it, it completes.
+    let acked = app.post("/api/v1/ack", &with(&ack, "consumerGroup", json!("g"))).await;
+    assert_eq!(acked.body[0]["success"], true, "{acked:?}");
 }

@@ -44,7 +44,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
 
-use crate::helpers::TestApp;
+use crate::helpers::{TestApp, row_versions};
 
 /// Cases per test unless `PROPTEST_CASES` asks for more (or fewer).
 const DEFAULT_CASES: u32 = 64;
@@ -916,23 +916,6 @@ struct Fuzz {
     system: SystemRunner,
 }
 
-/// The tables whose rows a refused request must leave alone.
-const FINGERPRINTED: &[&str] = &[
-    "queues",
-    "partitions",
-    "log_segments",
-    "log_message_ids",
-    "log_consumers",
-    "log_dlq",
-    "consumer_groups_metadata",
-    "system_state",
-    "message_traces",
-    "message_trace_names",
-    "kv",
-    "kv_version_floors",
-    "timers",
-];
-
 impl Fuzz {
     fn start(tweak: impl FnOnce(&mut Config)) -> Fuzz {
         let system = System::new();
@@ -985,23 +968,6 @@ impl Fuzz {
         }
     }
 
-    /// Every fingerprinted table's row count and row versions (`ctid`, `xmin`): any insert,
-    /// update or delete changes them, whatever the values.
-    async fn fingerprint(&self) -> BTreeMap<String, String> {
-        let sql = FINGERPRINTED
-            .iter()
-            .map(|table| {
-                format!(
-                    "SELECT '{table}', count(*) || ' ' || md5(coalesce(string_agg(x.ctid::text || ':' || x.xmin::text, \
-                     ',' ORDER BY x.ctid), '')) FROM queen.{table} x"
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(" UNION ALL ");
-        let rows = self.db.query(&sql, &[]).await.expect("the fingerprint");
-        rows.iter().map(|row| (row.get(0), row.get(1))).collect()
-    }
-
     async fn send(&self, path: &str, sent: &Sent) -> Result<Reply, TestCaseError> {
         let mut request = self.app.http.post(self.app.url(path)).body(sent.bytes.clone());
         if let Some(content_type) = sent.content_type {
@@ -1035,7 +1001,7 @@ impl Fuzz {
     /// [`Fuzz::exchange`], except that a call rolled back (a 409, or a 2xx saying `success:
     /// false`) may change the tables `on_rollback` names (the caller checks how).
     async fn exchange_allowing(&self, path: &str, sent: &Sent, on_rollback: &[&str]) -> Result<Reply, TestCaseError> {
-        let before = self.fingerprint().await;
+        let before = row_versions(&self.db).await;
         let reply = self.send(path, sent).await?;
         for seen in [format!("{:?}", sent.expected), reply.status.as_u16().to_string()] {
             *self.tally.borrow_mut().entry(seen).or_default() += 1;
@@ -1053,7 +1019,7 @@ impl Fuzz {
         }
         let unsuccessful = reply.json.as_ref().and_then(|body| body.get("success")) == Some(&json!(false));
         if reply.status.is_client_error() || unsuccessful {
-            let after = self.fingerprint().await;
+            let after = row_versions(&self.db).await;
             let rolled_back = reply.status == StatusCode::CONFLICT || unsuccessful;
             let allowed = if rolled_back { on_rollback } else { &[] };
             let changed: Vec<&String> = after

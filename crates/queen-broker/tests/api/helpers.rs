@@ -1,5 +1,6 @@
 //! A broker per test, on its own database, with typed request helpers.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use queen_broker::config::Config;
@@ -202,4 +203,38 @@ impl TestApp {
     pub async fn count(&self, sql: &str) -> i64 {
         self.db.connect().await.query_one(sql, &[]).await.unwrap_or_else(|e| panic!("{sql}: {e}")).get(0)
     }
+}
+
+/// The tables whose rows a refused request must leave alone.
+const FINGERPRINTED: &[&str] = &[
+    "queues",
+    "partitions",
+    "log_segments",
+    "log_message_ids",
+    "log_consumers",
+    "log_dlq",
+    "consumer_groups_metadata",
+    "system_state",
+    "message_traces",
+    "message_trace_names",
+    "kv",
+    "kv_version_floors",
+    "timers",
+];
+
+/// Every fingerprinted table's row count and row versions (`ctid`, `xmin`): any insert, update or
+/// delete changes them, whatever the values.
+pub async fn row_versions(db: &tokio_postgres::Client) -> BTreeMap<String, String> {
+    let sql = FINGERPRINTED
+        .iter()
+        .map(|table| {
+            format!(
+                "SELECT '{table}', count(*) || ' ' || md5(coalesce(string_agg(x.ctid::text || ':' || x.xmin::text, \
+                 ',' ORDER BY x.ctid), '')) FROM queen.{table} x"
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" UNION ALL ");
+    let rows = db.query(&sql, &[]).await.expect("the row versions");
+    rows.iter().map(|row| (row.get(0), row.get(1))).collect()
 }

@@ -24,6 +24,7 @@ mod group_admin;
 mod groups;
 mod helpers;
 mod https;
+mod javascript_client;
 mod keep_alive;
 mod kv;
 mod leases;
