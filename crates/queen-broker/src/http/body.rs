@@ -133,7 +133,8 @@ pub fn strict_query(req: &actix_web::HttpRequest, known: &[&str]) -> Result<BTre
     let query = query_pairs(req.query_string())?;
     if let Some(unknown) = query.keys().find(|key| !known.contains(&key.as_str())) {
         return Err(ApiError::bad_request(format!(
-            "unknown query parameter {unknown:?}; this route takes {}",
+            "unknown query parameter \"{}\"; this route takes {}",
+            names::quoted_member(unknown),
             known.join(", ")
         )));
     }

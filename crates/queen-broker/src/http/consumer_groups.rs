@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use queen_store::groups::{CursorLag, Registration, SeekTarget};
 use serde::Serialize;
 
-use super::body::{JsonObject, path_name, query_bool, query_int, query_pairs, read_body};
+use super::body::{JsonObject, path_name, query_bool, query_int, read_body, strict_query};
 use super::timestamp;
 use crate::broker::{Broker, groups};
 use crate::error::ApiError;
@@ -159,7 +159,7 @@ struct DeleteAnswer<'a> {
 
 async fn delete(broker: &Broker, req: &HttpRequest, queue: Option<String>) -> Result<HttpResponse, ApiError> {
     let group = path_name(req, "group", NameKind::ConsumerGroup)?;
-    let delete_metadata = query_bool(&query_pairs(req.query_string())?, "deleteMetadata")?.unwrap_or(true);
+    let delete_metadata = query_bool(&strict_query(req, &["deleteMetadata"])?, "deleteMetadata")?.unwrap_or(true);
     let deleted = groups::delete(broker, &group, queue.as_deref(), delete_metadata).await?;
     Ok(HttpResponse::Ok().json(DeleteAnswer {
         success: true,
@@ -312,7 +312,7 @@ struct Lagging {
 
 /// Cursors whose oldest unconsumed message is at least `minLagSeconds` old (default an hour).
 pub async fn lagging(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
-    let query = query_pairs(req.query_string())?;
+    let query = strict_query(&req, &["minLagSeconds"])?;
     let min_lag = query_int(&query, "minLagSeconds", 0, 10 * 365 * 24 * 3600)?.unwrap_or(3600) as f64;
     let (lags, _) = groups::overview(&broker, None).await?;
     let lagging: Vec<Lagging> = lags

@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use uuid::Uuid;
 
-use super::body::{path_param, query_int, query_pairs};
+use super::body::{path_param, query_int, strict_query};
 use super::messages::partition_id;
 use super::timestamp;
 use crate::broker::{Broker, messages};
@@ -94,7 +94,7 @@ pub(super) fn time_filter(value: Option<&String>, key: &str) -> Result<Option<Da
 /// Dead letters, newest first, filtered by `queue`, `consumerGroup`, `partition` (name) and
 /// `from`/`to` (when they failed), paged with `limit` (1 to 1000, default 100) and `offset`.
 pub async fn list(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
-    let query = query_pairs(req.query_string())?;
+    let query = strict_query(&req, &["queue", "consumerGroup", "partition", "from", "to", "limit", "offset"])?;
     let filter = DeadLetterFilter {
         queue: query.get("queue").cloned(),
         consumer_group: query.get("consumerGroup").cloned(),

@@ -11,13 +11,34 @@ use queen_store::cursors::CursorSeed;
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::body::{path_name, query_bool, query_int, query_pairs};
+use super::body::{path_name, query_bool, query_int, strict_query};
 use super::{StoredMessageJson, framed_pop, timestamp};
 use crate::broker::Broker;
 use crate::broker::pop::{Delivery, PopRequest, PopSource, pop};
 use crate::connection::ClientConnection;
 use crate::error::ApiError;
 use crate::names::{self, NameKind, QUEUE_MODE_GROUP};
+
+/// The parameters of every pop route. A queue route takes `namespace` and `task` too, without
+/// acting on them: the official clients send a builder's namespace and task on every pop, and the
+/// queue in the path names the source (`docs/architecture.md`, *Unknown body members and query
+/// parameters*).
+const PARAMETERS: &[&str] = &[
+    "autopilot",
+    "batch",
+    "partitions",
+    "wait",
+    "timeout",
+    "consumerGroup",
+    "namespace",
+    "task",
+    "autoAck",
+    "subscriptionMode",
+    "subscriptionFrom",
+    "conflation",
+    "leaseSeconds",
+    "frames",
+];
 
 pub async fn pop_queue(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let source = PopSource::Queue { queue: queue_of(&req)?, partition: None };
@@ -32,7 +53,7 @@ pub async fn pop_partition(broker: web::Data<Broker>, req: HttpRequest) -> Resul
 
 /// A pop from every queue of a namespace and/or task, the higher priority first.
 pub async fn pop_namespace(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
-    let query = query_pairs(req.query_string())?;
+    let query = strict_query(&req, PARAMETERS)?;
     let label = |key: &str| -> Result<Option<String>, ApiError> {
         let value = query.get(key).filter(|v| !v.is_empty()).cloned();
         if let Some(value) = &value {
@@ -52,7 +73,7 @@ fn queue_of(req: &HttpRequest) -> Result<String, ApiError> {
 }
 
 async fn handle(broker: web::Data<Broker>, req: HttpRequest, source: PopSource) -> Result<HttpResponse, ApiError> {
-    let query = query_pairs(req.query_string())?;
+    let query = strict_query(&req, PARAMETERS)?;
     let client = client_address(&req, broker.config.limits.trust_forwarded_for);
     let (mut request, autopilot) = parse_query(&broker, source, &query, client)?;
     let framed = query_bool(&query, "frames")?.unwrap_or(false);

@@ -11,7 +11,7 @@ use queen_store::stats::{Overview, PartitionStats, QueueStats};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::body::{query_int, query_pairs};
+use super::body::{query_int, strict_query};
 use super::{StoredMessageJson, timestamp};
 use crate::broker::fleet::{self, HistoryPoint, MAX_HISTORY_MINUTES};
 use crate::broker::stats::{self, QueueFilter, QueueStatus};
@@ -30,8 +30,13 @@ pub fn mark_start() {
     std::sync::LazyLock::force(&STARTED);
 }
 
-fn page(req: &HttpRequest, default_limit: u64) -> Result<(BTreeMap<String, String>, i64, i64), ApiError> {
-    let query = query_pairs(req.query_string())?;
+/// The query of a paged listing: `limit`, `offset` and the route's `filters`, nothing else.
+fn page(
+    req: &HttpRequest,
+    default_limit: u64,
+    filters: &[&str],
+) -> Result<(BTreeMap<String, String>, i64, i64), ApiError> {
+    let query = strict_query(req, &[&["limit", "offset"], filters].concat())?;
     let limit = query_int(&query, "limit", 1, MAX_PAGE)?.unwrap_or(default_limit) as i64;
     let offset = query_int(&query, "offset", 0, i64::MAX as u64)?.unwrap_or(0) as i64;
     Ok((query, limit, offset))
@@ -110,7 +115,7 @@ fn queue_filter(query: &BTreeMap<String, String>, limit: i64, offset: i64) -> Qu
 
 /// `GET /resources/queues?namespace=&task=&limit=&offset=`.
 pub async fn queues(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
-    let (query, limit, offset) = page(&req, 100)?;
+    let (query, limit, offset) = page(&req, 100, &["namespace", "task"])?;
     let found = stats::queues(&broker, &queue_filter(&query, limit, offset)).await?;
     let queues: Vec<QueueJson> = found.into_iter().map(QueueJson::from).collect();
     Ok(HttpResponse::Ok().json(serde_json::json!({ "queues": queues, "limit": limit, "offset": offset })))
@@ -146,7 +151,7 @@ impl From<PartitionStats> for PartitionJson {
 
 /// `GET /resources/partitions?queue=&limit=&offset=`: the most recently pushed first.
 pub async fn partitions(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
-    let (query, limit, offset) = page(&req, 100)?;
+    let (query, limit, offset) = page(&req, 100, &["queue"])?;
     let found = stats::partitions(&broker, query.get("queue").map(String::as_str), limit, offset).await?;
     let partitions: Vec<PartitionJson> = found.into_iter().map(PartitionJson::from).collect();
     Ok(HttpResponse::Ok().json(serde_json::json!({ "partitions": partitions, "limit": limit, "offset": offset })))
@@ -218,7 +223,7 @@ fn with_groups(queue: QueueStats, lags: &mut BTreeMap<&str, BTreeMap<&str, Group
 
 /// `GET /status/queues`: every queue with its size and its groups' lag.
 pub async fn queue_statuses(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
-    let (query, limit, offset) = page(&req, 100)?;
+    let (query, limit, offset) = page(&req, 100, &["namespace", "task"])?;
     let (found, lags) = stats::queues_with_lag(&broker, &queue_filter(&query, limit, offset)).await?;
     let mut by_queue = lag_by_queue(&lags);
     let queues: Vec<QueueStatusJson> = found.into_iter().map(|q| with_groups(q, &mut by_queue)).collect();
@@ -339,7 +344,7 @@ impl From<HistoryPoint> for HistoryPointJson {
 
 /// `GET /status/history?minutes=60`: the fleet's traffic and consumer lag per sample interval.
 pub async fn history(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
-    let query = query_pairs(req.query_string())?;
+    let query = strict_query(&req, &["minutes"])?;
     let minutes = query_int(&query, "minutes", 1, MAX_HISTORY_MINUTES)?.unwrap_or(60);
     let (interval, points) = fleet::history(&broker, minutes).await?;
     let (from, to) = match (points.first(), points.last()) {
@@ -392,7 +397,7 @@ struct ListedJson<'a> {
 /// `GET /messages?queue=&partition=&limit=`: the newest messages of a queue (default 20, at
 /// most 1000), newest first, read from the last segments of its most recently pushed partitions.
 pub async fn list_messages(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
-    let query = query_pairs(req.query_string())?;
+    let query = strict_query(&req, &["queue", "partition", "limit"])?;
     let queue = query.get("queue").ok_or_else(|| ApiError::bad_request("queue is required"))?;
     names::check(NameKind::Queue, "queue", queue).map_err(ApiError::BadRequest)?;
     let limit = query_int(&query, "limit", 1, MAX_PAGE)?.unwrap_or(20) as i64;

@@ -12,7 +12,7 @@ use serde::de::IgnoredAny;
 use uuid::Uuid;
 
 use super::authorize::Caller;
-use super::body::{JsonObject, MAX_DATA_NESTING, nesting_depth, path_name, path_param, query_pairs, read_body};
+use super::body::{JsonObject, MAX_DATA_NESTING, nesting_depth, path_name, path_param, read_body, strict_query};
 use super::timestamp;
 use crate::broker::Broker;
 use crate::broker::timers::{self, CancelTimer, ScheduleTimer, TimerOp, TimerOutcome, TimerResult};
@@ -69,7 +69,7 @@ pub async fn batch(broker: web::Data<Broker>, caller: Caller, payload: web::Payl
 /// Cancels the pending timer of the key; with `?txn=`, only if it is that txn's timer.
 pub async fn cancel(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let (queue, timer_key) = timer_of(&req)?;
-    let txn = query_pairs(req.query_string())?.remove("txn");
+    let txn = strict_query(&req, &["txn"])?.remove("txn");
     if let Some(txn) = &txn {
         names::check(NameKind::TransactionId, "txn", txn).map_err(ApiError::BadRequest)?;
     }
@@ -90,7 +90,7 @@ pub async fn peek(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpRes
 /// (clamped to 1..=1000, 100 by default).
 pub async fn list(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let queue = path_name(&req, "queue", NameKind::Queue)?;
-    let query = query_pairs(req.query_string())?;
+    let query = strict_query(&req, &["limit", "after"])?;
     let limit = match query.get("limit") {
         None => DEFAULT_PAGE,
         Some(text) => text

@@ -216,3 +216,40 @@ async fn a_member_a_body_does_not_take_is_refused_by_name_and_changes_nothing() 
     let acked = app.post("/api/v1/ack", &with(&ack, "consumerGroup", json!("g"))).await;
     assert_eq!(acked.body[0]["success"], true, "{acked:?}");
 }
+
+#[actix_web::test]
+async fn a_query_parameter_a_route_does_not_take_is_refused_by_name_and_changes_nothing() {
+    let app = TestApp::spawn().await;
+    app.push_one("q", "p", "t1", json!(1)).await;
+    let popped = app.pop("queue/q", "consumerGroup=g&wait=false").await;
+    assert_eq!(popped.messages().len(), 1, "{popped:?}");
+    let db = app.db.connect().await;
+    let before = row_versions(&db).await;
+    // A lowercase `consumergroup` would otherwise pop in queue mode, leasing the message there.
+    for (path, unknown) in [
+        ("/api/v1/pop/queue/q?consumergroup=g&wait=false", "consumergroup"),
+        ("/api/v1/pop/queue/q/partition/p?batch=1&waitMs=10", "waitMs"),
+        ("/api/v1/pop?namespace=n&batchSize=5", "batchSize"),
+        ("/api/v1/dlq?queue=q&status=failed", "status"),
+        ("/api/v1/messages?queue=q&offset=5", "offset"),
+        ("/api/v1/resources/queues?queue=q", "queue"),
+        ("/api/v1/resources/partitions?namespace=n", "namespace"),
+        ("/api/v1/status/queues?name=q", "name"),
+        ("/api/v1/status/history?hours=2", "hours"),
+        ("/api/v1/consumer-groups/lagging?minLag=5", "minLag"),
+        ("/api/v1/timers/q?cursor=k", "cursor"),
+    ] {
+        let answer = app.get(path).await;
+        assert_refused(
+            &answer,
+            StatusCode::BAD_REQUEST,
+            &format!("unknown query parameter \"{unknown}\"; this route takes"),
+        );
+    }
+    for path in ["/api/v1/consumer-groups/g?deleteMeta=false", "/api/v1/timers/q/k?tx=t"] {
+        assert_refused(&app.delete(path).await, StatusCode::BAD_REQUEST, "unknown query parameter");
+    }
+    assert_eq!(row_versions(&db).await, before, "a refused query changed something");
+    let again = app.pop("queue/q", "wait=false").await;
+    assert_eq!(again.messages().len(), 1, "queue mode still has the message: {again:?}");
+}
