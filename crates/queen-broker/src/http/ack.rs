@@ -7,7 +7,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::authorize::Caller;
-use super::body::{JsonObject, read_body};
+use super::body::{JsonObject, NoQuery, read_body};
 use crate::broker::Broker;
 use crate::broker::ack::{acknowledge, refusal_text, status_label};
 use crate::error::ApiError;
@@ -15,6 +15,7 @@ use crate::names::{self, NameKind};
 
 pub async fn single(
     broker: web::Data<Broker>,
+    _: NoQuery,
     caller: Caller,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
@@ -27,7 +28,12 @@ pub async fn single(
     answer(&broker, &group, vec![request]).await
 }
 
-pub async fn batch(broker: web::Data<Broker>, caller: Caller, payload: web::Payload) -> Result<HttpResponse, ApiError> {
+pub async fn batch(
+    broker: web::Data<Broker>,
+    _: NoQuery,
+    caller: Caller,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
     let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
     let body = JsonObject::parse_body(&body, false)?;
     body.takes_only(&["acknowledgments", "consumerGroup"])?;

@@ -5,10 +5,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix_web::HttpRequest;
 use actix_web::dev::{Path, Url};
 use actix_web::error::PayloadError;
 use actix_web::web::{Bytes, BytesMut, Payload};
+use actix_web::{FromRequest, HttpRequest};
+use futures::future::{Ready, ready};
 use futures::{Stream, StreamExt};
 use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
@@ -132,13 +133,33 @@ pub fn nesting_depth(text: &[u8]) -> usize {
 pub fn strict_query(req: &actix_web::HttpRequest, known: &[&str]) -> Result<BTreeMap<String, String>, ApiError> {
     let query = query_pairs(req.query_string())?;
     if let Some(unknown) = query.keys().find(|key| !known.contains(&key.as_str())) {
+        let takes = if known.is_empty() { "no query parameters".to_owned() } else { known.join(", ") };
         return Err(ApiError::bad_request(format!(
-            "unknown query parameter \"{}\"; this route takes {}",
-            names::quoted_member(unknown),
-            known.join(", ")
+            "unknown query parameter \"{}\"; this route takes {takes}",
+            names::quoted_member(unknown)
         )));
     }
     Ok(query)
+}
+
+/// A route that reads no query string: one with a parameter is refused (400) by [`strict_query`]
+/// rather than ignored.
+pub struct NoQuery;
+
+impl FromRequest for NoQuery {
+    type Error = ApiError;
+    type Future = Ready<Result<NoQuery, ApiError>>;
+
+    fn from_request(req: &HttpRequest, _: &mut actix_web::dev::Payload) -> Self::Future {
+        ready(strict_query(req, &[]).map(|_| NoQuery))
+    }
+}
+
+/// The body of a route that reads none: nothing, or an object without members (`{}`, which the
+/// official JavaScript client sends); anything else is refused (400) rather than ignored.
+pub async fn no_members(payload: Payload, broker: &Broker) -> Result<(), ApiError> {
+    let body = read_body(payload, broker.config.http.max_body_bytes, broker).await?;
+    JsonObject::parse_body(&body, true)?.takes_only(&[])
 }
 
 /// A JSON object whose members are kept as raw JSON, so each can be checked (and payloads kept
@@ -200,10 +221,10 @@ impl<'a> JsonObject<'a> {
     pub fn takes_only(&self, takes: &[&str]) -> Result<(), ApiError> {
         let Some(key) = self.member_outside(takes) else { return Ok(()) };
         let whose = if self.path.is_empty() { "the body" } else { &self.path };
+        let members = if takes.is_empty() { "no members".to_owned() } else { takes.join(", ") };
         Err(ApiError::bad_request(format!(
-            "{} is not a member the broker reads here; {whose} takes {}",
-            self.name_of(&names::quoted_member(key)),
-            takes.join(", ")
+            "{} is not a member the broker reads here; {whose} takes {members}",
+            self.name_of(&names::quoted_member(key))
         )))
     }
 

@@ -6,7 +6,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::authorize::Caller;
-use super::body::{JsonObject, read_body};
+use super::body::{JsonObject, NoQuery, read_body};
 use crate::broker::queues::{Configure, configure};
 use crate::broker::{Broker, queue_options};
 use crate::error::ApiError;
@@ -14,6 +14,7 @@ use crate::names::{self, NameKind};
 
 pub async fn handle(
     broker: web::Data<Broker>,
+    _: NoQuery,
     caller: Caller,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use queen_store::groups::{CursorLag, Registration, SeekTarget};
 use serde::Serialize;
 
-use super::body::{JsonObject, path_name, query_bool, query_int, read_body, strict_query};
+use super::body::{JsonObject, NoQuery, no_members, path_name, query_bool, query_int, read_body, strict_query};
 use super::timestamp;
 use crate::broker::{Broker, groups};
 use crate::error::ApiError;
@@ -94,6 +94,7 @@ async fn seek(
 
 pub async fn seek_queue(
     broker: web::Data<Broker>,
+    _: NoQuery,
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
@@ -102,6 +103,7 @@ pub async fn seek_queue(
 
 pub async fn seek_partition(
     broker: web::Data<Broker>,
+    _: NoQuery,
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
@@ -126,6 +128,7 @@ struct SubscriptionAnswer<'a> {
 
 pub async fn update_subscription(
     broker: web::Data<Broker>,
+    _: NoQuery,
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
@@ -280,7 +283,7 @@ fn summarise(lags: &[CursorLag], registrations: &[Registration]) -> Vec<GroupSum
         .collect()
 }
 
-pub async fn list(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
+pub async fn list(broker: web::Data<Broker>, _: NoQuery) -> Result<HttpResponse, ApiError> {
     let (lags, registrations) = groups::overview(&broker, None).await?;
     Ok(HttpResponse::Ok().json(summarise(&lags, &registrations)))
 }
@@ -293,7 +296,7 @@ struct GroupDetail {
     partitions: Vec<PartitionLag>,
 }
 
-pub async fn detail(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+pub async fn detail(broker: web::Data<Broker>, _: NoQuery, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let group = path_name(&req, "group", NameKind::ConsumerGroup)?;
     let (lags, registrations) = groups::overview(&broker, Some(&group)).await?;
     let summary = summarise(&lags, &registrations)
@@ -324,9 +327,14 @@ pub async fn lagging(broker: web::Data<Broker>, req: HttpRequest) -> Result<Http
 }
 
 /// Statistics are computed when read, so there is nothing to refresh.
-pub async fn refresh_stats() -> HttpResponse {
-    HttpResponse::Ok()
-        .json(serde_json::json!({"success": true, "refreshed": false, "reason": "statistics are computed on read"}))
+pub async fn refresh_stats(
+    broker: web::Data<Broker>,
+    _: NoQuery,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    no_members(payload, &broker).await?;
+    Ok(HttpResponse::Ok()
+        .json(serde_json::json!({"success": true, "refreshed": false, "reason": "statistics are computed on read"})))
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use uuid::Uuid;
 
-use super::body::{path_param, query_int, strict_query};
+use super::body::{NoQuery, no_members, path_param, query_int, strict_query};
 use super::messages::partition_id;
 use super::timestamp;
 use crate::broker::{Broker, messages};
@@ -123,9 +123,15 @@ struct Moved {
 }
 
 /// Puts the message's dead letters back into its partition as one new message.
-pub async fn retry(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+pub async fn retry(
+    broker: web::Data<Broker>,
+    _: NoQuery,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
     let partition = partition_id(&req)?;
     let transaction_id = path_param(req.match_info(), "transaction_id")?;
+    no_members(payload, &broker).await?;
     let moved = match messages::requeue(&broker, partition, &transaction_id).await? {
         Requeue::Moved(moved) => moved,
         Requeue::NoDeadLetter => {
@@ -158,7 +164,7 @@ pub async fn retry(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpRe
 }
 
 /// Deletes the message's dead letters (never the message itself: the log is immutable).
-pub async fn delete(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+pub async fn delete(broker: web::Data<Broker>, _: NoQuery, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let partition = partition_id(&req)?;
     let transaction_id = path_param(req.match_info(), "transaction_id")?;
     let deleted = messages::delete_dead_letters(&broker, partition, &transaction_id).await?;

@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use super::body::{JsonObject, MAX_NESTING, nesting_depth, read_body};
+use super::body::{JsonObject, MAX_NESTING, NoQuery, nesting_depth, read_body};
 use super::timestamp;
 use crate::broker::kv::{
     self, Batch, BatchRefusal, Change, Expiry, OpResult, Operation, Outcome, PrefixRead, Verdict, Write,
@@ -23,7 +23,7 @@ use crate::names;
 /// The deepest a value may nest: a `getMany` or `getPrefix` answer carries it five levels down.
 const MAX_VALUE_NESTING: usize = MAX_NESTING - 5;
 
-pub async fn handle(broker: web::Data<Broker>, payload: web::Payload) -> Result<HttpResponse, StateError> {
+pub async fn handle(broker: web::Data<Broker>, _: NoQuery, payload: web::Payload) -> Result<HttpResponse, StateError> {
     let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
     let body = JsonObject::parse_body(&body, false)?;
     only(&body, &["operations"], "a key/value call", "kv_unknown_field")?;

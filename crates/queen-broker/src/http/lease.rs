@@ -6,7 +6,7 @@ use queen_store::cursors::LeaseExtension;
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::body::{JsonObject, read_body};
+use super::body::{JsonObject, NoQuery, read_body};
 use super::timestamp;
 use crate::broker::{Broker, leases};
 use crate::error::ApiError;
@@ -27,6 +27,7 @@ struct Extended {
 
 pub async fn extend(
     broker: web::Data<Broker>,
+    _: NoQuery,
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {

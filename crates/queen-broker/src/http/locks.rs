@@ -5,7 +5,7 @@
 use actix_web::{HttpResponse, web};
 use serde::Serialize;
 
-use super::body::{JsonObject, read_body};
+use super::body::{JsonObject, NoQuery, read_body};
 use super::kv::{Fields, Refusal, StateError, only};
 use super::timestamp;
 use crate::broker::Broker;
@@ -15,7 +15,7 @@ use crate::broker::locks::{self, Holder, LockOp, LockOutcome, Permit};
 /// Most operations one call holds.
 const MAX_OPERATIONS: usize = 256;
 
-pub async fn handle(broker: web::Data<Broker>, payload: web::Payload) -> Result<HttpResponse, StateError> {
+pub async fn handle(broker: web::Data<Broker>, _: NoQuery, payload: web::Payload) -> Result<HttpResponse, StateError> {
     let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
     let body = JsonObject::parse_body(&body, false)?;
     only(&body, &["operations"], "a locks call", "lock_unknown_field")?;

@@ -5,7 +5,7 @@ use queen_store::messages::{GroupProgress, StoredMessage};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use super::body::path_param;
+use super::body::{NoQuery, path_param};
 use super::{StoredMessageJson, timestamp};
 use crate::broker::{Broker, messages};
 use crate::error::ApiError;
@@ -50,7 +50,7 @@ fn status(groups: &[GroupProgress]) -> &'static str {
     }
 }
 
-pub async fn get(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+pub async fn get(broker: web::Data<Broker>, _: NoQuery, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let partition_id = partition_id(&req)?;
     let transaction_id = path_param(req.match_info(), "transaction_id")?;
     let message: StoredMessage = messages::find(&broker, partition_id, &transaction_id)

@@ -11,7 +11,7 @@ use queen_store::offset_reads::{ChangedPage, ChangedPartition};
 use serde::Serialize;
 
 use super::authorize::Caller;
-use super::body::{JsonObject, read_body};
+use super::body::{JsonObject, NoQuery, read_body};
 use super::timestamp;
 use crate::broker::Broker;
 use crate::broker::offset_reads::{
@@ -25,7 +25,12 @@ use crate::names::{self, NameKind};
 const UNKNOWN_TOPIC_OR_PARTITION: &str = "UNKNOWN_TOPIC_OR_PARTITION";
 const OFFSET_OUT_OF_RANGE: &str = "OFFSET_OUT_OF_RANGE";
 
-pub async fn fetch(broker: web::Data<Broker>, caller: Caller, payload: web::Payload) -> Result<HttpResponse, ApiError> {
+pub async fn fetch(
+    broker: web::Data<Broker>,
+    _: NoQuery,
+    caller: Caller,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
     let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
     let body = JsonObject::parse_body(&body, false)?;
     body.takes_only(&["entries", "maxBytes"])?;
@@ -39,6 +44,7 @@ pub async fn fetch(broker: web::Data<Broker>, caller: Caller, payload: web::Payl
 
 pub async fn changed(
     broker: web::Data<Broker>,
+    _: NoQuery,
     caller: Caller,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {

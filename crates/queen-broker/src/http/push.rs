@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use super::authorize::Caller;
 use super::binary_push::{self, BinaryPush, Limits, PushCounts};
-use super::body::{JsonObject, read_body};
+use super::body::{JsonObject, NoQuery, read_body};
 use crate::broker::Broker;
 use crate::broker::push::{PushItem, PushResults, Pushed, push};
 use crate::error::ApiError;
@@ -15,6 +15,7 @@ use crate::names::{self, DEFAULT_PARTITION, NameKind};
 
 pub async fn handle(
     broker: web::Data<Broker>,
+    _: NoQuery,
     caller: Caller,
     req: HttpRequest,
     payload: web::Payload,

@@ -4,6 +4,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use super::body::NoQuery;
 use crate::broker::{Broker, queue_options, queues};
 use crate::error::ApiError;
 use crate::names::NameKind;
@@ -24,7 +25,7 @@ struct QueueInfo {
     messages: i64,
 }
 
-pub async fn get_queue(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+pub async fn get_queue(broker: web::Data<Broker>, _: NoQuery, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let name = queue_name(&req)?;
     let (queue, size) = queues::describe(&broker, &name)
         .await?
@@ -47,7 +48,7 @@ struct Deleted {
     existed: bool,
 }
 
-pub async fn delete_queue(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+pub async fn delete_queue(broker: web::Data<Broker>, _: NoQuery, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let name = queue_name(&req)?;
     let existed = queues::delete(&broker, &name).await?;
     Ok(HttpResponse::Ok().json(Deleted { deleted: true, queue: name, existed }))

@@ -11,7 +11,7 @@ use queen_store::stats::{Overview, PartitionStats, QueueStats};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::body::{query_int, strict_query};
+use super::body::{NoQuery, query_int, strict_query};
 use super::{StoredMessageJson, timestamp};
 use crate::broker::fleet::{self, HistoryPoint, MAX_HISTORY_MINUTES};
 use crate::broker::stats::{self, QueueFilter, QueueStatus};
@@ -73,7 +73,7 @@ impl From<Overview> for OverviewJson {
     }
 }
 
-pub async fn overview(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
+pub async fn overview(broker: web::Data<Broker>, _: NoQuery) -> Result<HttpResponse, ApiError> {
     Ok(HttpResponse::Ok().json(OverviewJson::from(stats::overview(&broker).await?)))
 }
 
@@ -169,7 +169,7 @@ struct StatusJson {
 }
 
 /// `GET /status`: the broker and its data at a glance.
-pub async fn status(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
+pub async fn status(broker: web::Data<Broker>, _: NoQuery) -> Result<HttpResponse, ApiError> {
     let overview = stats::overview(&broker).await?;
     Ok(HttpResponse::Ok().json(StatusJson {
         status: "ok",
@@ -263,7 +263,7 @@ impl<'a> From<&'a CursorLag> for CursorJson<'a> {
 
 /// `GET /status/queues/{queue}`: one queue, its partitions, its groups' lag, and every group's
 /// cursor on every partition.
-pub async fn queue_status(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+pub async fn queue_status(broker: web::Data<Broker>, _: NoQuery, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let name = super::body::path_name(&req, "queue", NameKind::Queue)?;
     let QueueStatus { queue, partitions, lags } = stats::queue_status(&broker, &name, MAX_PAGE as i64)
         .await?
@@ -292,7 +292,7 @@ struct BrokerJson {
 
 /// `GET /status/brokers`: the brokers of the fleet heard of in the last hour, and the fleet's
 /// maintenance switches.
-pub async fn brokers(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
+pub async fn brokers(broker: web::Data<Broker>, _: NoQuery) -> Result<HttpResponse, ApiError> {
     let (seen, modes) = fleet::brokers(&broker).await?;
     let brokers: Vec<BrokerJson> = seen
         .into_iter()
@@ -362,7 +362,7 @@ pub async fn history(broker: web::Data<Broker>, req: HttpRequest) -> Result<Http
 
 /// `GET /status/analytics`: this broker's traffic since it started (from its counters), the
 /// data's totals, and what maintenance removed in the last day.
-pub async fn analytics(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
+pub async fn analytics(broker: web::Data<Broker>, _: NoQuery) -> Result<HttpResponse, ApiError> {
     let (overview, maintenance) = stats::with_maintenance(&broker, 24.0).await?;
     let metrics = &broker.metrics;
     Ok(HttpResponse::Ok().json(serde_json::json!({

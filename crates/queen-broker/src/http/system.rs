@@ -5,7 +5,7 @@ use actix_web::{HttpResponse, web};
 use queen_store::system_state::Mode;
 use serde::Serialize;
 
-use super::body::{JsonObject, read_body};
+use super::body::{JsonObject, NoQuery, read_body};
 use crate::broker::Broker;
 use crate::broker::maintenance_mode::{self, MaintenanceStatus};
 use crate::error::ApiError;
@@ -14,15 +14,15 @@ use crate::error::ApiError;
 const MAX_BODY: usize = 1024;
 
 /// Both switches and this broker's journal, on either route.
-pub async fn status(broker: web::Data<Broker>) -> Result<HttpResponse, ApiError> {
+pub async fn status(broker: web::Data<Broker>, _: NoQuery) -> Result<HttpResponse, ApiError> {
     answer(maintenance_mode::status(&broker).await?)
 }
 
-pub async fn set_push(broker: web::Data<Broker>, payload: web::Payload) -> Result<HttpResponse, ApiError> {
+pub async fn set_push(broker: web::Data<Broker>, _: NoQuery, payload: web::Payload) -> Result<HttpResponse, ApiError> {
     set(&broker, Mode::PushMaintenance, payload).await
 }
 
-pub async fn set_pop(broker: web::Data<Broker>, payload: web::Payload) -> Result<HttpResponse, ApiError> {
+pub async fn set_pop(broker: web::Data<Broker>, _: NoQuery, payload: web::Payload) -> Result<HttpResponse, ApiError> {
     set(&broker, Mode::PopMaintenance, payload).await
 }
 

@@ -12,7 +12,9 @@ use serde::de::IgnoredAny;
 use uuid::Uuid;
 
 use super::authorize::Caller;
-use super::body::{JsonObject, MAX_DATA_NESTING, nesting_depth, path_name, path_param, read_body, strict_query};
+use super::body::{
+    JsonObject, MAX_DATA_NESTING, NoQuery, nesting_depth, path_name, path_param, read_body, strict_query,
+};
 use super::timestamp;
 use crate::broker::Broker;
 use crate::broker::timers::{self, CancelTimer, ScheduleTimer, TimerOp, TimerOutcome, TimerResult};
@@ -51,7 +53,12 @@ const SERVER_OWNED: &[&str] = &[
 const SCHEDULE_FIELDS: &[&str] = &["op", "queue", "timerKey", "payload", "payloadZstd", "delayMs", "txn", "partition"];
 const CANCEL_FIELDS: &[&str] = &["op", "queue", "timerKey", "txn"];
 
-pub async fn batch(broker: web::Data<Broker>, caller: Caller, payload: web::Payload) -> Result<HttpResponse, ApiError> {
+pub async fn batch(
+    broker: web::Data<Broker>,
+    _: NoQuery,
+    caller: Caller,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
     let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
     let body = JsonObject::parse_body(&body, false)?;
     body.takes_only(&["operations"])?;
@@ -78,7 +85,7 @@ pub async fn cancel(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpR
 }
 
 /// The pending timer of the key as stored; a miss is `{"found": false}`, HTTP 200.
-pub async fn peek(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+pub async fn peek(broker: web::Data<Broker>, _: NoQuery, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let (queue, timer_key) = timer_of(&req)?;
     Ok(match timers::find(&broker, &queue, &timer_key).await? {
         Some(timer) => HttpResponse::Ok().json(Peeked { found: true, timer: TimerJson::from(&timer) }),

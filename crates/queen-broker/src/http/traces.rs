@@ -14,7 +14,9 @@ use serde_json::value::RawValue;
 
 use super::ack::partition_id as body_partition_id;
 use super::authorize::Caller;
-use super::body::{JsonObject, MAX_DATA_NESTING, nesting_depth, path_param, query_int, read_body, strict_query};
+use super::body::{
+    JsonObject, MAX_DATA_NESTING, NoQuery, nesting_depth, path_param, query_int, read_body, strict_query,
+};
 use super::dlq::time_filter;
 use super::messages::partition_id as path_partition_id;
 use super::timestamp;
@@ -109,6 +111,7 @@ struct RecordedJson<'a> {
 /// message. The client may send it again after a lost answer, which records it twice.
 pub async fn record(
     broker: web::Data<Broker>,
+    _: NoQuery,
     caller: Caller,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {

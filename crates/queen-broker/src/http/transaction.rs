@@ -10,7 +10,7 @@ use queen_store::ack_rules::LeaseFence;
 use super::ack::{ACK_MEMBERS, AckResult, parse_ack};
 use super::authorize::Caller;
 use super::binary_push::{self, Limits, TransactionCounts};
-use super::body::{JsonObject, read_body};
+use super::body::{JsonObject, NoQuery, read_body};
 use super::kv::{OpJson, Precondition, Rider, parse_batch};
 use super::push::{ItemResult, parse_item, stamp};
 use super::timers::{TimerResultJson, parse_rider};
@@ -22,6 +22,7 @@ use crate::names::{self, NameKind};
 
 pub async fn handle(
     broker: web::Data<Broker>,
+    _: NoQuery,
     caller: Caller,
     req: HttpRequest,
     payload: web::Payload,

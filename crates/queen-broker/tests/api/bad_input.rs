@@ -220,7 +220,8 @@ async fn a_member_a_body_does_not_take_is_refused_by_name_and_changes_nothing() 
 #[actix_web::test]
 async fn a_query_parameter_a_route_does_not_take_is_refused_by_name_and_changes_nothing() {
     let app = TestApp::spawn().await;
-    app.push_one("q", "p", "t1", json!(1)).await;
+    let pushed = app.push_one("q", "p", "t1", json!(1)).await;
+    let partition = pushed["partition_id"].as_str().expect("a partition id").to_owned();
     let popped = app.pop("queue/q", "consumerGroup=g&wait=false").await;
     assert_eq!(popped.messages().len(), 1, "{popped:?}");
     let db = app.db.connect().await;
@@ -246,9 +247,32 @@ async fn a_query_parameter_a_route_does_not_take_is_refused_by_name_and_changes_
             &format!("unknown query parameter \"{unknown}\"; this route takes"),
         );
     }
-    for path in ["/api/v1/consumer-groups/g?deleteMeta=false", "/api/v1/timers/q/k?tx=t"] {
+    for path in
+        ["/api/v1/consumer-groups/g?deleteMeta=false", "/api/v1/timers/q/k?tx=t", "/api/v1/resources/queues/q?force=1"]
+    {
         assert_refused(&app.delete(path).await, StatusCode::BAD_REQUEST, "unknown query parameter");
     }
+    // Routes that read no query refuse one too.
+    for path in ["/api/v1/status?from=2026-01-01", "/api/v1/resources/overview?x=1", "/api/v1/consumer-groups?queue=q"]
+    {
+        assert_refused(&app.get(path).await, StatusCode::BAD_REQUEST, "this route takes no query parameters");
+    }
+    let push = json!({"items": [{"queue": "q", "partition": "p", "payload": 2}]});
+    assert_refused(&app.post("/api/v1/push?sync=true", &push).await, StatusCode::BAD_REQUEST, "\"sync\"");
+    // A route that reads no body takes none, or `{}` (what the official JavaScript client sends).
+    let retry = format!("/api/v1/messages/{partition}/t1/retry");
+    assert_refused(
+        &app.post(&retry, &json!({"queue": "q"})).await,
+        StatusCode::BAD_REQUEST,
+        "the body takes no members",
+    );
+    assert_refused(&app.post(&retry, &json!({})).await, StatusCode::NOT_FOUND, "no dead letter");
+    assert_refused(
+        &app.post("/api/v1/stats/refresh", &json!({"all": true})).await,
+        StatusCode::BAD_REQUEST,
+        "all is not",
+    );
+    assert_eq!(app.post("/api/v1/stats/refresh", &json!({})).await.status, StatusCode::OK);
     assert_eq!(row_versions(&db).await, before, "a refused query changed something");
     let again = app.pop("queue/q", "wait=false").await;
     assert_eq!(again.messages().len(), 1, "queue mode still has the message: {again:?}");
