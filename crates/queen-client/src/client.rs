@@ -19,6 +19,10 @@ const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How much longer than its own `timeout` a long poll is waited for: the broker answers a long
 /// poll at its timeout, and the answer needs time to arrive.
 const DEFAULT_LONG_POLL_SLACK: Duration = Duration::from_secs(5);
+/// How long an idle connection is kept for reuse: under the broker's keep-alive (75 s by default)
+/// and the idle timeouts of the balancers commonly put in front of it (60 s), so that this end
+/// closes an idle connection before the far end does.
+const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How far a call is retried when a broker does not answer or answers that it cannot serve now.
 ///
@@ -93,6 +97,7 @@ pub struct ClientBuilder {
     timeout: Duration,
     connect_timeout: Duration,
     long_poll_slack: Duration,
+    idle_timeout: Duration,
     retry: RetryPolicy,
     ca_certificates: Vec<CertificateDer<'static>>,
     native_roots: bool,
@@ -108,6 +113,7 @@ impl Default for ClientBuilder {
             timeout: DEFAULT_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             long_poll_slack: DEFAULT_LONG_POLL_SLACK,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
             retry: RetryPolicy::default(),
             ca_certificates: Vec::new(),
             native_roots: true,
@@ -160,6 +166,15 @@ impl ClientBuilder {
         self
     }
 
+    /// How long a connection that carries no call is kept for the next one (default 30 s). Keep it
+    /// under the idle timeout of whatever is at the far end, the broker (`http.keep_alive_seconds`,
+    /// 75 s by default) or a balancer in front of it: a call sent on a connection the far end has
+    /// just closed, or silently forgotten, fails.
+    pub fn idle_timeout(mut self, timeout: Duration) -> Self {
+        self.idle_timeout = timeout;
+        self
+    }
+
     /// How calls are retried (default [`RetryPolicy::default`]).
     pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
         self.retry = policy;
@@ -205,6 +220,7 @@ impl ClientBuilder {
         let http = reqwest::Client::builder()
             .tls_backend_preconfigured(tls)
             .connect_timeout(self.connect_timeout)
+            .pool_idle_timeout(self.idle_timeout)
             .tcp_nodelay(true)
             .default_headers(headers)
             .user_agent(concat!("queen-client/", env!("CARGO_PKG_VERSION")))
