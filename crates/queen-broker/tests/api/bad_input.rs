@@ -157,13 +157,20 @@ async fn unknown_routes_and_methods_get_json_errors() {
     assert_refused(&app.get("/api/v1/resources/queues/absent").await, StatusCode::NOT_FOUND, "absent");
 }
 
-#[actix_web::test]
-async fn a_member_a_body_does_not_take_is_refused_by_name_and_changes_nothing() {
-    let app = TestApp::spawn().await;
+/// Message `t1` pushed to partition `p` of queue `q` and leased to group `g`: its partition id and
+/// the lease.
+async fn leased_to_group_g(app: &TestApp) -> (String, String) {
     let pushed = app.push_one("q", "p", "t1", json!(1)).await;
     let partition = pushed["partition_id"].as_str().expect("a partition id").to_owned();
     let popped = app.pop("queue/q", "consumerGroup=g&wait=false").await;
-    let lease = popped.messages()[0]["leaseId"].as_str().expect("a lease").to_owned();
+    let lease = popped.messages()[0]["leaseId"].as_str().unwrap_or_else(|| panic!("a lease in {popped:?}")).to_owned();
+    (partition, lease)
+}
+
+#[actix_web::test]
+async fn a_member_a_body_does_not_take_is_refused_by_name_and_changes_nothing() {
+    let app = TestApp::spawn().await;
+    let (partition, lease) = leased_to_group_g(&app).await;
     let ack = json!({"transactionId": "t1", "partitionId": partition, "leaseId": lease});
     let with = |body: &Value, key: &str, value: Value| {
         let mut body = body.clone();
@@ -220,10 +227,7 @@ async fn a_member_a_body_does_not_take_is_refused_by_name_and_changes_nothing() 
 #[actix_web::test]
 async fn a_query_parameter_a_route_does_not_take_is_refused_by_name_and_changes_nothing() {
     let app = TestApp::spawn().await;
-    let pushed = app.push_one("q", "p", "t1", json!(1)).await;
-    let partition = pushed["partition_id"].as_str().expect("a partition id").to_owned();
-    let popped = app.pop("queue/q", "consumerGroup=g&wait=false").await;
-    assert_eq!(popped.messages().len(), 1, "{popped:?}");
+    let (partition, _) = leased_to_group_g(&app).await;
     let db = app.db.connect().await;
     let before = row_versions(&db).await;
     // A lowercase `consumergroup` would otherwise pop in queue mode, leasing the message there.
