@@ -122,15 +122,17 @@ async fn abandon_a_long_poll(app: &TestApp, queue: &str) {
     socket.write_all(request.as_bytes()).await.expect("the request");
     until_parked(app, 1).await;
     let client_port = socket.local_addr().expect("the client's address").port();
+    let broker_port = socket.peer_addr().expect("the broker's address").port();
     drop(socket);
-    until_the_broker_received_the_close(client_port).await;
+    until_the_broker_received_the_close(broker_port, client_port).await;
 }
 
-/// Waits until the kernel has handed the broker's end of the connection from `client_port` the
-/// client's FIN (the socket is in CLOSE_WAIT, or gone): from then on the broker can see that its
-/// client left. On a loaded machine the FIN may be processed after a request sent on another
-/// connection just after it.
-async fn until_the_broker_received_the_close(client_port: u16) {
+/// Waits until the kernel has handed the broker's end (on `broker_port`) of the connection from
+/// `client_port` the client's FIN (the socket is in CLOSE_WAIT, or gone): from then on the broker
+/// can see that its client left. On a loaded machine the FIN may be processed after a request sent
+/// on another connection just after it. Both ports are matched: other tests' connections run
+/// beside this one, and one of them may have `client_port` at its far end.
+async fn until_the_broker_received_the_close(broker_port: u16, client_port: u16) {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp")
@@ -139,8 +141,14 @@ async fn until_the_broker_received_the_close(client_port: u16) {
         // 09 LAST_ACK once the broker closed its end too.
         let waiting = table.lines().skip(1).any(|line| {
             let fields: Vec<&str> = line.split_whitespace().collect();
-            let remote_port = fields.get(2).and_then(|remote| remote.rsplit(':').next());
-            remote_port.and_then(|port| u16::from_str_radix(port, 16).ok()) == Some(client_port)
+            let port = |at: usize| {
+                fields
+                    .get(at)
+                    .and_then(|address| address.rsplit(':').next())
+                    .and_then(|p| u16::from_str_radix(p, 16).ok())
+            };
+            port(1) == Some(broker_port)
+                && port(2) == Some(client_port)
                 && !matches!(fields.get(3), Some(&"08") | Some(&"09"))
         });
         if !waiting {
