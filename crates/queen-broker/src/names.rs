@@ -32,8 +32,8 @@ impl NameKind {
     }
 }
 
-/// Checks a name; the error says what is wrong, naming `field`.
-pub fn check(kind: NameKind, field: &str, value: &str) -> Result<(), String> {
+/// Checks a name; the error says what is wrong, naming `field` (only written out then).
+pub fn check(kind: NameKind, field: impl std::fmt::Display, value: &str) -> Result<(), String> {
     let noun = kind.noun();
     if value.is_empty() {
         return Err(format!("{field}: the {noun} must not be empty"));

@@ -45,7 +45,7 @@ fn eligible(calls: &[Vec<AckRequest>]) -> Vec<Span> {
     let mut spans: HashMap<(i64, &str), Option<Span>> = HashMap::new();
     for (call_index, call) in calls.iter().enumerate() {
         for (request_index, request) in call.iter().enumerate() {
-            let key = (request.partition_id, request.consumer_group.as_str());
+            let key = (request.partition_id, &*request.consumer_group);
             let simple = match (&request.fence, request.offset, request.status) {
                 (LeaseFence::Lease(lease), Some(offset), AckStatus::Completed) => Some((*lease, offset)),
                 _ => None,
@@ -53,7 +53,7 @@ fn eligible(calls: &[Vec<AckRequest>]) -> Vec<Span> {
             let entry = spans.entry(key).or_insert_with(|| {
                 simple.map(|(lease_id, offset)| Span {
                     partition_id: request.partition_id,
-                    group: request.consumer_group.clone(),
+                    group: request.consumer_group.to_string(),
                     lease_id,
                     low: offset,
                     high: offset,

@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
@@ -646,13 +647,14 @@ pub async fn not_live_leases(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AckRequest {
     pub partition_id: i64,
-    pub transaction_id: String,
+    /// Shared, like the group, with the answer that echoes it.
+    pub transaction_id: Arc<str>,
     /// The offset the transaction id was delivered at under the ack's lease, when the broker knows
     /// it; otherwise the id is looked up.
     pub offset: Option<i64>,
     pub status: AckStatus,
     pub fence: LeaseFence,
-    pub consumer_group: String,
+    pub consumer_group: Arc<str>,
     pub error: Option<String>,
 }
 
@@ -786,11 +788,11 @@ async fn apply_rules(
         return Ok(AckBatch { outcomes: calls.iter().map(|_| Vec::new()).collect(), ..AckBatch::default() });
     }
     let partition_ids: Vec<i64> = requests.iter().map(|r| r.partition_id).collect();
-    let groups: Vec<&str> = requests.iter().map(|r| r.consumer_group.as_str()).collect();
+    let groups: Vec<&str> = requests.iter().map(|r| &*r.consumer_group).collect();
     // Only the transaction ids whose offsets the broker does not know are looked up.
     let unknown: Vec<&AckRequest> = requests.iter().copied().filter(|r| r.offset.is_none()).collect();
     let unknown_partitions: Vec<i64> = unknown.iter().map(|r| r.partition_id).collect();
-    let transaction_ids: Vec<&str> = unknown.iter().map(|r| r.transaction_id.as_str()).collect();
+    let transaction_ids: Vec<&str> = unknown.iter().map(|r| &*r.transaction_id).collect();
 
     let resolve = tx
         .prepare_cached(
@@ -832,7 +834,7 @@ async fn apply_rules(
     let resolved: HashMap<(i64, i64), &str> = requests
         .iter()
         .zip(&offsets)
-        .filter_map(|(request, offset)| Some(((request.partition_id, (*offset)?), request.transaction_id.as_str())))
+        .filter_map(|(request, offset)| Some(((request.partition_id, (*offset)?), &*request.transaction_id)))
         .collect();
     // Per partition: its queue's id and name, and its last offset.
     let partition_heads: HashMap<i64, (i64, String, i64)> =
@@ -908,7 +910,7 @@ fn apply_call(
     let mut outcomes: Vec<Option<AckOutcome>> = vec![None; call.len()];
     let mut per_cursor: HashMap<CursorKey, Vec<usize>> = HashMap::new();
     for (i, request) in call.iter().enumerate() {
-        let key = (request.partition_id, request.consumer_group.clone());
+        let key = (request.partition_id, request.consumer_group.to_string());
         let committed = tracks.get(&key).map(|t| t.now.committed);
         let refusal = match (offsets[i], committed) {
             (None, _) => Refusal::Unresolvable,

@@ -38,8 +38,8 @@ const PER_MESSAGE: usize = 48;
 
 /// What one partition delivered under one lease.
 struct Delivered {
-    /// Transaction id → offset.
-    offsets: HashMap<String, i64>,
+    /// Transaction id (shared with the delivered message) → offset.
+    offsets: HashMap<Arc<str>, i64>,
     /// Deliveries no ack has resolved yet.
     unresolved: AtomicUsize,
 }
@@ -84,10 +84,10 @@ impl Deliveries {
         let mut partitions = self.partitions.get(&lease_id).map(|known| known.to_vec()).unwrap_or_default();
         partitions.extend_from_slice(claimed);
         self.partitions.insert(lease_id, Arc::new(partitions));
-        let mut by_partition: HashMap<i64, HashMap<String, i64>> = HashMap::new();
+        let mut by_partition: HashMap<i64, HashMap<Arc<str>, i64>> = HashMap::new();
         for message in messages {
             let offsets = by_partition.entry(message.partition_id).or_default();
-            offsets.insert(message.transaction_id.clone(), message.offset);
+            offsets.insert(Arc::clone(&message.transaction_id), message.offset);
         }
         for (partition_id, offsets) in by_partition {
             let unresolved = AtomicUsize::new(offsets.len());
@@ -107,7 +107,7 @@ impl Deliveries {
             let LeaseFence::Lease(lease_id) = request.fence else { continue };
             let key = (lease_id, request.partition_id);
             let Some(delivered) = self.by_lease.get(&key) else { continue };
-            request.offset = delivered.offsets.get(&request.transaction_id).copied();
+            request.offset = delivered.offsets.get(&*request.transaction_id).copied();
             if request.offset.is_some()
                 && delivered.unresolved.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
                     == Ok(1)
@@ -126,7 +126,7 @@ mod tests {
     fn delivered(partition_id: i64, offset: i64) -> DeliveredMessage {
         DeliveredMessage {
             message_id: Uuid::now_v7(),
-            transaction_id: format!("{partition_id}-{offset}-{}", Uuid::now_v7()),
+            transaction_id: format!("{partition_id}-{offset}-{}", Uuid::now_v7()).into(),
             trace_id: None,
             producer: None,
             queue: Arc::from("q"),
@@ -142,7 +142,7 @@ mod tests {
     fn ack_of(lease_id: Uuid, message: &DeliveredMessage) -> AckRequest {
         AckRequest {
             partition_id: message.partition_id,
-            transaction_id: message.transaction_id.clone(),
+            transaction_id: Arc::clone(&message.transaction_id),
             offset: None,
             status: AckStatus::Completed,
             fence: LeaseFence::Lease(lease_id),

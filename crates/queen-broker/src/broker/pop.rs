@@ -65,7 +65,8 @@ pub struct PopRequest {
 #[derive(Debug)]
 pub struct DeliveredMessage {
     pub message_id: Uuid,
-    pub transaction_id: String,
+    /// Shared with this broker's record of the delivery, which resolves its ack.
+    pub transaction_id: Arc<str>,
     pub trace_id: Option<Uuid>,
     pub producer: Option<String>,
     pub queue: Arc<str>,
@@ -481,7 +482,7 @@ async fn read_claimed(
                 .map_err(|e| BrokerError::Internal(format!("message at offset {offset} is not JSON: {e}")))?;
             messages.push(DeliveredMessage {
                 message_id: frame.message_id,
-                transaction_id: frame.transaction_id.to_owned(),
+                transaction_id: Arc::from(frame.transaction_id),
                 trace_id: frame.trace_id,
                 producer: frame.producer.map(str::to_owned),
                 queue: Arc::clone(&queue_name),

@@ -1,5 +1,8 @@
 //! `POST /api/v1/ack` and `POST /api/v1/ack/batch`: per-item verdicts, HTTP 200.
 
+use std::borrow::Cow;
+use std::sync::Arc;
+
 use actix_web::{HttpResponse, web};
 use queen_store::ack_rules::{AckStatus, AckVerdict, LeaseFence};
 use queen_store::cursors::{AckOutcome, AckRequest};
@@ -65,18 +68,21 @@ async fn answer(broker: &Broker, group: &str, requests: Vec<AckRequest>) -> Resu
     Ok(HttpResponse::Ok().json(results))
 }
 
-fn group_of(body: &JsonObject<'_>) -> Result<String, ApiError> {
-    let group = body.string("consumerGroup")?;
-    let group = names::group_or_queue_mode(group.as_deref()).to_owned();
-    names::check(NameKind::ConsumerGroup, &body.name_of("consumerGroup"), &group).map_err(ApiError::BadRequest)?;
-    Ok(group)
+fn group_of(body: &JsonObject<'_>) -> Result<Arc<str>, ApiError> {
+    let group = body.text("consumerGroup")?;
+    let group = names::group_or_queue_mode(group.as_deref());
+    names::check(NameKind::ConsumerGroup, body.member("consumerGroup"), group).map_err(ApiError::BadRequest)?;
+    Ok(group.into())
 }
 
 /// Partition ids are sent as strings (as pops hand them out) or numbers.
 pub fn partition_id(item: &JsonObject<'_>) -> Result<i64, ApiError> {
-    let field = item.name_of("partitionId");
+    let field = item.member("partitionId");
     let raw = item.raw("partitionId").ok_or_else(|| ApiError::bad_request(format!("{field} is required")))?;
-    let text = serde_json::from_str::<String>(raw.get()).unwrap_or_else(|_| raw.get().to_owned());
+    let text = match item.text("partitionId") {
+        Ok(Some(text)) => text,
+        _ => Cow::Borrowed(raw.get()),
+    };
     text.parse::<i64>()
         .ok()
         .filter(|id| *id > 0)
@@ -85,24 +91,24 @@ pub fn partition_id(item: &JsonObject<'_>) -> Result<i64, ApiError> {
 
 /// A lease id, when the item names one: absent, `null` and `""` mean none.
 pub fn lease_id(item: &JsonObject<'_>) -> Result<Option<Uuid>, ApiError> {
-    match item.string("leaseId")? {
+    match item.text("leaseId")? {
         None => Ok(None),
         Some(lease) if lease.is_empty() => Ok(None),
         Some(lease) => Uuid::parse_str(&lease)
             .map(Some)
-            .map_err(|_| ApiError::bad_request(format!("{} is not a lease id: {lease:?}", item.name_of("leaseId")))),
+            .map_err(|_| ApiError::bad_request(format!("{} is not a lease id: {lease:?}", item.member("leaseId")))),
     }
 }
 
 pub fn status(item: &JsonObject<'_>) -> Result<AckStatus, ApiError> {
-    match item.string("status")?.as_deref() {
+    match item.text("status")?.as_deref() {
         None | Some("completed" | "success") => Ok(AckStatus::Completed),
         Some("failed") => Ok(AckStatus::Failed),
         Some("retry") => Ok(AckStatus::Retry),
         Some("dlq") => Ok(AckStatus::DeadLetter),
         Some(other) => Err(ApiError::bad_request(format!(
             "{} must be one of completed, failed, retry, dlq; not {other:?}",
-            item.name_of("status")
+            item.member("status")
         ))),
     }
 }
@@ -111,17 +117,18 @@ pub fn status(item: &JsonObject<'_>) -> Result<AckStatus, ApiError> {
 pub const ACK_MEMBERS: &[&str] = &["transactionId", "partitionId", "status", "error", "leaseId"];
 
 /// One acknowledgement of a request body, for `group`, fenced by the lease it names.
-pub fn parse_ack(item: &JsonObject<'_>, group: &str) -> Result<AckRequest, ApiError> {
-    let transaction_id = item.required_string("transactionId")?;
-    names::check(NameKind::TransactionId, &item.name_of("transactionId"), &transaction_id)
-        .map_err(ApiError::BadRequest)?;
+pub fn parse_ack(item: &JsonObject<'_>, group: &Arc<str>) -> Result<AckRequest, ApiError> {
+    let field = item.member("transactionId");
+    let transaction_id =
+        item.text("transactionId")?.ok_or_else(|| ApiError::bad_request(format!("{field} is required")))?;
+    names::check(NameKind::TransactionId, field, &transaction_id).map_err(ApiError::BadRequest)?;
     Ok(AckRequest {
         partition_id: partition_id(item)?,
-        transaction_id,
+        transaction_id: Arc::from(transaction_id.as_ref()),
         offset: None,
         status: status(item)?,
         fence: lease_id(item)?.map_or(LeaseFence::Unfenced, LeaseFence::Lease),
-        consumer_group: group.to_owned(),
+        consumer_group: Arc::clone(group),
         error: item.string("error")?.map(storable_text),
     })
 }
@@ -140,7 +147,8 @@ fn storable_text(text: String) -> String {
 pub struct AckResult<'a> {
     index: usize,
     transaction_id: &'a str,
-    partition_id: String,
+    #[serde(serialize_with = "super::id_text")]
+    partition_id: i64,
     consumer_group: &'a str,
     status: &'static str,
     success: bool,
@@ -169,7 +177,7 @@ impl<'a> AckResult<'a> {
         AckResult {
             index,
             transaction_id: &request.transaction_id,
-            partition_id: request.partition_id.to_string(),
+            partition_id: request.partition_id,
             consumer_group: &request.consumer_group,
             status: status_label(request.status),
             success: outcome.verdict.is_success(),

@@ -163,7 +163,8 @@ fn plain_groups(wire: &mut Wire<'_>, with_transaction_ids: bool, max_items: usiz
             };
             let transaction_id = match transaction_id {
                 Some(id) => {
-                    names::check(NameKind::TransactionId, &field("transactionId"), id).map_err(bad)?;
+                    names::check(NameKind::TransactionId, format_args!("groups[{g}].items[{i}].transactionId"), id)
+                        .map_err(bad)?;
                     id.to_owned()
                 }
                 // Minted, as for a JSON item without one.
@@ -206,7 +207,12 @@ fn frames_groups(wire: &mut Wire<'_>, max_items: usize, budget: &mut usize) -> R
                 as_received = false;
                 frame.message_id.to_string()
             } else {
-                names::check(NameKind::TransactionId, &field(".transactionId"), frame.transaction_id).map_err(bad)?;
+                names::check(
+                    NameKind::TransactionId,
+                    format_args!("groups[{g}].frames[{i}].transactionId"),
+                    frame.transaction_id,
+                )
+                .map_err(bad)?;
                 frame.transaction_id.to_owned()
             };
             check_payload(frame.payload, || field(".payload"))?;

@@ -1,7 +1,8 @@
 //! Reading request bodies and query strings into clear 4xx errors.
 
-use std::borrow::Cow;
+use std::borrow::{Borrow, Cow};
 use std::collections::BTreeMap;
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use actix_web::web::{Bytes, BytesMut, Payload};
 use actix_web::{FromRequest, HttpRequest};
 use futures::future::{Ready, ready};
 use futures::{Stream, StreamExt};
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 use tokio::time::{Instant, timeout_at};
@@ -165,9 +167,50 @@ pub async fn no_members(payload: Payload, broker: &Broker) -> Result<(), ApiErro
 /// A JSON object whose members are kept as raw JSON, so each can be checked (and payloads kept
 /// as they were sent) on its own.
 pub struct JsonObject<'a> {
-    members: BTreeMap<Cow<'a, str>, &'a RawValue>,
-    /// How errors name this object, e.g. `items[2]`; empty for the body itself.
-    path: String,
+    members: BTreeMap<JsonStr<'a>, &'a RawValue>,
+    path: ObjectPath,
+}
+
+/// A JSON string borrowed from the body where it holds no escapes (most member names and
+/// values), so reading one costs no allocation.
+#[derive(Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+struct JsonStr<'a>(#[serde(borrow)] Cow<'a, str>);
+
+impl Borrow<str> for JsonStr<'_> {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Where an object sits in the request body, as errors name it. An array's elements share its
+/// name, and an element's (`items[2]`) is only written out when an error needs it.
+enum ObjectPath {
+    Body,
+    Element { array: Arc<str>, index: usize },
+}
+
+impl fmt::Display for ObjectPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Body => Ok(()),
+            Self::Element { array, index } => write!(f, "{array}[{index}]"),
+        }
+    }
+}
+
+/// A member's name as errors report it, e.g. `items[2].queue`; see [`JsonObject::member`].
+pub struct MemberName<'o> {
+    path: &'o ObjectPath,
+    key: &'o str,
+}
+
+impl fmt::Display for MemberName<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.path {
+            ObjectPath::Body => f.write_str(self.key),
+            path => write!(f, "{path}.{}", self.key),
+        }
+    }
 }
 
 impl<'a> JsonObject<'a> {
@@ -176,7 +219,7 @@ impl<'a> JsonObject<'a> {
     pub fn parse_body(body: &'a [u8], empty_is_object: bool) -> Result<Self, ApiError> {
         if body.iter().all(u8::is_ascii_whitespace) {
             if empty_is_object {
-                return Ok(Self { members: BTreeMap::new(), path: String::new() });
+                return Ok(Self { members: BTreeMap::new(), path: ObjectPath::Body });
             }
             return Err(ApiError::bad_request("the request body is empty; a JSON object is required"));
         }
@@ -192,12 +235,17 @@ impl<'a> JsonObject<'a> {
                 ApiError::bad_request(format!("the request body is not valid JSON: {e}"))
             }
         })?;
-        Ok(Self { members, path: String::new() })
+        Ok(Self { members, path: ObjectPath::Body })
     }
 
-    /// A member's name as errors report it, e.g. `items[2].queue`.
+    /// A member's name as errors report it, e.g. `items[2].queue`, written out only when shown.
+    pub fn member<'o>(&'o self, key: &'o str) -> MemberName<'o> {
+        MemberName { path: &self.path, key }
+    }
+
+    /// [`Self::member`] as a string.
     pub fn name_of(&self, key: &str) -> String {
-        if self.path.is_empty() { key.to_owned() } else { format!("{}.{key}", self.path) }
+        self.member(key).to_string()
     }
 
     /// Whether the object has no members at all.
@@ -207,7 +255,7 @@ impl<'a> JsonObject<'a> {
 
     /// The names of the object's members, in name order.
     pub fn keys(&self) -> impl Iterator<Item = &str> {
-        self.members.keys().map(|key| key.as_ref())
+        self.members.keys().map(|key| key.0.as_ref())
     }
 
     /// The first member (in name order) that is not one of `takes`.
@@ -220,7 +268,10 @@ impl<'a> JsonObject<'a> {
     /// would otherwise leave an ack unfenced without a word).
     pub fn takes_only(&self, takes: &[&str]) -> Result<(), ApiError> {
         let Some(key) = self.member_outside(takes) else { return Ok(()) };
-        let whose = if self.path.is_empty() { "the body" } else { &self.path };
+        let whose = match self.path {
+            ObjectPath::Body => "the body".to_owned(),
+            ref element => element.to_string(),
+        };
         let members = if takes.is_empty() { "no members".to_owned() } else { takes.join(", ") };
         Err(ApiError::bad_request(format!(
             "{} is not a member the broker reads here; {whose} takes {members}",
@@ -248,7 +299,18 @@ impl<'a> JsonObject<'a> {
     }
 
     pub fn string(&self, key: &str) -> Result<Option<String>, ApiError> {
-        self.typed(key, "a string")
+        Ok(self.text(key)?.map(Cow::into_owned))
+    }
+
+    /// A string member, borrowed from the body unless it holds escapes.
+    pub fn text(&self, key: &str) -> Result<Option<Cow<'a, str>>, ApiError> {
+        self.raw(key)
+            .map(|raw| {
+                serde_json::from_str::<JsonStr<'a>>(raw.get())
+                    .map(|text| text.0)
+                    .map_err(|_| ApiError::bad_request(format!("{} must be a string", self.member(key))))
+            })
+            .transpose()
     }
 
     pub fn required_string(&self, key: &str) -> Result<String, ApiError> {
@@ -266,18 +328,18 @@ impl<'a> JsonObject<'a> {
     /// A member that must be an array of objects.
     pub fn objects(&self, key: &str) -> Result<Option<Vec<JsonObject<'a>>>, ApiError> {
         let Some(raw) = self.raw(key) else { return Ok(None) };
-        let name = self.name_of(key);
+        let array: Arc<str> = self.name_of(key).into();
         let elements: Vec<&'a RawValue> = serde_json::from_str(raw.get())
-            .map_err(|_| ApiError::bad_request(format!("{name} must be an array of objects")))?;
+            .map_err(|_| ApiError::bad_request(format!("{array} must be an array of objects")))?;
         elements
             .into_iter()
             .enumerate()
-            .map(|(i, raw)| Self::nested(raw, format!("{name}[{i}]")))
+            .map(|(index, raw)| Self::nested(raw, ObjectPath::Element { array: array.clone(), index }))
             .collect::<Result<_, _>>()
             .map(Some)
     }
 
-    fn nested(raw: &'a RawValue, path: String) -> Result<Self, ApiError> {
+    fn nested(raw: &'a RawValue, path: ObjectPath) -> Result<Self, ApiError> {
         let members = serde_json::from_str(raw.get())
             .map_err(|_| ApiError::bad_request(format!("{path} must be a JSON object")))?;
         Ok(Self { members, path })
@@ -344,6 +406,25 @@ mod tests {
 
     fn in_flight(limit: usize) -> Arc<Bound> {
         Bound::new(Limited::BodyBytes, limit, &Metrics::new(10))
+    }
+
+    /// Member names and strings are read the same whether they borrow from the body or hold
+    /// escapes, and a nested object is named by its place in the body.
+    #[test]
+    fn members_are_found_by_name_however_they_are_spelt_and_named_by_their_place() {
+        let body =
+            br#"{"acks": [{"st\u0061tus": "fa\u0069led", "leaseId": "x"}, {"status": "dlq", "status": "retry"}]}"#;
+        let object = JsonObject::parse_body(body, false).expect("an object");
+        let items = object.objects("acks").expect("objects").expect("present");
+        assert_eq!(items[0].text("status").expect("a string").as_deref(), Some("failed"));
+        assert!(matches!(items[0].text("leaseId").expect("a string"), Some(Cow::Borrowed("x"))));
+        assert_eq!(items[1].string("status").expect("a string").as_deref(), Some("retry"), "the last one counts");
+        assert_eq!(items[1].member("status").to_string(), "acks[1].status");
+        assert_eq!(object.member("acks").to_string(), "acks");
+        let refused = items[0].takes_only(&["status"]).expect_err("leaseId is not taken");
+        assert_eq!(refused.to_string(), "acks[0].leaseId is not a member the broker reads here; acks[0] takes status");
+        let nested = JsonObject::parse_body(br#"{"acks": [{}, 1]}"#, false).expect("an object");
+        assert_eq!(nested.objects("acks").err().expect("not an object").to_string(), "acks[1] must be a JSON object");
     }
 
     #[tokio::test]

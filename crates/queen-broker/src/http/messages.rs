@@ -6,7 +6,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 
 use super::body::{NoQuery, path_param};
-use super::{StoredMessageJson, timestamp};
+use super::{StoredMessageJson, Timestamp, timestamp};
 use crate::broker::{Broker, messages};
 use crate::error::ApiError;
 
@@ -67,9 +67,9 @@ pub async fn get(broker: web::Data<Broker>, _: NoQuery, req: HttpRequest) -> Res
             producer_sub: message.frame.producer.as_deref(),
             queue: &message.queue,
             partition: &message.partition,
-            partition_id: partition_id.to_string(),
+            partition_id,
             offset: message.offset,
-            created_at: timestamp(message.created_at),
+            created_at: Timestamp(message.created_at),
             data: &data,
         },
         namespace: message.namespace.as_deref(),

@@ -36,14 +36,56 @@ use actix_web::dev::ServiceRequest;
 use actix_web::middleware::{Next, from_fn};
 use actix_web::{HttpRequest, HttpResponse, web};
 use authorize::{Access, Scope};
-use chrono::{DateTime, SecondsFormat, Utc};
+use std::fmt;
+
+use chrono::{DateTime, Datelike, SecondsFormat, Timelike, Utc};
 
 use crate::auth::Role;
 use crate::error::ApiError;
 
 /// Times as the API writes them: RFC 3339 in UTC with microseconds and `Z`.
 pub fn timestamp(at: DateTime<Utc>) -> String {
-    at.to_rfc3339_opts(SecondsFormat::Micros, true)
+    Timestamp(at).to_string()
+}
+
+/// [`timestamp`] written straight into an answer: every delivered message carries one, and
+/// serialized this way it costs no string of its own.
+pub struct Timestamp(pub DateTime<Utc>);
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let at = self.0;
+        if !(0..=9999).contains(&at.year()) {
+            return f.write_str(&at.to_rfc3339_opts(SecondsFormat::Micros, true));
+        }
+        // chrono holds a leap second as nanoseconds past 1e9 of second 59; RFC 3339 writes 60.
+        let (second, nanos) = match at.nanosecond() {
+            leap @ 1_000_000_000.. => (at.second() + 1, leap - 1_000_000_000),
+            nanos => (at.second(), nanos),
+        };
+        write!(
+            f,
+            "{:04}-{:02}-{:02}T{:02}:{:02}:{second:02}.{:06}Z",
+            at.year(),
+            at.month(),
+            at.day(),
+            at.hour(),
+            at.minute(),
+            nanos / 1000
+        )
+    }
+}
+
+impl serde::Serialize for Timestamp {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+/// Serializes an id as a JSON string, the way the clients read partition ids, without a string
+/// of its own.
+pub fn id_text<S: serde::Serializer>(id: &i64, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.collect_str(id)
 }
 
 /// What every answer that carries a stored message says about it.
@@ -57,9 +99,10 @@ pub struct StoredMessageJson<'a> {
     pub producer_sub: Option<&'a str>,
     pub queue: &'a str,
     pub partition: &'a str,
-    pub partition_id: String,
+    #[serde(serialize_with = "id_text")]
+    pub partition_id: i64,
     pub offset: i64,
-    pub created_at: String,
+    pub created_at: Timestamp,
     pub data: &'a serde_json::value::RawValue,
 }
 
@@ -201,7 +244,31 @@ api! {
 
 #[cfg(test)]
 mod tests {
-    use super::ROUTES;
+    use chrono::{DateTime, NaiveDate, SecondsFormat, Utc};
+
+    use super::{ROUTES, Timestamp};
+
+    /// Written straight into an answer, a time reads exactly as chrono's RFC 3339 writes it.
+    #[test]
+    fn timestamps_are_written_as_rfc_3339_with_microseconds() {
+        let day = NaiveDate::from_ymd_opt(2026, 12, 4).expect("a date");
+        let at = |h, m, s, nanos| day.and_hms_nano_opt(h, m, s, nanos).expect("a time").and_utc();
+        let times: [DateTime<Utc>; 7] = [
+            DateTime::UNIX_EPOCH,
+            Utc::now(),
+            at(17, 38, 21, 123_456_789),
+            at(0, 0, 0, 999),
+            at(23, 59, 59, 1_250_000_000),
+            NaiveDate::from_ymd_opt(1, 1, 1).expect("a date").and_hms_opt(0, 0, 0).expect("a time").and_utc(),
+            NaiveDate::from_ymd_opt(10_000, 1, 1).expect("a date").and_hms_opt(0, 0, 0).expect("a time").and_utc(),
+        ];
+        for time in times {
+            let expected = time.to_rfc3339_opts(SecondsFormat::Micros, true);
+            assert_eq!(Timestamp(time).to_string(), expected);
+            assert_eq!(serde_json::to_string(&Timestamp(time)).expect("JSON"), format!("\"{expected}\""));
+        }
+        assert_eq!(Timestamp(at(23, 59, 59, 1_250_000_000)).to_string(), "2026-12-04T23:59:60.250000Z");
+    }
 
     /// README's route → role table lists exactly the routes the router serves, each with the
     /// role it needs: a route added without a role, or a role changed, fails here.

@@ -87,7 +87,7 @@ fn byte_budget(object: &JsonObject<'_>) -> Result<Option<i64>, ApiError> {
 /// A queue or partition name an entry must carry.
 fn required_name(item: &JsonObject<'_>, key: &str, kind: NameKind) -> Result<String, ApiError> {
     let name = item.required_string(key)?;
-    names::check(kind, &item.name_of(key), &name).map_err(ApiError::BadRequest)?;
+    names::check(kind, item.member(key), &name).map_err(ApiError::BadRequest)?;
     Ok(name)
 }
 

@@ -12,7 +12,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::body::{path_name, query_bool, query_int, strict_query};
-use super::{StoredMessageJson, framed_pop, timestamp};
+use super::{StoredMessageJson, Timestamp, framed_pop};
 use crate::broker::Broker;
 use crate::broker::pop::{Delivery, PopRequest, PopSource, pop};
 use crate::connection::ClientConnection;
@@ -302,9 +302,9 @@ impl<'a> PopAnswer<'a> {
                         producer_sub: m.producer.as_deref(),
                         queue: &m.queue,
                         partition: &m.partition,
-                        partition_id: m.partition_id.to_string(),
+                        partition_id: m.partition_id,
                         offset: m.offset,
-                        created_at: timestamp(m.created_at),
+                        created_at: Timestamp(m.created_at),
                         data: &m.data,
                     },
                     lease_id: delivery.lease_id,

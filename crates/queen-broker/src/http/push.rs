@@ -83,7 +83,7 @@ pub fn parse_item(item: &JsonObject<'_>) -> Result<PushItem, ApiError> {
     }
     item.takes_only(ITEM_MEMBERS)?;
     let checked = |kind, key: &str, value: String| {
-        names::check(kind, &item.name_of(key), &value).map(|()| value).map_err(ApiError::BadRequest)
+        names::check(kind, item.member(key), &value).map(|()| value).map_err(ApiError::BadRequest)
     };
     let queue = checked(NameKind::Queue, "queue", item.required_string("queue")?)?;
     let partition = checked(

@@ -12,7 +12,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::body::{NoQuery, query_int, strict_query};
-use super::{StoredMessageJson, timestamp};
+use super::{StoredMessageJson, Timestamp, timestamp};
 use crate::broker::fleet::{self, HistoryPoint, MAX_HISTORY_MINUTES};
 use crate::broker::stats::{self, QueueFilter, QueueStatus};
 use crate::broker::{Broker, messages, queue_options};
@@ -422,9 +422,9 @@ pub async fn list_messages(broker: web::Data<Broker>, req: HttpRequest) -> Resul
                 producer_sub: m.frame.producer.as_deref(),
                 queue,
                 partition: &m.partition,
-                partition_id: m.partition_id.to_string(),
+                partition_id: m.partition_id,
                 offset: m.offset,
-                created_at: timestamp(m.created_at),
+                created_at: Timestamp(m.created_at),
                 data,
             },
         })

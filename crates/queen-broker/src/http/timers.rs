@@ -203,7 +203,7 @@ fn parse_op(op: &JsonObject<'_>, max_payload: usize) -> Result<TimerOp, ApiError
         }
     }
     let checked = |kind, key: &str, value: String| {
-        names::check(kind, &op.name_of(key), &value).map(|()| value).map_err(ApiError::BadRequest)
+        names::check(kind, op.member(key), &value).map(|()| value).map_err(ApiError::BadRequest)
     };
     let queue = checked(NameKind::Queue, "queue", op.required_string("queue")?)?;
     let timer_key = op.required_string("timerKey")?;

@@ -1,6 +1,8 @@
 //! `POST /api/v1/transaction`: acks and pushes, all or nothing, with the `kv` and `timers` riders;
 //! a JSON body, or the binary QTB1 body (`super::binary_push`).
 
+use std::sync::Arc;
+
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use serde::Serialize;
 use uuid::Uuid;
@@ -137,9 +139,9 @@ fn parse_bundle(body: &JsonObject<'_>, max_items: usize, pushed: Option<Vec<Push
         .map(|operation| match operation.required_string("type")?.as_str() {
             "ack" => {
                 operation.takes_only(&[&["type", "consumerGroup"], ACK_MEMBERS].concat())?;
-                let group = operation.string("consumerGroup")?;
-                let group = names::group_or_queue_mode(group.as_deref()).to_owned();
-                names::check(NameKind::ConsumerGroup, &operation.name_of("consumerGroup"), &group)
+                let group = operation.text("consumerGroup")?;
+                let group: Arc<str> = names::group_or_queue_mode(group.as_deref()).into();
+                names::check(NameKind::ConsumerGroup, operation.member("consumerGroup"), &group)
                     .map_err(ApiError::BadRequest)?;
                 let mut ack = parse_ack(operation, &group)?;
                 if ack.fence == LeaseFence::Unfenced {
