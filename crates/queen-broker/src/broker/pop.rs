@@ -93,12 +93,12 @@ pub struct Delivery {
 }
 
 enum Attempt {
-    Delivered(Delivery),
+    /// `passed_over`: partitions the group could have been served from now were left unclaimed
+    /// (the pop's limits, or another pop holding them).
+    Delivered { delivery: Delivery, passed_over: bool },
     /// Nothing now; `retry_at` is the soonest a pending partition can be served: when a lease
     /// held by another consumer of the group expires, or a message becomes visible.
-    Empty {
-        retry_at: Option<DateTime<Utc>>,
-    },
+    Empty { retry_at: Option<DateTime<Utc>> },
 }
 
 /// What is left of a pop's `batch` and `partitions` as it goes from queue to queue.
@@ -124,6 +124,15 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
     let mut parked = None;
     // Counted in `queen_long_poll_waiters` from when it first waits for messages to its end.
     let mut waiting = None;
+    // A queue-wide pop of one queue waits for new messages in its group's turn on the queue.
+    let turn_key: Option<(Arc<str>, Arc<str>)> = match &request.source {
+        PopSource::Queue { queue, partition: None } => {
+            Some((Arc::from(queue.as_str()), Arc::from(request.group.as_str())))
+        }
+        PopSource::Queue { partition: Some(_), .. } | PopSource::Namespace { .. } => None,
+    };
+    // The group's turn, while this pop holds it.
+    let mut turn: Option<Turn<'_>> = None;
     if held_by_pop_maintenance(broker, request, deadline, &mut parked).await? {
         return paused();
     }
@@ -154,6 +163,7 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
         let conflation_conflict = request.conflation && queues.iter().any(|(_, conflates)| !conflates);
         let mut delivery = Delivery { conflation_conflict, ..Delivery::default() };
         let mut retry_at = None;
+        let mut left_work = false;
         for (queue, conflates) in &queues {
             let budget = Budget {
                 messages: request.batch - delivery.messages.len() as u32,
@@ -163,7 +173,8 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
                 break;
             }
             match pop_queue(broker, request, queue, *conflates, budget, lease_id).await {
-                Ok(Attempt::Delivered(more)) => {
+                Ok(Attempt::Delivered { delivery: more, passed_over }) => {
+                    left_work |= passed_over;
                     delivery.partitions_claimed += more.partitions_claimed;
                     delivery.messages.extend(more.messages);
                     delivery.lease_id = more.lease_id;
@@ -177,6 +188,16 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
                     break;
                 }
             }
+        }
+        // Work this pop left is for the group's next parked pop.
+        match turn.take() {
+            Some(mut taken) => taken.settled = !left_work,
+            None if left_work => {
+                if let Some((queue, group)) = &turn_key {
+                    broker.coordinator.pass_turn(Arc::clone(queue), Arc::clone(group));
+                }
+            }
+            None => {}
         }
         if !delivery.messages.is_empty() || !request.wait {
             return Ok(delivery);
@@ -197,7 +218,7 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
         waiting.get_or_insert_with(|| GaugeHeld::count(&broker.metrics.long_poll_waiters));
         let mut woken = Vec::with_capacity(seen.len());
         for (queue, seen) in seen {
-            woken.push(broker.coordinator.park(queue, seen)?);
+            woken.push(broker.coordinator.park(queue, turn_key.as_ref().map(|(_, group)| Arc::clone(group)), seen)?);
         }
         // A shutdown that began before the pop parked may have woken the parked pops already.
         if broker.is_shutting_down() {
@@ -208,13 +229,37 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
         let woken_or_due = async {
             if woken.is_empty() {
                 tokio::time::sleep_until(wake_at.into()).await;
+                false
             } else {
-                let _ = tokio::time::timeout_at(wake_at.into(), futures::future::select_all(woken)).await;
+                let woken = tokio::time::timeout_at(wake_at.into(), futures::future::select_all(woken)).await;
+                matches!(woken, Ok((Ok(()), _, _)))
             }
         };
         tokio::select! {
-            () = woken_or_due => {}
+            woken = woken_or_due => {
+                if woken {
+                    turn = turn_key.clone().map(|(queue, group)| Turn { broker, queue, group, settled: false });
+                }
+            }
             () = ClientConnection::closed(request.connection) => return Ok(Delivery::default()),
+        }
+    }
+}
+
+/// The group's turn on a queue, taken by a queue-wide pop that new messages woke
+/// (`actors::coordinator`, *One turn per group*): handed on to the group's next parked pop when
+/// dropped, unless the pop settled it by trying and leaving no partition it could have served.
+struct Turn<'a> {
+    broker: &'a Broker,
+    queue: Arc<str>,
+    group: Arc<str>,
+    settled: bool,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.broker.coordinator.pass_turn(Arc::clone(&self.queue), Arc::clone(&self.group));
         }
     }
 }
@@ -411,12 +456,13 @@ async fn pop_queue(
         metrics.leases_granted.inc_by(claims.len() as u64);
     }
     metrics.leases_expired.inc_by(claims.iter().filter(|c| c.took_over_expired_lease).count() as u64);
-    Ok(Attempt::Delivered(Delivery {
+    let delivery = Delivery {
         lease_id: (!request.auto_ack).then_some(lease_id),
         partitions_claimed: claims.len(),
         messages,
         ..Delivery::default()
-    }))
+    };
+    Ok(Attempt::Delivered { delivery, passed_over: free.len() > claims.len() })
 }
 
 /// How many of `free`, taken in order, the claim locks: as many as have backlogs that fill

@@ -39,6 +39,40 @@ async fn a_waiting_pop_answers_as_soon_as_a_push_arrives() {
     assert!(latency < Duration::from_secs(2), "answered {latency:?} after the push, with a 20 s timeout");
 }
 
+/// Every time a queue-wide pop asked where to look (`queen_pop_candidate_plans_total`).
+async fn plans(app: &TestApp) -> f64 {
+    let mut total = 0.0;
+    for kind in ["full", "candidates", "skipped"] {
+        total += app.metric(&format!("queen_pop_candidate_plans_total{{kind=\"{kind}\"}}")).await;
+    }
+    total
+}
+
+#[actix_web::test]
+async fn a_push_wakes_one_waiting_pop_of_each_group_and_the_others_look_only_at_their_timeout() {
+    let app = TestApp::spawn().await;
+    let waiting = &app;
+    let pop = move |group: &'static str| async move {
+        let query = format!("batch=10&wait=true&timeout=3000&consumerGroup={group}");
+        waiting.pop("queue/turns", &query).await
+    };
+    let (answers, planned_before) = futures::join!(join_all(["g", "g", "h", "h"].map(pop)), async {
+        until_parked(&app, 4).await;
+        let planned = plans(&app).await;
+        app.push_one("turns", "p", "only", json!(1)).await;
+        planned
+    });
+    let delivered: Vec<Vec<String>> = answers.iter().map(|answer| answer.transaction_ids()).collect();
+    for (group, answers) in ["g", "h"].into_iter().zip(delivered.chunks(2)) {
+        let mut answers = answers.to_vec();
+        answers.sort();
+        assert_eq!(answers, [vec![], vec!["only".to_owned()]], "one pop of group {group} received it");
+    }
+    // The message's pop of each group planned once; the group's other pop stayed parked until
+    // its timeout, where it looked once more. Woken by the push, it would have planned twice.
+    assert_eq!(plans(&app).await - planned_before, 4.0, "two deliveries and two looks at the timeout");
+}
+
 #[actix_web::test]
 async fn a_waiting_pop_with_nothing_to_deliver_answers_empty_at_its_timeout() {
     let app = TestApp::spawn().await;
