@@ -31,13 +31,13 @@ mod transaction;
 pub use push::parse_items as parse_push_body;
 pub use status::mark_start;
 
+use std::fmt;
+
 use actix_web::body::BoxBody;
 use actix_web::dev::ServiceRequest;
 use actix_web::middleware::{Next, from_fn};
 use actix_web::{HttpRequest, HttpResponse, web};
 use authorize::{Access, Scope};
-use std::fmt;
-
 use chrono::{DateTime, Datelike, SecondsFormat, Timelike, Utc};
 
 use crate::auth::Role;
