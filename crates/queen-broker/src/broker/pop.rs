@@ -189,15 +189,13 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
                 }
             }
         }
-        // Work this pop left is for the group's next parked pop.
-        match turn.take() {
-            Some(mut taken) => taken.settled = !left_work,
-            None if left_work => {
-                if let Some((queue, group)) = &turn_key {
-                    broker.coordinator.pass_turn(Arc::clone(queue), Arc::clone(group));
-                }
-            }
-            None => {}
+        // The pop has looked: a turn it held is done with, and work it left is for the group's
+        // next parked pop.
+        if let Some(mut held) = turn.take() {
+            held.settled = true;
+        }
+        if let (true, Some((queue, group))) = (left_work, &turn_key) {
+            broker.coordinator.pass_turn(Arc::clone(queue), Arc::clone(group));
         }
         if !delivery.messages.is_empty() || !request.wait {
             return Ok(delivery);
@@ -248,7 +246,7 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
 
 /// The group's turn on a queue, taken by a queue-wide pop that new messages woke
 /// (`actors::coordinator`, *One turn per group*): handed on to the group's next parked pop when
-/// dropped, unless the pop settled it by trying and leaving no partition it could have served.
+/// dropped before the pop has looked (it failed, or its request went away).
 struct Turn<'a> {
     broker: &'a Broker,
     queue: Arc<str>,

@@ -79,9 +79,9 @@ fn group_of(body: &JsonObject<'_>) -> Result<Arc<str>, ApiError> {
 pub fn partition_id(item: &JsonObject<'_>) -> Result<i64, ApiError> {
     let field = item.member("partitionId");
     let raw = item.raw("partitionId").ok_or_else(|| ApiError::bad_request(format!("{field} is required")))?;
-    let text = match item.text("partitionId") {
-        Ok(Some(text)) => text,
-        _ => Cow::Borrowed(raw.get()),
+    let text = match raw.get().starts_with('"') {
+        true => item.text("partitionId")?.unwrap_or_default(),
+        false => Cow::Borrowed(raw.get()),
     };
     text.parse::<i64>()
         .ok()
