@@ -14,6 +14,7 @@
 //! history. Dead letters are never touched.
 
 use deadpool_postgres::GenericClient;
+use tokio_postgres::error::SqlState;
 
 use crate::StoreError;
 use crate::log::MAX_SEGMENT_RAW_BYTES;
@@ -112,9 +113,22 @@ pub struct Trimmed {
     pub messages: u64,
 }
 
+/// How long a trim batch waits for its partition's row before it starts over (see [`apply_trim`]).
+const PARTITION_ROW_WAIT: &str = "SET LOCAL lock_timeout = '100ms'";
+
+/// Batches of one trim started over in a row before it gives up until the next pass.
+const BATCH_TRIES: u32 = 5;
+
 /// Deletes the segments of `trim`, `batch` segments per transaction, each transaction also
 /// deleting their transaction ids (read from the bodies, opened with `keys` when sealed) and
 /// moving the watermark past them.
+///
+/// The watermark moves last, so the partition's row, which every push to the partition updates,
+/// is held only for the commit and not through the deletes. A push holds that row while it
+/// inserts its transaction ids, though, and one reusing an id this batch deleted waits for the
+/// batch: a lock cycle, which PostgreSQL would break only after its deadlock timeout (a second)
+/// by failing either side. So the batch waits briefly for the row, and when that is not enough it
+/// rolls back, letting the push go first, and starts over.
 pub async fn apply_trim(
     client: &mut deadpool_postgres::Client,
     trim: Trim,
@@ -122,7 +136,9 @@ pub async fn apply_trim(
     keys: Option<&queen_log::Cipher>,
 ) -> Result<Trimmed, StoreError> {
     let mut trimmed = Trimmed::default();
+    let mut tries = 0;
     loop {
+        tries += 1;
         let tx = client.transaction().await?;
         let segments =
             tx.query(TRIM_SQL, &[&trim.partition_id, &trim.retained_from, &trim.new_retained_from, &batch]).await?;
@@ -168,12 +184,22 @@ pub async fn apply_trim(
         }
         // The trace events of the removed messages go with them.
         crate::traces::delete_retained(&tx, trim.partition_id, last_end + 1).await?;
-        tx.execute(
-            "UPDATE queen.partitions SET retained_from = GREATEST(retained_from, $2) WHERE id = $1",
-            &[&trim.partition_id, &(last_end + 1)],
-        )
-        .await?;
+        tx.batch_execute(PARTITION_ROW_WAIT).await?;
+        let watermark = tx
+            .execute(
+                "UPDATE queen.partitions SET retained_from = GREATEST(retained_from, $2) WHERE id = $1",
+                &[&trim.partition_id, &(last_end + 1)],
+            )
+            .await;
+        match watermark {
+            Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) && tries < BATCH_TRIES => {
+                tx.rollback().await?;
+                continue;
+            }
+            result => result?,
+        };
         tx.commit().await?;
+        tries = 0;
         trimmed.segments += segments.len() as u64;
         trimmed.messages += messages;
     }

@@ -345,3 +345,46 @@ async fn a_message_dead_lettered_after_retention_removed_it_is_recorded_without_
     let retry = app.post(&format!("/api/v1/messages/{partition}/m-0/retry"), &json!({})).await;
     assert_eq!(retry.status, StatusCode::CONFLICT, "nothing to push again: {retry:?}");
 }
+
+/// Backends of the test database waiting for a lock while running a statement that contains `sql`.
+fn waiting_in(sql: &str) -> String {
+    format!(
+        "SELECT count(*) FROM pg_stat_activity
+          WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%{sql}%'"
+    )
+}
+
+#[actix_web::test]
+async fn a_push_reusing_an_id_that_a_trim_is_deleting_is_stored_and_the_trim_still_completes() {
+    let app = app().await;
+    let options = json!({"retentionEnabled": true, "retentionSeconds": 600, "dedupWindowSeconds": 60});
+    app.configure("reused", options).await;
+    let first = app.push_one("reused", "p", "order-7", json!(1)).await;
+    let event =
+        json!({"transactionId": "order-7", "partitionId": first["partition_id"], "traceNames": ["t"], "data": {}});
+    assert_eq!(app.post("/api/v1/traces", &event).await.status, StatusCode::CREATED);
+
+    // The message's trace event, locked here, holds the trim after it deleted the message's id.
+    let holder = app.db.connect().await;
+    holder.batch_execute("BEGIN; SELECT * FROM queen.message_traces FOR UPDATE").await.expect("holding the event");
+    age(&app, "reused", 2).await;
+    until_count(&app, &waiting_in("DELETE FROM queen.message_traces"), 1).await;
+
+    // The push holds the partition's row and waits for the id; the trim, released, wants the row.
+    let second = app.push_one("reused", "p", "order-7", json!(2));
+    let release = async {
+        until_count(&app, &waiting_in("INSERT INTO queen.log_message_ids"), 1).await;
+        holder.batch_execute("COMMIT").await.expect("releasing the event");
+    };
+    let (second, ()) = tokio::join!(second, release);
+    assert_eq!(second["status"], "queued", "past the dedup window the id is new: {second}");
+
+    until_count(&app, &segments_of("reused"), 1).await;
+    let partition = second["partition_id"].as_str().expect("partition_id");
+    let message = app.get(&format!("/api/v1/messages/{partition}/order-7")).await;
+    assert_eq!(message.body["data"], 2, "the id names the new message");
+    assert_eq!(app.push_one("reused", "p", "order-7", json!(3)).await["status"], "duplicate");
+    let served = app.pop("queue/reused", "batch=10").await;
+    assert_eq!(served.transaction_ids(), vec!["order-7"]);
+    assert_eq!(served.messages()[0]["data"], 2);
+}
