@@ -137,19 +137,29 @@ impl StoreError {
     pub fn is_unavailable(&self) -> bool {
         match self {
             StoreError::Unavailable(_) | StoreError::Tls(_) => true,
-            StoreError::Db(e) => is_connection_failure(e) || is_timeout(e),
+            StoreError::Db(e) => is_connection_failure(e) || is_transient(e),
             _ => false,
         }
     }
 }
 
 /// A statement PostgreSQL cancelled because it ran past `statement_timeout` (57014, which a
-/// cancel request also gives) or waited past `lock_timeout` (55P03): the database is stalled or
-/// something holds what the statement needs. Its transaction is rolled back, so nothing of it is
-/// left, the connection stays usable, and the same request may succeed later: a 503, not a 500.
-fn is_timeout(e: &tokio_postgres::Error) -> bool {
+/// cancel request also gives) or waited past `lock_timeout` (55P03), or whose transaction it
+/// chose to end a deadlock (40P01) or a serialization conflict (40001): the database is stalled,
+/// or other sessions hold or change what the statement needs. Its transaction is rolled back, so
+/// nothing of it is left, the connection stays usable, and the same request may succeed later: a
+/// 503, not a 500.
+fn is_transient(e: &tokio_postgres::Error) -> bool {
     use tokio_postgres::error::SqlState;
-    e.code().is_some_and(|code| *code == SqlState::QUERY_CANCELED || *code == SqlState::LOCK_NOT_AVAILABLE)
+    e.code().is_some_and(|code| {
+        [
+            SqlState::QUERY_CANCELED,
+            SqlState::LOCK_NOT_AVAILABLE,
+            SqlState::T_R_DEADLOCK_DETECTED,
+            SqlState::T_R_SERIALIZATION_FAILURE,
+        ]
+        .contains(code)
+    })
 }
 
 fn is_connection_failure(e: &tokio_postgres::Error) -> bool {

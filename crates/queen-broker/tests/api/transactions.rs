@@ -232,3 +232,52 @@ async fn a_transaction_appending_to_a_partition_does_not_hold_up_a_new_groups_cu
     let next = app.pop("queue/busy", "batch=10&consumerGroup=newcomer").await;
     assert_eq!(next.transaction_ids(), vec!["in-flight"], "{next:?}");
 }
+
+/// PostgreSQL ends a deadlock by failing one side's transaction. A bundle failed that way wrote
+/// nothing and would go through on its own, so it is answered 503 (retry later), not 500, and the
+/// same bundle sent again commits.
+#[actix_web::test]
+async fn a_bundle_ended_as_a_deadlocks_victim_is_answered_503_and_commits_when_sent_again() {
+    let app = TestApp::spawn().await;
+    app.push_one("stage-one", "p", "order-1", json!(1)).await;
+    app.push_one("stage-two", "p", "order-0-billed", json!(0)).await;
+    let message = app.pop("queue/stage-one", "batch=1").await.messages().remove(0);
+    let push = json!({"type": "push", "items": [{"queue": "stage-two", "partition": "p", "transactionId": "order-1-billed", "payload": 1}]});
+    let bundle = json!({"operations": [ack_op(&message, None), push]});
+
+    // Another session holds stage two's partition, which the bundle locks after stage one's
+    // cursor; once the bundle waits for it, the session asks for that cursor: a cycle, in which
+    // PostgreSQL fails whoever waited first, the bundle.
+    let holder = app.db.connect().await;
+    holder
+        .batch_execute(
+            "BEGIN; UPDATE queen.partitions p SET last_offset = last_offset FROM queen.queues q
+                     WHERE q.id = p.queue_id AND q.name = 'stage-two'",
+        )
+        .await
+        .expect("holding the partition");
+    let sent = app.post("/api/v1/transaction", &bundle);
+    let close_the_cycle = async {
+        let waiting =
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'";
+        crate::retention::until_count(&app, waiting, 1).await;
+        holder
+            .batch_execute("SELECT * FROM queen.log_consumers FOR UPDATE")
+            .await
+            .expect("the cursor, after the bundle");
+        holder.batch_execute("ROLLBACK").await.expect("rollback");
+    };
+    let (answer, ()) = tokio::join!(sent, close_the_cycle);
+    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE, "{answer:?}");
+    assert!(answer.body["error"].as_str().is_some_and(|e| e.contains("retry later")), "{answer:?}");
+    assert_eq!(committed(&app, "stage-one", "p").await, 0, "the ack was rolled back");
+    let stage_two = "SELECT p.last_offset FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+                      WHERE q.name = 'stage-two'";
+    assert_eq!(app.count(stage_two).await, 1, "the push was rolled back");
+
+    let again = app.post("/api/v1/transaction", &bundle).await;
+    assert_eq!(again.status, StatusCode::OK, "{again:?}");
+    assert_eq!(committed(&app, "stage-one", "p").await, 1);
+    let billed = app.pop("queue/stage-two", "batch=10").await;
+    assert_eq!(billed.transaction_ids(), vec!["order-0-billed", "order-1-billed"]);
+}
