@@ -118,10 +118,9 @@ pub const ACK_MEMBERS: &[&str] = &["transactionId", "partitionId", "status", "er
 
 /// One acknowledgement of a request body, for `group`, fenced by the lease it names.
 pub fn parse_ack(item: &JsonObject<'_>, group: &Arc<str>) -> Result<AckRequest, ApiError> {
-    let field = item.member("transactionId");
-    let transaction_id =
-        item.text("transactionId")?.ok_or_else(|| ApiError::bad_request(format!("{field} is required")))?;
-    names::check(NameKind::TransactionId, field, &transaction_id).map_err(ApiError::BadRequest)?;
+    let transaction_id = item.required_text("transactionId")?;
+    names::check(NameKind::TransactionId, item.member("transactionId"), &transaction_id)
+        .map_err(ApiError::BadRequest)?;
     Ok(AckRequest {
         partition_id: partition_id(item)?,
         transaction_id: Arc::from(transaction_id.as_ref()),

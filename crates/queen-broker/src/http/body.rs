@@ -314,7 +314,12 @@ impl<'a> JsonObject<'a> {
     }
 
     pub fn required_string(&self, key: &str) -> Result<String, ApiError> {
-        self.string(key)?.ok_or_else(|| ApiError::bad_request(format!("{} is required", self.name_of(key))))
+        self.required_text(key).map(Cow::into_owned)
+    }
+
+    /// A string member that must be there, borrowed from the body unless it holds escapes.
+    pub fn required_text(&self, key: &str) -> Result<Cow<'a, str>, ApiError> {
+        self.text(key)?.ok_or_else(|| ApiError::bad_request(format!("{} is required", self.member(key))))
     }
 
     pub fn boolean(&self, key: &str) -> Result<Option<bool>, ApiError> {

@@ -347,7 +347,7 @@ async fn a_message_dead_lettered_after_retention_removed_it_is_recorded_without_
 }
 
 /// Backends of the test database waiting for a lock while running a statement that contains `sql`.
-fn waiting_in(sql: &str) -> String {
+pub(crate) fn waiting_in(sql: &str) -> String {
     format!(
         "SELECT count(*) FROM pg_stat_activity
           WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%{sql}%'"

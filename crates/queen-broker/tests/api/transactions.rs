@@ -258,9 +258,8 @@ async fn a_bundle_ended_as_a_deadlocks_victim_is_answered_503_and_commits_when_s
         .expect("holding the partition");
     let sent = app.post("/api/v1/transaction", &bundle);
     let close_the_cycle = async {
-        let waiting =
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'";
-        crate::retention::until_count(&app, waiting, 1).await;
+        let waiting = crate::retention::waiting_in("FROM queen.partitions WHERE id = $1 FOR NO KEY UPDATE");
+        crate::retention::until_count(&app, &waiting, 1).await;
         holder
             .batch_execute("SELECT * FROM queen.log_consumers FOR UPDATE")
             .await
