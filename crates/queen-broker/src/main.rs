@@ -52,7 +52,9 @@ async fn migrate(config: Config) -> Result<(), Box<dyn std::error::Error>> {
 /// the allocator's arena, they took the broker's peak resident memory from 37 to 51 MiB under
 /// `push-b100`. mimalloc is built not to ask for them (`no_thp`); this also refuses the ones a
 /// machine whose THP setting is `always` hands out unasked. First thing in `main`, before the
-/// arena is touched more than by the runtime's start.
+/// arena is touched more than by the runtime's start. Child processes inherit the setting: an
+/// embedded PostgreSQL started by the broker runs without transparent huge pages too (its shared
+/// memory's `huge_pages` are explicit ones, which this does not touch).
 fn refuse_transparent_huge_pages() -> Result<(), String> {
     #[cfg(target_os = "linux")]
     return nix::sys::prctl::set_thp_disable(true).map_err(|e| e.to_string());
