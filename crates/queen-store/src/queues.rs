@@ -439,11 +439,19 @@ pub async fn find_partition(client: &impl GenericClient, queue_id: i64, name: &s
     Ok(client.query_opt(&statement, &[&queue_id, &name]).await?.map(|row| row.get(0)))
 }
 
-/// Deletes the queue with everything of it: partitions, segments, transaction ids and cursors
-/// (by cascade), the groups' registrations and the dead letters (by name), and tells every
-/// broker. Whether it existed.
+/// Deletes the queue with everything of it: its cursors, then its partitions, segments and
+/// transaction ids (by cascade), the groups' registrations and the dead letters (by name), and
+/// tells every broker. Whether it existed.
 pub async fn delete_queue(client: &mut deadpool_postgres::Client, name: &str) -> Result<bool, StoreError> {
     let tx = client.transaction().await?;
+    // The cursors first, then the partitions (through the queue's cascade): the order a bundle
+    // locks them in, acking before it pushes. The other order deadlocks with such a bundle.
+    tx.execute(
+        "DELETE FROM queen.log_consumers c USING queen.partitions p, queen.queues q
+          WHERE q.name = $1 AND p.queue_id = q.id AND c.partition_id = p.id",
+        &[&name],
+    )
+    .await?;
     let deleted = tx
         .query_opt(
             "WITH registrations AS (DELETE FROM queen.consumer_groups_metadata WHERE queue_name = $1),
@@ -482,7 +490,7 @@ pub async fn lock_capacity(tx: &deadpool_postgres::Transaction<'_>, queue_id: i6
 
 /// The class of [`lock_capacity`]'s advisory locks ("qcap"); the queue id (wrapped to 32 bits)
 /// is the object, so two queues share a lock only when their ids are 2^32 apart.
-const CAPACITY_LOCK_CLASS: i32 = 0x7163_6170;
+pub const CAPACITY_LOCK_CLASS: i32 = 0x7163_6170;
 
 /// Messages of the queue that a group that counts has not consumed: past the slowest position,
 /// on each partition, of the groups with a cursor there and the groups registered on the queue

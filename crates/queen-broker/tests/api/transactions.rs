@@ -237,6 +237,47 @@ async fn a_transaction_appending_to_a_partition_does_not_hold_up_a_new_groups_cu
 /// nothing and would go through on its own, so it is answered 503 (retry later), not 500, and the
 /// same bundle sent again commits.
 #[actix_web::test]
+async fn a_queue_deleted_while_a_bundle_acks_and_pushes_on_it_waits_for_the_bundle_instead_of_deadlocking() {
+    let app = TestApp::spawn().await;
+    // A capped queue: a bundle pushing to it takes the queue's capacity lock between its cursor
+    // and its partition, which lets the test stop it there.
+    app.configure("capped", json!({"maxSize": 100})).await;
+    app.push_one("capped", "p", "order-1", json!(1)).await;
+    let message = app.pop("queue/capped", "batch=1").await.messages().remove(0);
+    let push = json!({"type": "push", "items": [{"queue": "capped", "partition": "p", "transactionId": "order-2", "payload": 2}]});
+    let bundle = json!({"operations": [ack_op(&message, None), push]});
+    let queue_id = app.count("SELECT id FROM queen.queues WHERE name = 'capped'").await;
+    let holder = app.db.connect().await;
+    holder
+        .execute("SELECT pg_advisory_lock($1, $2)", &[&queen_store::queues::CAPACITY_LOCK_CLASS, &(queue_id as i32)])
+        .await
+        .expect("holding the capacity lock");
+
+    let sent = app.post("/api/v1/transaction", &bundle);
+    let deleted = async {
+        // The bundle holds the cursor and waits for the capacity lock; the deletion then waits
+        // for the bundle. Deleting the partition before the cursor would leave the bundle, once
+        // let go, waiting for the partition the deletion holds: a deadlock.
+        crate::retention::until_count(&app, &crate::retention::waiting_in("pg_advisory_xact_lock"), 1).await;
+        let deletion = app.delete("/api/v1/resources/queues/capped");
+        let let_go = async {
+            crate::retention::until_count(&app, &crate::retention::waiting_in(""), 2).await;
+            holder.execute("SELECT pg_advisory_unlock_all()", &[]).await.expect("unlock");
+        };
+        tokio::join!(deletion, let_go).0
+    };
+    let (bundle_answer, deletion_answer) = tokio::join!(sent, deleted);
+    assert_eq!(bundle_answer.status, StatusCode::OK, "{bundle_answer:?}");
+    assert_eq!(deletion_answer.status, StatusCode::OK, "{deletion_answer:?}");
+    assert_eq!(app.count("SELECT count(*) FROM queen.queues WHERE name = 'capped'").await, 0);
+    assert_eq!(
+        app.count("SELECT count(*) FROM queen.partitions").await,
+        0,
+        "the bundle's partition went with the queue"
+    );
+}
+
+#[actix_web::test]
 async fn a_bundle_ended_as_a_deadlocks_victim_is_answered_503_and_commits_when_sent_again() {
     let app = TestApp::spawn().await;
     app.push_one("stage-one", "p", "order-1", json!(1)).await;
