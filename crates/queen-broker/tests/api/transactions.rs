@@ -233,9 +233,8 @@ async fn a_transaction_appending_to_a_partition_does_not_hold_up_a_new_groups_cu
     assert_eq!(next.transaction_ids(), vec!["in-flight"], "{next:?}");
 }
 
-/// PostgreSQL ends a deadlock by failing one side's transaction. A bundle failed that way wrote
-/// nothing and would go through on its own, so it is answered 503 (retry later), not 500, and the
-/// same bundle sent again commits.
+/// Deleting a queue takes its cursors before its partitions, the order a bundle takes them in, so
+/// a deletion that meets a bundle on the queue waits for it instead of deadlocking with it.
 #[actix_web::test]
 async fn a_queue_deleted_while_a_bundle_acks_and_pushes_on_it_waits_for_the_bundle_instead_of_deadlocking() {
     let app = TestApp::spawn().await;
@@ -277,6 +276,9 @@ async fn a_queue_deleted_while_a_bundle_acks_and_pushes_on_it_waits_for_the_bund
     );
 }
 
+/// PostgreSQL ends a deadlock by failing one side's transaction. A bundle failed that way wrote
+/// nothing and would go through on its own, so it is answered 503 (retry later), not 500, and the
+/// same bundle sent again commits.
 #[actix_web::test]
 async fn a_bundle_ended_as_a_deadlocks_victim_is_answered_503_and_commits_when_sent_again() {
     let app = TestApp::spawn().await;
