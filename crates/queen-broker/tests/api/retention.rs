@@ -326,9 +326,7 @@ async fn a_message_dead_lettered_after_retention_removed_it_is_recorded_without_
                         "leaseId": delivered[0]["leaseId"], "status": "failed", "error": "crashed"}],
                         "consumerGroup": "g"});
     let ack = actix_web::rt::spawn(app.http.post(app.url("/api/v1/ack/batch")).json(&failed).send());
-    let waiting =
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'";
-    until_count(&app, waiting, 1).await;
+    until_count(&app, &waiting_in(""), 1).await;
     age(&app, "raced", 2).await;
     until_count(&app, &segments_of("raced"), 0).await;
     holder.batch_execute("COMMIT").await.expect("releasing the cursor");
@@ -346,7 +344,8 @@ async fn a_message_dead_lettered_after_retention_removed_it_is_recorded_without_
     assert_eq!(retry.status, StatusCode::CONFLICT, "nothing to push again: {retry:?}");
 }
 
-/// Backends of the test database waiting for a lock while running a statement that contains `sql`.
+/// Backends of the test database waiting for a lock while running a statement that contains `sql`
+/// (any statement for `""`).
 pub(crate) fn waiting_in(sql: &str) -> String {
     format!(
         "SELECT count(*) FROM pg_stat_activity

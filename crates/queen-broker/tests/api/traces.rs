@@ -8,7 +8,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::helpers::{Answer, TestApp};
-use crate::retention::{age, until_count};
+use crate::retention::{age, until_count, waiting_in};
 
 /// Records an event and insists on a 201; the answer's body.
 async fn trace(app: &TestApp, body: Value) -> Value {
@@ -310,12 +310,7 @@ async fn an_event_racing_the_deletion_of_its_queue_waits_for_it_and_finds_no_mes
     let body = on(&pushed, json!(["late"]), None, json!({}));
     let event = app.post("/api/v1/traces", &body);
     let waiting = async {
-        until_count(
-            &app,
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
-            1,
-        )
-        .await;
+        until_count(&app, &waiting_in(""), 1).await;
         deletion.commit().await.expect("commit");
     };
     let (answer, ()) = tokio::join!(event, waiting);
