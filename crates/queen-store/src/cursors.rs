@@ -215,6 +215,9 @@ pub struct Claim {
     pub lease_expires_at: Option<DateTime<Utc>>,
     /// The partition's previous lease on this group ran out without being acknowledged.
     pub took_over_expired_lease: bool,
+    /// The partition's last offset when it was claimed, visible or not: once the group's cursor
+    /// reaches it, nothing that was on the partition then is left for the group.
+    pub partition_end: i64,
 }
 
 /// What a claim took, and what it left for [`give_up_exhausted_heads`].
@@ -247,7 +250,8 @@ pub async fn claim(client: &impl GenericClient, request: &ClaimRequest<'_>) -> R
         .prepare_cached(concat!(
             "WITH candidate AS (
                  SELECT c.partition_id, x.ord, s.start_after, s.start_after > c.committed AS skipped,
-                        v.last_offset, c.lease_expires_at IS NOT NULL AS expired, q.lease_time_seconds,
+                        v.last_offset, p.last_offset AS partition_end,
+                        c.lease_expires_at IS NOT NULL AS expired, q.lease_time_seconds,
                         -- The lease that ran out delivered the head message: a failed delivery.
                         c.lease_expires_at IS NOT NULL AND COALESCE(c.leased_until, 0) > s.start_after AS head_failed,
                         c.lease_expires_at IS NOT NULL AND COALESCE(c.leased_until, 0) > s.start_after
@@ -304,16 +308,17 @@ pub async fn claim(client: &impl GenericClient, request: &ClaimRequest<'_>) -> R
                FROM chosen ch
               WHERE c.partition_id = ch.partition_id AND c.consumer_group = $1
              RETURNING c.partition_id, ch.start_after + 1 AS first, ch.start_after + ch.take AS last,
-                       CASE WHEN $7 THEN 1 ELSE c.head_attempts END AS attempt, c.lease_expires_at, ch.expired, ch.ord
+                       CASE WHEN $7 THEN 1 ELSE c.head_attempts END AS attempt, c.lease_expires_at, ch.expired, ch.ord,
+                       ch.partition_end
              )
              -- A leasing claim commits without waiting for the WAL flush (docs/architecture.md, *A
              -- lease does not wait for the disk*); one that commits at delivery waits, so that its
              -- cursor never moves back.
-             SELECT partition_id, first, last, attempt, lease_expires_at, expired, ord, false
+             SELECT partition_id, first, last, attempt, lease_expires_at, expired, ord, false, partition_end
                FROM claimed LEFT JOIN (SELECT set_config('synchronous_commit', 'off', true) WHERE NOT $7) AS commit_mode
                  ON true
              UNION ALL
-             SELECT partition_id, NULL, NULL, NULL, NULL, true, ord, true FROM candidate WHERE exhausted",
+             SELECT partition_id, NULL, NULL, NULL, NULL, true, ord, true, NULL FROM candidate WHERE exhausted",
         ))
         .await?;
     let rows = client
@@ -343,6 +348,7 @@ pub async fn claim(client: &impl GenericClient, request: &ClaimRequest<'_>) -> R
                 delivery_attempt: row.get(3),
                 lease_expires_at: row.get(4),
                 took_over_expired_lease: row.get(5),
+                partition_end: row.get(8),
             };
             (row.get(6), claim)
         })

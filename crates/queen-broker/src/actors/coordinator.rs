@@ -24,7 +24,9 @@
 //! partition announced after the scan was planned. A queue-wide pop asks for a [`PopPlan`]: with a fresh view, the candidates are the
 //! view's partitions, at most the pop's limit of them, taken round robin when there are more, so
 //! that one pop's query stays small however many partitions have work; a check that finds a
-//! candidate drained removes it, unless it was announced again meanwhile. Without a view, a full
+//! candidate drained removes it, unless it was announced again meanwhile, and so does an ack that
+//! commits a partition as far as the partition reached when the pop claimed it (its consumer's
+//! next pop then need not look there). Without a view, a full
 //! scan, whose result becomes the view. A view is re-verified at most every `view_max_age` (30 s).
 //! With planning from views off (`pop.plan_from_views = false`), the full scan runs every time, except that a scan that found nothing
 //! (the empty-scan watermark) is trusted until a push to the queue or the view's age says
@@ -177,7 +179,9 @@ pub struct ScanDone {
     pub pending: Vec<i64>,
 }
 
-/// A plan's candidates were `checked`; of them, these are still `pending`.
+/// The group had no work left on partitions as of revision `as_of`: a plan's candidates were
+/// `checked`, of which these are still `pending`; or a pop claimed partitions to their end and
+/// an ack (or the claim, committing at delivery) then committed them (`pending` empty).
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Checked {
@@ -187,6 +191,15 @@ pub struct Checked {
     pub group: Arc<str>,
     pub checked: Vec<i64>,
     pub pending: Vec<i64>,
+}
+
+/// The view a queue-wide pop planned from, for reporting what it then found drained: the report
+/// applies only if no view went stale since (`ticket`), and leaves the partitions announced after
+/// `as_of`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ViewStamp {
+    pub ticket: u64,
+    pub as_of: u64,
 }
 
 #[derive(Default)]
@@ -673,6 +686,13 @@ impl CoordinatorMailbox {
         if let Some(place) = self.waiting.try_hold(1) {
             self.send(Counted::Checked(report), place);
         }
+    }
+
+    /// Reports partitions the group has nothing left on, as of the view the pop that claimed
+    /// them planned from; dropped when the coordinator is full.
+    pub fn drained(&self, queue_id: i64, group: Arc<str>, stamp: ViewStamp, partitions: Vec<i64>) {
+        let ViewStamp { ticket, as_of } = stamp;
+        self.checked(Checked { ticket, as_of, queue_id, group, checked: partitions, pending: Vec::new() });
     }
 
     /// Announces messages available on a partition. When the coordinator is full the

@@ -1,10 +1,13 @@
 //! Acknowledgements: one call's acks go to the GroupLeases actor of their consumer group.
 
+use std::sync::Arc;
+
 use queen_store::ack_rules::{AckStatus, AckVerdict, Refusal};
 use queen_store::cursors::{AckOutcome, AckRequest};
 
 use super::Broker;
 use super::BrokerError;
+use super::deliveries::ClaimedToEnd;
 use crate::metrics::Metrics;
 
 /// Applies one call's acknowledgements, all of `group`. Outcomes are aligned with `requests`.
@@ -13,11 +16,30 @@ pub async fn acknowledge(
     group: &str,
     mut requests: Vec<AckRequest>,
 ) -> Result<Vec<AckOutcome>, BrokerError> {
-    broker.deliveries.resolve(&mut requests);
+    let claimed_to_end = broker.deliveries.resolve(&mut requests);
     let statuses: Vec<AckStatus> = requests.iter().map(|r| r.status).collect();
+    let partitions: Vec<i64> = requests.iter().map(|r| r.partition_id).collect();
     let outcomes = broker.groups.acknowledge(group, requests).await?;
     record(&broker.metrics, &statuses, &outcomes);
+    report_drained(broker, &partitions, &outcomes, claimed_to_end);
     Ok(outcomes)
+}
+
+/// Tells the coordinator of each partition claimed to its end that the group's cursor now
+/// reaches: the group's next pop need not look there until something new is announced.
+fn report_drained(
+    broker: &Broker,
+    partitions: &[i64],
+    outcomes: &[AckOutcome],
+    claimed_to_end: Vec<(i64, Arc<ClaimedToEnd>)>,
+) {
+    for (partition_id, to_end) in claimed_to_end {
+        let committed = partitions.iter().zip(outcomes).filter(|(p, _)| **p == partition_id);
+        if committed.filter_map(|(_, outcome)| outcome.committed).max().is_some_and(|at| at >= to_end.end) {
+            let group = Arc::clone(&to_end.group);
+            broker.coordinator.drained(to_end.queue_id, group, to_end.stamp, vec![partition_id]);
+        }
+    }
 }
 
 /// Counts acknowledgements by status and verdict, and messages acked, failed, dead-lettered and

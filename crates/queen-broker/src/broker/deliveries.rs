@@ -26,6 +26,7 @@ use queen_store::cursors::AckRequest;
 use uuid::Uuid;
 
 use super::pop::DeliveredMessage;
+use crate::actors::coordinator::ViewStamp;
 
 /// Most bytes of transaction ids and offsets kept: a few thousand deliveries of 100 messages.
 const MAX_BYTES: u64 = 4 * 1024 * 1024;
@@ -36,12 +37,24 @@ const KEEP_FOR: Duration = Duration::from_secs(600);
 /// Bytes an entry holds besides its transaction ids: the offset and the map's share.
 const PER_MESSAGE: usize = 48;
 
+/// A partition claimed up to its end: the offset it had reached, and the view the pop planned
+/// from. An ack that commits the group's cursor that far leaves the group nothing there as of
+/// that view.
+#[derive(Debug)]
+pub struct ClaimedToEnd {
+    pub end: i64,
+    pub queue_id: i64,
+    pub group: Arc<str>,
+    pub stamp: ViewStamp,
+}
+
 /// What one partition delivered under one lease.
 struct Delivered {
     /// Transaction id (shared with the delivered message) → offset.
     offsets: HashMap<Arc<str>, i64>,
     /// Deliveries no ack has resolved yet.
     unresolved: AtomicUsize,
+    to_end: Option<Arc<ClaimedToEnd>>,
 }
 
 type Offsets = Arc<Delivered>;
@@ -78,11 +91,12 @@ impl Default for Deliveries {
 }
 
 impl Deliveries {
-    /// Remembers what a pop delivered under `lease_id` on the partitions it `claimed` (a pop over
-    /// several queues records once per queue, under one lease).
-    pub fn record(&self, lease_id: Uuid, claimed: &[i64], messages: &[DeliveredMessage]) {
+    /// Remembers what a pop delivered under `lease_id` on the partitions it `claimed`, each with
+    /// where it was claimed to its end if it was (a pop over several queues records once per
+    /// queue, under one lease).
+    pub fn record(&self, lease_id: Uuid, claimed: &[(i64, Option<Arc<ClaimedToEnd>>)], messages: &[DeliveredMessage]) {
         let mut partitions = self.partitions.get(&lease_id).map(|known| known.to_vec()).unwrap_or_default();
-        partitions.extend_from_slice(claimed);
+        partitions.extend(claimed.iter().map(|(partition_id, _)| *partition_id));
         self.partitions.insert(lease_id, Arc::new(partitions));
         let mut by_partition: HashMap<i64, HashMap<Arc<str>, i64>> = HashMap::new();
         for message in messages {
@@ -91,7 +105,8 @@ impl Deliveries {
         }
         for (partition_id, offsets) in by_partition {
             let unresolved = AtomicUsize::new(offsets.len());
-            self.by_lease.insert((lease_id, partition_id), Arc::new(Delivered { offsets, unresolved }));
+            let to_end = claimed.iter().find(|(claimed, _)| *claimed == partition_id).and_then(|(_, end)| end.clone());
+            self.by_lease.insert((lease_id, partition_id), Arc::new(Delivered { offsets, unresolved, to_end }));
         }
     }
 
@@ -101,13 +116,21 @@ impl Deliveries {
     }
 
     /// Gives each ack that names a lease this broker delivered under the offset its transaction
-    /// id was delivered at.
-    pub fn resolve(&self, requests: &mut [AckRequest]) {
+    /// id was delivered at; returns, once per partition, where the acked partitions that were
+    /// claimed to their end had reached.
+    pub fn resolve(&self, requests: &mut [AckRequest]) -> Vec<(i64, Arc<ClaimedToEnd>)> {
+        let mut to_end: Vec<(i64, Arc<ClaimedToEnd>)> = Vec::new();
         for request in requests {
             let LeaseFence::Lease(lease_id) = request.fence else { continue };
             let key = (lease_id, request.partition_id);
             let Some(delivered) = self.by_lease.get(&key) else { continue };
             request.offset = delivered.offsets.get(&*request.transaction_id).copied();
+            if let Some(end) = &delivered.to_end
+                && request.offset.is_some()
+                && !to_end.iter().any(|(partition_id, _)| *partition_id == request.partition_id)
+            {
+                to_end.push((request.partition_id, Arc::clone(end)));
+            }
             if request.offset.is_some()
                 && delivered.unresolved.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
                     == Ok(1)
@@ -115,6 +138,7 @@ impl Deliveries {
                 self.by_lease.invalidate(&key);
             }
         }
+        to_end
     }
 }
 
@@ -159,12 +183,12 @@ mod tests {
         for pop in 0..2_000 {
             let lease_id = Uuid::now_v7();
             let messages: Vec<DeliveredMessage> = (0..100).map(|i| delivered(pop % 32, pop * 100 + i)).collect();
-            deliveries.record(lease_id, &[pop % 32], &messages);
+            deliveries.record(lease_id, &[(pop % 32, None)], &messages);
             deliveries.by_lease.run_pending_tasks();
         }
         let lease_id = Uuid::now_v7();
         let messages: Vec<DeliveredMessage> = (0..100).map(|i| delivered(7, 1_000_000 + i)).collect();
-        deliveries.record(lease_id, &[7], &messages);
+        deliveries.record(lease_id, &[(7, None)], &messages);
         deliveries.by_lease.run_pending_tasks();
         deliveries.partitions.run_pending_tasks();
         let mut acks: Vec<AckRequest> = messages.iter().map(|m| ack_of(lease_id, m)).collect();
@@ -179,7 +203,7 @@ mod tests {
         let deliveries = Deliveries::default();
         let lease_id = Uuid::now_v7();
         let messages: Vec<DeliveredMessage> = (1..=3).map(|offset| delivered(5, offset)).collect();
-        deliveries.record(lease_id, &[5], &messages);
+        deliveries.record(lease_id, &[(5, None)], &messages);
         let mut first_two: Vec<AckRequest> = messages[..2].iter().map(|m| ack_of(lease_id, m)).collect();
         deliveries.resolve(&mut first_two);
         assert_eq!(first_two.iter().map(|a| a.offset).collect::<Vec<_>>(), [Some(1), Some(2)]);

@@ -20,7 +20,8 @@ use uuid::Uuid;
 
 use super::Broker;
 use super::BrokerError;
-use crate::actors::coordinator::{Checked, PopPlan, ScanDone};
+use super::deliveries::ClaimedToEnd;
+use crate::actors::coordinator::{Checked, PopPlan, ScanDone, ViewStamp};
 use crate::connection::ClientConnection;
 use crate::metrics::GaugeHeld;
 use crate::pressure::{ClientHeld, Held, Refused};
@@ -361,18 +362,18 @@ async fn pop_queue(
         PopSource::Namespace { .. } => None,
     };
     // Which partitions to look at: the one named, or the coordinator's plan for the queue.
-    let (mut client, candidates) = match only_partition {
+    let Planned { mut client, candidates, stamp } = match only_partition {
         Some(name) => {
             let Some(partition_id) = names.partition(&broker.pool, queue_id, name).await? else {
                 return Ok(Attempt::Empty { retry_at: None });
             };
             let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
             let scope = Scope::Only(&[partition_id]);
-            let found = cursors::candidates(&client, queue_id, scope, &request.group, visibility).await?;
-            (client, found)
+            let candidates = cursors::candidates(&client, queue_id, scope, &request.group, visibility).await?;
+            Planned { client, candidates, stamp: None }
         }
         None => match planned_candidates(broker, queue_id, &group, visibility, claimable).await? {
-            Some(found) => found,
+            Some(planned) => planned,
             None => return Ok(Attempt::Empty { retry_at: None }),
         },
     };
@@ -441,9 +442,26 @@ async fn pop_queue(
         }
     };
     drop(client);
+    // Where the pop took everything a partition had, the group's view can drop it once the
+    // cursor is there: at once when the claim committed, else when the ack does.
+    let to_end = |claim: &&cursors::Claim| claim.last >= claim.partition_end;
     if !request.auto_ack {
-        let claimed: Vec<i64> = claims.iter().map(|c| c.partition_id).collect();
+        let claimed: Vec<(i64, Option<Arc<ClaimedToEnd>>)> = claims
+            .iter()
+            .map(|claim| {
+                let end = stamp.filter(|_| to_end(&claim)).map(|stamp| {
+                    let group = Arc::clone(&group);
+                    Arc::new(ClaimedToEnd { end: claim.partition_end, queue_id, group, stamp })
+                });
+                (claim.partition_id, end)
+            })
+            .collect();
         broker.deliveries.record(lease_id, &claimed, &messages);
+    } else if let Some(stamp) = stamp {
+        let drained: Vec<i64> = claims.iter().filter(to_end).map(|claim| claim.partition_id).collect();
+        if !drained.is_empty() {
+            broker.coordinator.drained(queue_id, Arc::clone(&group), stamp, drained);
+        }
     }
 
     let metrics = &broker.metrics;
@@ -594,6 +612,14 @@ async fn serve_past_exhausted_heads(
     Ok(cursors::claim(&*client, &rest).await?.claims)
 }
 
+/// Candidates to claim from, found on `client`; with the view they were planned from, when they
+/// were.
+struct Planned {
+    client: deadpool_postgres::Object,
+    candidates: Vec<cursors::Candidate>,
+    stamp: Option<ViewStamp>,
+}
+
 /// The partitions with work for the group that a queue-wide pop considers, as the coordinator
 /// plans them, with the connection that looked; `None` when the plan says nothing can be pending
 /// (the database is not touched). A round of candidates none of which can be served now (leased
@@ -606,7 +632,7 @@ async fn planned_candidates(
     group: &Arc<str>,
     visibility: Visibility,
     limit: usize,
-) -> Result<Option<(deadpool_postgres::Object, Vec<cursors::Candidate>)>, BrokerError> {
+) -> Result<Option<Planned>, BrokerError> {
     let plan_pop = || broker.coordinator.plan(queue_id, Arc::clone(group), limit);
     let mut plan = plan_pop().await?;
     let budget = match &plan {
@@ -616,13 +642,17 @@ async fn planned_candidates(
     };
     let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
     let (mut found, mut looked) = (Vec::new(), 0);
+    // The latest round's plan: every push announced before it committed before the claim that
+    // follows looks, so what that claim finds holds as of this plan.
+    let mut stamp;
     loop {
         match plan {
             PopPlan::Full { ticket, scan } => {
                 let scanned = cursors::candidates(&client, queue_id, Scope::All, group, visibility).await?;
                 let pending = scanned.iter().map(|c| c.partition_id).collect();
                 broker.coordinator.scanned(ScanDone { ticket, scan, group: Arc::clone(group), pending });
-                return Ok(Some((client, scanned)));
+                // The view the scan makes is newer than anything this pop could report against.
+                return Ok(Some(Planned { client, candidates: scanned, stamp: None }));
             }
             PopPlan::Candidates { ticket, as_of, partitions, .. } => {
                 let scope = Scope::Only(&partitions);
@@ -633,14 +663,15 @@ async fn planned_candidates(
                 let group = Arc::clone(group);
                 broker.coordinator.checked(Checked { ticket, as_of, queue_id, group, checked: partitions, pending });
                 found.extend(checked);
+                stamp = Some(ViewStamp { ticket, as_of });
                 if any_free || looked >= budget {
-                    return Ok(Some((client, found)));
+                    return Ok(Some(Planned { client, candidates: found, stamp }));
                 }
             }
         }
         plan = plan_pop().await?;
         if matches!(&plan, PopPlan::Candidates { partitions, .. } if partitions.is_empty()) {
-            return Ok(Some((client, found)));
+            return Ok(Some(Planned { client, candidates: found, stamp }));
         }
     }
 }

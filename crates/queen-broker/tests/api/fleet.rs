@@ -159,6 +159,79 @@ async fn planned_from_views_pops_find_pushed_partitions_without_scanning_the_que
     assert!(app.metric("queen_pop_candidate_plans_total{kind=\"candidates\"}").await >= 20.0);
 }
 
+/// Pushes `ids` to partition `p` of `queue` in one call.
+async fn push_ids(app: &TestApp, queue: &str, ids: &[&str]) {
+    let items: Vec<Value> =
+        ids.iter().map(|id| json!({"queue": queue, "partition": "p", "transactionId": id, "payload": id})).collect();
+    app.push(Value::Array(items)).await;
+}
+
+/// Gives group `g` a view of `queue` with nothing in it: its first pop scans and makes the view,
+/// and the next finds the acked partition empty.
+async fn make_an_empty_view(app: &TestApp, queue: &str) {
+    push_ids(app, queue, &["a"]).await;
+    let route = format!("queue/{queue}");
+    let first = app.pop(&route, "batch=10&consumerGroup=g").await;
+    assert_eq!(first.transaction_ids(), vec!["a"]);
+    app.ack_all(&first.messages(), "completed", Some("g")).await;
+    assert_eq!(app.pop(&route, "consumerGroup=g").await.status, StatusCode::NO_CONTENT);
+}
+
+/// How the group's pops have planned so far: (candidate checks, skipped looks).
+async fn plans(app: &TestApp) -> (f64, f64) {
+    let candidates = app.metric("queen_pop_candidate_plans_total{kind=\"candidates\"}").await;
+    (candidates, app.metric("queen_pop_candidate_plans_total{kind=\"skipped\"}").await)
+}
+
+#[actix_web::test]
+async fn a_pop_after_an_ack_of_everything_a_partition_had_does_not_look_there_again() {
+    let app = TestApp::spawn().await;
+    make_an_empty_view(&app, "drained").await;
+
+    // A pop that takes all of it, acked: the next pop knows without a query.
+    push_ids(&app, "drained", &["b", "c"]).await;
+    let all = app.pop("queue/drained", "batch=10&consumerGroup=g").await;
+    assert_eq!(all.transaction_ids(), vec!["b", "c"]);
+    app.ack_all(&all.messages(), "completed", Some("g")).await;
+    let (checks, skipped) = plans(&app).await;
+    assert_eq!(app.pop("queue/drained", "consumerGroup=g").await.status, StatusCode::NO_CONTENT);
+    assert_eq!(plans(&app).await, (checks, skipped + 1.0), "the next pop looked nowhere");
+
+    // Committed at delivery, the same.
+    push_ids(&app, "drained", &["d"]).await;
+    let auto = app.pop("queue/drained", "batch=10&consumerGroup=g&autoAck=true").await;
+    assert_eq!(auto.transaction_ids(), vec!["d"]);
+    let (checks, skipped) = plans(&app).await;
+    assert_eq!(app.pop("queue/drained", "consumerGroup=g").await.status, StatusCode::NO_CONTENT);
+    assert_eq!(plans(&app).await, (checks, skipped + 1.0), "the next pop looked nowhere");
+
+    // What a pop leaves behind (its batch was full, or its ack failed) is still found at once.
+    push_ids(&app, "drained", &["e", "f"]).await;
+    let part = app.pop("queue/drained", "batch=1&consumerGroup=g").await;
+    assert_eq!(part.transaction_ids(), vec!["e"]);
+    app.ack_all(&part.messages(), "completed", Some("g")).await;
+    let rest = app.pop("queue/drained", "batch=10&consumerGroup=g").await;
+    assert_eq!(rest.transaction_ids(), vec!["f"]);
+    app.ack_all(&rest.messages(), "failed", Some("g")).await;
+    let again = app.pop("queue/drained", "batch=10&consumerGroup=g").await;
+    assert_eq!(again.transaction_ids(), vec!["f"], "the failed message is delivered again");
+}
+
+#[actix_web::test]
+async fn a_push_between_a_pop_and_its_ack_is_found_by_the_next_pop() {
+    let app = TestApp::spawn().await;
+    make_an_empty_view(&app, "raced").await;
+
+    push_ids(&app, "raced", &["b"]).await;
+    let popped = app.pop("queue/raced", "batch=10&consumerGroup=g").await;
+    assert_eq!(popped.transaction_ids(), vec!["b"]);
+    // Pushed after the pop took the partition's end, before the ack reached it.
+    push_ids(&app, "raced", &["c"]).await;
+    app.ack_all(&popped.messages(), "completed", Some("g")).await;
+    let next = app.pop("queue/raced", "batch=10&consumerGroup=g").await;
+    assert_eq!(next.transaction_ids(), vec!["c"], "the ack did not hide the later push");
+}
+
 #[actix_web::test]
 async fn a_pop_looks_past_candidates_that_are_all_leased() {
     let app = TestApp::spawn().await;
