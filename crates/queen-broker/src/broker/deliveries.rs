@@ -54,6 +54,7 @@ struct Delivered {
     offsets: HashMap<Arc<str>, i64>,
     /// Deliveries no ack has resolved yet.
     unresolved: AtomicUsize,
+    /// Set when the pop took all the partition had.
     to_end: Option<Arc<ClaimedToEnd>>,
 }
 
@@ -196,6 +197,25 @@ mod tests {
         let resolved = acks.iter().filter(|a| a.offset.is_some()).count();
         assert_eq!(resolved, 100, "the latest pop's acks are resolved from the map");
         assert_eq!(deliveries.partitions_of(lease_id).as_deref(), Some(&vec![7]));
+    }
+
+    #[test]
+    fn acks_of_a_partition_claimed_to_its_end_say_so_once_per_call() {
+        let deliveries = Deliveries::default();
+        let lease_id = Uuid::now_v7();
+        let stamp = ViewStamp { ticket: 1, as_of: 9 };
+        let to_end = Arc::new(ClaimedToEnd { end: 3, queue_id: 1, group: Arc::from("g"), stamp });
+        // Partition 5 was taken to its end, 6 was not.
+        let messages: Vec<DeliveredMessage> =
+            (1..=3).map(|offset| delivered(5, offset)).chain((1..=2).map(|offset| delivered(6, offset))).collect();
+        deliveries.record(lease_id, &[(5, Some(to_end)), (6, None)], &messages);
+        let mut acks: Vec<AckRequest> = messages.iter().map(|m| ack_of(lease_id, m)).collect();
+        let reached = deliveries.resolve(&mut acks);
+        assert_eq!(reached.iter().map(|(partition, end)| (*partition, end.end)).collect::<Vec<_>>(), [(5, 3)]);
+        assert_eq!(reached[0].1.stamp, stamp);
+        // Acks of another lease say nothing of this one.
+        let mut stranger = vec![ack_of(Uuid::now_v7(), &messages[0])];
+        assert!(deliveries.resolve(&mut stranger).is_empty());
     }
 
     #[test]
