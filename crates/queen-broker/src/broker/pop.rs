@@ -444,12 +444,12 @@ async fn pop_queue(
     drop(client);
     // Where the pop took everything a partition had, the group's view can drop it once the
     // cursor is there: at once when the claim committed, else when the ack does.
-    let to_end = |claim: &&cursors::Claim| claim.last >= claim.partition_end;
+    let took_all = |claim: &&cursors::Claim| claim.last >= claim.partition_end;
     if !request.auto_ack {
         let claimed: Vec<(i64, Option<Arc<ClaimedToEnd>>)> = claims
             .iter()
             .map(|claim| {
-                let end = stamp.filter(|_| to_end(&claim)).map(|stamp| {
+                let end = stamp.filter(|_| took_all(&claim)).map(|stamp| {
                     let group = Arc::clone(&group);
                     Arc::new(ClaimedToEnd { end: claim.partition_end, queue_id, group, stamp })
                 });
@@ -458,7 +458,7 @@ async fn pop_queue(
             .collect();
         broker.deliveries.record(lease_id, &claimed, &messages);
     } else if let Some(stamp) = stamp {
-        let drained: Vec<i64> = claims.iter().filter(to_end).map(|claim| claim.partition_id).collect();
+        let drained: Vec<i64> = claims.iter().filter(took_all).map(|claim| claim.partition_id).collect();
         if !drained.is_empty() {
             broker.coordinator.drained(queue_id, Arc::clone(&group), stamp, drained);
         }
