@@ -21,19 +21,22 @@ pub async fn acknowledge(
     let partitions: Vec<i64> = requests.iter().map(|r| r.partition_id).collect();
     let outcomes = broker.groups.acknowledge(group, requests).await?;
     record(&broker.metrics, &statuses, &outcomes);
-    report_drained(broker, &partitions, &outcomes, claimed_to_end);
+    report_drained(broker, group, &partitions, &outcomes, claimed_to_end);
     Ok(outcomes)
 }
 
 /// Tells the coordinator of each partition claimed to its end that the group's cursor now
-/// reaches: the group's next pop need not look there until something new is announced.
+/// reaches: the group's next pop need not look there until something new is announced. The
+/// outcomes hold the cursors of the call's `group`, which says nothing of another group's lease
+/// named in it.
 fn report_drained(
     broker: &Broker,
+    group: &str,
     partitions: &[i64],
     outcomes: &[AckOutcome],
     claimed_to_end: Vec<(i64, Arc<ClaimedToEnd>)>,
 ) {
-    for (partition_id, to_end) in claimed_to_end {
+    for (partition_id, to_end) in claimed_to_end.into_iter().filter(|(_, to_end)| &*to_end.group == group) {
         let committed = partitions.iter().zip(outcomes).filter(|(p, _)| **p == partition_id);
         if committed.filter_map(|(_, outcome)| outcome.committed).max().is_some_and(|at| at >= to_end.end) {
             let group = Arc::clone(&to_end.group);

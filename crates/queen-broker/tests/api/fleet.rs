@@ -233,6 +233,24 @@ async fn a_push_between_a_pop_and_its_ack_is_found_by_the_next_pop() {
 }
 
 #[actix_web::test]
+async fn an_ack_naming_another_groups_lease_leaves_that_group_its_redelivery() {
+    let app = TestApp::spawn().await;
+    app.post("/api/v1/configure", &json!({"queue": "mixed", "options": {"leaseTime": 1}})).await;
+    make_an_empty_view(&app, "mixed").await;
+    push_ids(&app, "mixed", &["b"]).await;
+    let leased = app.pop("queue/mixed", "batch=10&consumerGroup=g").await;
+    assert_eq!(leased.transaction_ids(), vec!["b"]);
+    // Group h has read everything, and acks g's delivery under its own name.
+    let read = app.pop("queue/mixed", "batch=10&consumerGroup=h").await;
+    assert_eq!(read.transaction_ids(), vec!["a", "b"]);
+    app.ack_all(&read.messages(), "completed", Some("h")).await;
+    app.ack_all(&leased.messages(), "completed", Some("h")).await;
+    // g never acked: its lease runs out and a waiting consumer of g gets the message again.
+    let again = app.pop("queue/mixed", "batch=10&consumerGroup=g&wait=true&timeout=5000").await;
+    assert_eq!(again.transaction_ids(), vec!["b"], "redelivered to g once its lease ran out");
+}
+
+#[actix_web::test]
 async fn a_pop_looks_past_candidates_that_are_all_leased() {
     let app = TestApp::spawn().await;
     let items: Vec<Value> =
