@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
@@ -202,6 +202,10 @@ pub struct ClaimRequest<'a> {
     /// The group conflates: serve only each partition's newest visible message, retiring the
     /// ones behind it as it is claimed (the group would never be served them).
     pub conflation: bool,
+    /// Whether the queue delays or windows messages, as the pop found its options. Under
+    /// [`Visibility::Immediate`] the claim leaves out the delay's segment lookup, and passes over a
+    /// partition whose newest messages a delay set since still covers.
+    pub visibility: Visibility,
 }
 
 /// One partition a pop claimed, and the span it delivers.
@@ -230,6 +234,121 @@ pub struct Claimed {
     pub exhausted: Vec<i64>,
 }
 
+/// The claim statement, with `{visible_until}` (the last offset of partition `p` of queue `q`
+/// the group may be served), `{auto_ack}` and `{conflation}` to fill in: one statement per kind
+/// of queue and pop rather than one taking them as parameters, since PostgreSQL sets up every
+/// part of a plan and compiles every expression at each execution, used or not (`benches/README.md`,
+/// *What `pg_stat_statements` does not see*).
+const CLAIM_TEMPLATE: &str = "WITH candidate AS (
+         SELECT c.partition_id, x.ord, s.start_after, s.start_after > c.committed AS skipped,
+                v.last_offset, p.last_offset AS partition_end,
+                c.lease_expires_at IS NOT NULL AS expired, q.lease_time_seconds,
+                -- The lease that ran out delivered the head message: a failed delivery.
+                c.lease_expires_at IS NOT NULL AND COALESCE(c.leased_until, 0) > s.start_after AS head_failed,
+                c.lease_expires_at IS NOT NULL AND COALESCE(c.leased_until, 0) > s.start_after
+                    AND c.retry_count + 1 > q.retry_limit AS exhausted
+           FROM unnest($2::bigint[]) WITH ORDINALITY AS x(partition_id, ord)
+           JOIN queen.log_consumers c ON c.partition_id = x.partition_id AND c.consumer_group = $1
+           JOIN queen.partitions p ON p.id = x.partition_id
+           JOIN queen.queues q ON q.id = p.queue_id
+          CROSS JOIN LATERAL (SELECT {visible_until} AS last_offset) v
+          -- Where the delivery starts: after the cursor, or, for a conflating group, just before
+          -- the newest visible message.
+          CROSS JOIN LATERAL (SELECT GREATEST(c.committed, p.retained_from - 1,
+                                              CASE WHEN {conflation} THEN v.last_offset - 1 ELSE 0 END) AS start_after) s
+          WHERE (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
+            AND (c.retry_at IS NULL OR c.retry_at <= now())
+            AND v.last_offset > s.start_after
+          ORDER BY x.ord
+          LIMIT $7::bigint
+            FOR UPDATE OF c SKIP LOCKED
+     ), allotted AS (
+         SELECT *, LEAST(last_offset - start_after,
+                         $3::bigint - COALESCE(SUM(last_offset - start_after)
+                             OVER (ORDER BY ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)::bigint) AS take
+           FROM candidate WHERE NOT exhausted
+     ), chosen AS (
+         SELECT * FROM allotted WHERE take > 0 ORDER BY ord LIMIT $4::bigint
+     ), claimed AS (
+     UPDATE queen.log_consumers c
+        SET lease_id = CASE WHEN {auto_ack} THEN c.lease_id ELSE $5 END,
+            lease_expires_at = CASE WHEN {auto_ack} THEN NULL
+                ELSE now() + COALESCE($6, ch.lease_time_seconds) * interval '1 second' END,
+            leased_until = CASE WHEN {auto_ack} THEN NULL ELSE ch.start_after + ch.take END,
+            -- Conflation retires what it skips: a new head, whose counters start over.
+            committed = CASE WHEN {auto_ack} THEN ch.start_after + ch.take
+                             WHEN ch.skipped AND {conflation} THEN ch.start_after ELSE c.committed END,
+            delivered_until = GREATEST(c.delivered_until, ch.start_after + ch.take),
+            head_attempts = CASE WHEN {auto_ack} THEN 0 WHEN ch.skipped AND {conflation} THEN 1
+                                 ELSE c.head_attempts + 1 END,
+            retry_count = CASE WHEN {auto_ack} OR (ch.skipped AND {conflation}) THEN 0
+                               ELSE c.retry_count + ch.head_failed::int END,
+            head_expiries = CASE WHEN {auto_ack} OR (ch.skipped AND {conflation}) THEN 0
+                                 ELSE c.head_expiries + ch.head_failed::int END,
+            redelivery_count = c.redelivery_count + CASE WHEN ch.expired THEN 1 ELSE 0 END,
+            total_consumed = c.total_consumed + CASE WHEN {auto_ack} THEN ch.take ELSE 0 END
+                             + CASE WHEN ch.skipped AND {conflation} THEN ch.start_after - c.committed ELSE 0 END,
+            last_claimed_at = now(),
+            last_consumed_at = CASE WHEN {auto_ack} OR (ch.skipped AND {conflation}) THEN now()
+                                    ELSE c.last_consumed_at END
+       FROM chosen ch
+      WHERE c.partition_id = ch.partition_id AND c.consumer_group = $1
+     RETURNING c.partition_id, ch.start_after + 1 AS first, ch.start_after + ch.take AS last,
+               CASE WHEN {auto_ack} THEN 1 ELSE c.head_attempts END AS attempt, c.lease_expires_at, ch.expired,
+               ch.ord, ch.partition_end
+     )
+     -- A leasing claim commits without waiting for the WAL flush (docs/architecture.md, *A lease
+     -- does not wait for the disk*); one that commits at delivery waits, so that its cursor never
+     -- moves back.
+     SELECT partition_id, first, last, attempt, lease_expires_at, expired, ord, false, partition_end
+       FROM claimed LEFT JOIN (SELECT set_config('synchronous_commit', 'off', true) WHERE NOT {auto_ack}) AS commit_mode
+         ON true
+     UNION ALL
+     SELECT partition_id, NULL, NULL, NULL, NULL, true, ord, true, NULL FROM candidate WHERE exhausted";
+
+/// The claim statement for a kind of queue and pop.
+fn claim_form(visibility: Visibility, auto_ack: bool, conflation: bool) -> &'static str {
+    static FORMS: LazyLock<Vec<String>> = LazyLock::new(|| {
+        let visible_until = |visibility| match visibility {
+            // Nothing while the partition's window is still open; else everything, unless the
+            // newest messages are still inside the queue's delay.
+            Visibility::Rules => concat!(
+                "CASE WHEN q.window_buffer_seconds > 0
+                       AND p.last_segment_at > now() - q.window_buffer_seconds * interval '1 second' THEN 0
+                  ELSE ",
+                delay_visible_until_sql!(),
+                " END"
+            ),
+            // The pop found the queue without rules. Should they have been set since, a partition
+            // whose newest messages they still hold back is passed over until the pop knows
+            // (never a message early): the delay's segment lookup is left out of this form.
+            Visibility::Immediate => {
+                "CASE WHEN q.window_buffer_seconds > 0
+                           AND p.last_segment_at > now() - q.window_buffer_seconds * interval '1 second' THEN 0
+                      WHEN q.delayed_processing_seconds > 0
+                           AND p.last_segment_at > now() - q.delayed_processing_seconds * interval '1 second' THEN 0
+                      ELSE p.last_offset END"
+            }
+        };
+        let mut forms = Vec::with_capacity(8);
+        for visibility in [Visibility::Immediate, Visibility::Rules] {
+            for auto_ack in [false, true] {
+                for conflation in [false, true] {
+                    forms.push(
+                        CLAIM_TEMPLATE
+                            .replace("{visible_until}", visible_until(visibility))
+                            .replace("{auto_ack}", if auto_ack { "true" } else { "false" })
+                            .replace("{conflation}", if conflation { "true" } else { "false" }),
+                    );
+                }
+            }
+        }
+        forms
+    });
+    let index = usize::from(visibility == Visibility::Rules) * 4 + usize::from(auto_ack) * 2 + usize::from(conflation);
+    &FORMS[index]
+}
+
 /// Claims partitions with pending messages, atomically: each claimed cursor's lease was free or
 /// expired, is now this claim's, and covers the next visible messages of the partition, with
 /// `batch` capping the total. Rows another transaction is claiming right now are skipped, not
@@ -246,81 +365,7 @@ pub async fn claim(client: &impl GenericClient, request: &ClaimRequest<'_>) -> R
     if request.partition_ids.is_empty() || request.batch < 1 || request.max_partitions < 1 || request.lock_at_most < 1 {
         return Ok(Claimed::default());
     }
-    let statement = client
-        .prepare_cached(concat!(
-            "WITH candidate AS (
-                 SELECT c.partition_id, x.ord, s.start_after, s.start_after > c.committed AS skipped,
-                        v.last_offset, p.last_offset AS partition_end,
-                        c.lease_expires_at IS NOT NULL AS expired, q.lease_time_seconds,
-                        -- The lease that ran out delivered the head message: a failed delivery.
-                        c.lease_expires_at IS NOT NULL AND COALESCE(c.leased_until, 0) > s.start_after AS head_failed,
-                        c.lease_expires_at IS NOT NULL AND COALESCE(c.leased_until, 0) > s.start_after
-                            AND c.retry_count + 1 > q.retry_limit AS exhausted
-                   FROM unnest($2::bigint[]) WITH ORDINALITY AS x(partition_id, ord)
-                   JOIN queen.log_consumers c ON c.partition_id = x.partition_id AND c.consumer_group = $1
-                   JOIN queen.partitions p ON p.id = x.partition_id
-                   JOIN queen.queues q ON q.id = p.queue_id
-                   -- The last offset the group may be served: everything, unless the newest
-                   -- messages are still inside the queue's delay (then up to the last segment
-                   -- outside it) or the partition's window is still open (then nothing).
-                  CROSS JOIN LATERAL (SELECT CASE
-                      WHEN q.window_buffer_seconds > 0
-                           AND p.last_segment_at > now() - q.window_buffer_seconds * interval '1 second' THEN 0
-                      ELSE ",
-            delay_visible_until_sql!(),
-            " END AS last_offset) v
-                  -- Where the delivery starts: after the cursor, or, for a conflating group, just
-                  -- before the newest visible message.
-                  CROSS JOIN LATERAL (SELECT GREATEST(c.committed, p.retained_from - 1,
-                                                      CASE WHEN $8 THEN v.last_offset - 1 ELSE 0 END) AS start_after) s
-                  WHERE (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
-                    AND (c.retry_at IS NULL OR c.retry_at <= now())
-                    AND v.last_offset > s.start_after
-                  ORDER BY x.ord
-                  LIMIT $9::bigint
-                    FOR UPDATE OF c SKIP LOCKED
-             ), allotted AS (
-                 SELECT *, LEAST(last_offset - start_after,
-                                 $3::bigint - COALESCE(SUM(last_offset - start_after)
-                                     OVER (ORDER BY ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)::bigint) AS take
-                   FROM candidate WHERE NOT exhausted
-             ), chosen AS (
-                 SELECT * FROM allotted WHERE take > 0 ORDER BY ord LIMIT $4::bigint
-             ), claimed AS (
-             UPDATE queen.log_consumers c
-                SET lease_id = CASE WHEN $7 THEN c.lease_id ELSE $5 END,
-                    lease_expires_at = CASE WHEN $7 THEN NULL
-                        ELSE now() + COALESCE($6, ch.lease_time_seconds) * interval '1 second' END,
-                    leased_until = CASE WHEN $7 THEN NULL ELSE ch.start_after + ch.take END,
-                    -- Conflation retires what it skips: a new head, whose counters start over.
-                    committed = CASE WHEN $7 THEN ch.start_after + ch.take
-                                     WHEN ch.skipped AND $8 THEN ch.start_after ELSE c.committed END,
-                    delivered_until = GREATEST(c.delivered_until, ch.start_after + ch.take),
-                    head_attempts = CASE WHEN $7 THEN 0 WHEN ch.skipped AND $8 THEN 1 ELSE c.head_attempts + 1 END,
-                    retry_count = CASE WHEN $7 OR (ch.skipped AND $8) THEN 0 ELSE c.retry_count + ch.head_failed::int END,
-                    head_expiries = CASE WHEN $7 OR (ch.skipped AND $8) THEN 0
-                                         ELSE c.head_expiries + ch.head_failed::int END,
-                    redelivery_count = c.redelivery_count + CASE WHEN ch.expired THEN 1 ELSE 0 END,
-                    total_consumed = c.total_consumed + CASE WHEN $7 THEN ch.take ELSE 0 END
-                                     + CASE WHEN ch.skipped AND $8 THEN ch.start_after - c.committed ELSE 0 END,
-                    last_claimed_at = now(),
-                    last_consumed_at = CASE WHEN $7 OR (ch.skipped AND $8) THEN now() ELSE c.last_consumed_at END
-               FROM chosen ch
-              WHERE c.partition_id = ch.partition_id AND c.consumer_group = $1
-             RETURNING c.partition_id, ch.start_after + 1 AS first, ch.start_after + ch.take AS last,
-                       CASE WHEN $7 THEN 1 ELSE c.head_attempts END AS attempt, c.lease_expires_at, ch.expired, ch.ord,
-                       ch.partition_end
-             )
-             -- A leasing claim commits without waiting for the WAL flush (docs/architecture.md, *A
-             -- lease does not wait for the disk*); one that commits at delivery waits, so that its
-             -- cursor never moves back.
-             SELECT partition_id, first, last, attempt, lease_expires_at, expired, ord, false, partition_end
-               FROM claimed LEFT JOIN (SELECT set_config('synchronous_commit', 'off', true) WHERE NOT $7) AS commit_mode
-                 ON true
-             UNION ALL
-             SELECT partition_id, NULL, NULL, NULL, NULL, true, ord, true, NULL FROM candidate WHERE exhausted",
-        ))
-        .await?;
+    let statement = client.prepare_cached(claim_form(request.visibility, request.auto_ack, request.conflation)).await?;
     let rows = client
         .query(
             &statement,
@@ -331,8 +376,6 @@ pub async fn claim(client: &impl GenericClient, request: &ClaimRequest<'_>) -> R
                 &request.max_partitions,
                 &request.lease_id,
                 &request.lease_seconds,
-                &request.auto_ack,
-                &request.conflation,
                 &request.lock_at_most,
             ],
         )

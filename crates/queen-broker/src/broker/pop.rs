@@ -402,6 +402,7 @@ async fn pop_queue(
         lease_seconds: request.lease_seconds,
         auto_ack: request.auto_ack,
         conflation: conflates,
+        visibility,
     };
     let Claimed { mut claims, exhausted } = cursors::claim(&client, &claim_request).await?;
     if !exhausted.is_empty() {

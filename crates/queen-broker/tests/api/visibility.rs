@@ -68,6 +68,24 @@ async fn a_delay_holds_back_only_the_messages_inside_it_and_a_change_applies_to_
 }
 
 #[actix_web::test]
+async fn a_delay_the_broker_has_not_heard_of_yet_still_holds_back_what_it_covers() {
+    let app = TestApp::spawn().await;
+    app.push_one("unaware", "old", "old-1", json!(1)).await;
+    app.push_one("unaware", "fresh", "fresh-1", json!(2)).await;
+    // Another group's pop has the broker know the queue as it is: without rules.
+    let warm = app.pop("queue/unaware", "batch=10&partitions=10&consumerGroup=warm").await;
+    assert_eq!(warm.messages().len(), 2);
+
+    // A delay set behind the broker's back, as a configure on another broker whose notice has not
+    // arrived yet: the fresh partition's message is inside it, the old one's is not.
+    let set_delay = "UPDATE queen.queues SET delayed_processing_seconds = 3600 WHERE name = 'unaware'";
+    app.db.connect().await.execute(set_delay, &[]).await.expect("set the delay");
+    age_partition(&app, "unaware", "old", "2 hours").await;
+    let served = app.pop("queue/unaware", "batch=10&partitions=10&consumerGroup=g").await;
+    assert_eq!(served.transaction_ids(), vec!["old-1"], "nothing inside the delay is served early");
+}
+
+#[actix_web::test]
 async fn a_window_serves_a_partition_whole_once_it_has_been_quiet() {
     let app = TestApp::spawn().await;
     app.configure("burst", json!({"windowBuffer": 1})).await;
