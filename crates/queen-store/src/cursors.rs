@@ -237,8 +237,8 @@ pub struct Claimed {
 /// The claim statement, with `{visible_until}` (the last offset of partition `p` of queue `q`
 /// the group may be served), `{auto_ack}` and `{conflation}` to fill in: one statement per kind
 /// of queue and pop rather than one taking them as parameters, since PostgreSQL sets up every
-/// part of a plan and compiles every expression at each execution, used or not (`benches/README.md`,
-/// *What `pg_stat_statements` does not see*).
+/// part of a plan and compiles every expression at each execution, used or not
+/// (`benches/README.md`, *What `pg_stat_statements` does not see*).
 const CLAIM_TEMPLATE: &str = "WITH candidate AS (
          SELECT c.partition_id, x.ord, s.start_after, s.start_after > c.committed AS skipped,
                 v.last_offset, p.last_offset AS partition_end,
