@@ -234,8 +234,8 @@ pub struct Claimed {
     pub exhausted: Vec<i64>,
 }
 
-/// The claim statement, with `{visible_until}` (the last offset of partition `p` of queue `q`
-/// the group may be served), `{auto_ack}` and `{conflation}` to fill in: one statement per kind
+/// The claim statement, with `{delay_visible_until}` (the last offset of partition `p` of queue
+/// `q` the delay lets be served), `{auto_ack}` and `{conflation}` to fill in: one statement per kind
 /// of queue and pop rather than one taking them as parameters, since PostgreSQL sets up every
 /// part of a plan and compiles every expression at each execution, used or not
 /// (`benches/README.md`, *What `pg_stat_statements` does not see*).
@@ -251,7 +251,12 @@ const CLAIM_TEMPLATE: &str = "WITH candidate AS (
            JOIN queen.log_consumers c ON c.partition_id = x.partition_id AND c.consumer_group = $1
            JOIN queen.partitions p ON p.id = x.partition_id
            JOIN queen.queues q ON q.id = p.queue_id
-          CROSS JOIN LATERAL (SELECT {visible_until} AS last_offset) v
+          -- The last offset the group may be served: nothing while the partition's window is
+          -- still open, else what the delay lets be served.
+          CROSS JOIN LATERAL (SELECT CASE
+              WHEN q.window_buffer_seconds > 0
+                   AND p.last_segment_at > now() - q.window_buffer_seconds * interval '1 second' THEN 0
+              ELSE {delay_visible_until} END AS last_offset) v
           -- Where the delivery starts: after the cursor, or, for a conflating group, just before
           -- the newest visible message.
           CROSS JOIN LATERAL (SELECT GREATEST(c.committed, p.retained_from - 1,
@@ -309,23 +314,13 @@ const CLAIM_TEMPLATE: &str = "WITH candidate AS (
 /// The claim statement for a kind of queue and pop.
 fn claim_form(visibility: Visibility, auto_ack: bool, conflation: bool) -> &'static str {
     static FORMS: LazyLock<Vec<String>> = LazyLock::new(|| {
-        let visible_until = |visibility| match visibility {
-            // Nothing while the partition's window is still open; else everything, unless the
-            // newest messages are still inside the queue's delay.
-            Visibility::Rules => concat!(
-                "CASE WHEN q.window_buffer_seconds > 0
-                       AND p.last_segment_at > now() - q.window_buffer_seconds * interval '1 second' THEN 0
-                  ELSE ",
-                delay_visible_until_sql!(),
-                " END"
-            ),
-            // The pop found the queue without rules. Should they have been set since, a partition
-            // whose newest messages they still hold back is passed over until the pop knows
-            // (never a message early): the delay's segment lookup is left out of this form.
+        let delay_visible_until = |visibility| match visibility {
+            Visibility::Rules => delay_visible_until_sql!(),
+            // The pop found the queue without a delay. Should one have been set since, a partition
+            // whose newest messages it still covers is passed over until the pop knows (never a
+            // message early): the delay's segment lookup is left out of this form.
             Visibility::Immediate => {
-                "CASE WHEN q.window_buffer_seconds > 0
-                           AND p.last_segment_at > now() - q.window_buffer_seconds * interval '1 second' THEN 0
-                      WHEN q.delayed_processing_seconds > 0
+                "CASE WHEN q.delayed_processing_seconds > 0
                            AND p.last_segment_at > now() - q.delayed_processing_seconds * interval '1 second' THEN 0
                       ELSE p.last_offset END"
             }
@@ -336,7 +331,7 @@ fn claim_form(visibility: Visibility, auto_ack: bool, conflation: bool) -> &'sta
                 for conflation in [false, true] {
                     forms.push(
                         CLAIM_TEMPLATE
-                            .replace("{visible_until}", visible_until(visibility))
+                            .replace("{delay_visible_until}", delay_visible_until(visibility))
                             .replace("{auto_ack}", if auto_ack { "true" } else { "false" })
                             .replace("{conflation}", if conflation { "true" } else { "false" }),
                     );
