@@ -399,6 +399,9 @@ pub struct StoredSegment {
     pub frames: DecodedSegment,
     /// It was stored sealed (its queue was encrypted when it was written).
     pub sealed: bool,
+    /// Its body as stored (one zstd frame of its frames) when not sealed: what a framed pop
+    /// ships as is.
+    pub zstd_body: Option<Vec<u8>>,
 }
 
 impl StoredSegment {
@@ -482,7 +485,8 @@ pub(crate) async fn read_spans_indexed(
             let frames = opened(body, keys)
                 .and_then(|body| queen_log::decode_segment(&body, frame_count.max(0) as usize, MAX_SEGMENT_RAW_BYTES))
                 .map_err(|source| StoreError::CorruptSegment { partition_id, base_offset, source })?;
-            Ok((span, StoredSegment { partition_id, base_offset, created_at: row.get(2), frames, sealed }))
+            let zstd_body = (!sealed).then(|| body.to_vec());
+            Ok((span, StoredSegment { partition_id, base_offset, created_at: row.get(2), frames, sealed, zstd_body }))
         })
         .collect()
 }
@@ -540,7 +544,7 @@ pub(crate) mod tests {
         }
         let body = builder.finish().unwrap().body;
         let frames = queen_log::decode_segment(&body, count as usize, 1 << 20).unwrap();
-        StoredSegment { partition_id, base_offset, created_at: Utc::now(), frames, sealed: false }
+        StoredSegment { partition_id, base_offset, created_at: Utc::now(), frames, sealed: false, zstd_body: None }
     }
 
     #[test]

@@ -116,7 +116,8 @@ impl SegmentCache {
             Cache::builder()
                 .max_capacity(max_bytes)
                 .weigher(|_, entry: &Arc<Entry>| {
-                    u32::try_from(entry.segment.frames.memory_len() + ENTRY_OVERHEAD).unwrap_or(u32::MAX)
+                    let stored = entry.segment.zstd_body.as_ref().map_or(0, Vec::len);
+                    u32::try_from(entry.segment.frames.memory_len() + stored + ENTRY_OVERHEAD).unwrap_or(u32::MAX)
                 })
                 .eviction_policy(EvictionPolicy::lru())
                 .eviction_listener(move |key: Arc<SegmentKey>, _, cause| {

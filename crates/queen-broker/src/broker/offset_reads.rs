@@ -325,7 +325,7 @@ mod tests {
         }
         let body = builder.finish().expect("a segment").body;
         let frames = queen_log::decode_segment(&body, sizes.len(), 1 << 20).expect("decoded");
-        StoredSegment { partition_id: 1, base_offset, created_at: Utc::now(), frames, sealed: false }
+        StoredSegment { partition_id: 1, base_offset, created_at: Utc::now(), frames, sealed: false, zstd_body: None }
     }
 
     fn span(first: i64, last: i64) -> Span {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use queen_store::cursors::{self, ClaimRequest, Claimed, CursorSeed, Expiry, Scope, Visibility};
-use queen_store::log::Span;
+use queen_store::log::{Span, StoredSegment};
 use queen_store::queues::{self, Queue};
 use queen_store::segment_cache::ReadEnd;
 use serde_json::value::RawValue;
@@ -86,6 +86,9 @@ pub struct Delivery {
     pub lease_id: Option<Uuid>,
     pub partitions_claimed: usize,
     pub messages: Vec<DeliveredMessage>,
+    /// The segments the messages were read from: a framed answer ships them as stored where
+    /// the delivery covers them.
+    pub segments: Vec<Arc<StoredSegment>>,
     /// Nothing, because pop maintenance is on.
     pub paused: bool,
     /// The pop asked for conflation, and the group is registered without it on a queue it
@@ -178,6 +181,7 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
                     left_work |= passed_over;
                     delivery.partitions_claimed += more.partitions_claimed;
                     delivery.messages.extend(more.messages);
+                    delivery.segments.extend(more.segments);
                     delivery.lease_id = more.lease_id;
                 }
                 Ok(Attempt::Empty { retry_at: at }) => retry_at = retry_at.into_iter().chain(at).min(),
@@ -430,8 +434,8 @@ async fn pop_queue(
     }
     let names_by_id: HashMap<i64, Arc<str>> =
         free.iter().map(|c| (c.partition_id, Arc::from(c.partition.as_str()))).collect();
-    let messages = match read_claimed(broker, &client, queue, &names_by_id, &claims).await {
-        Ok(messages) => messages,
+    let (messages, segments) = match read_claimed(broker, &client, queue, &names_by_id, &claims).await {
+        Ok(read) => read,
         Err(e) => {
             // Handed to nobody: give the leases back now rather than let them run out, which
             // would count against the messages as a failed delivery.
@@ -477,6 +481,7 @@ async fn pop_queue(
         lease_id: (!request.auto_ack).then_some(lease_id),
         partitions_claimed: claims.len(),
         messages,
+        segments,
         ..Delivery::default()
     };
     Ok(Attempt::Delivered { delivery, passed_over: free.len() > claims.len() })
@@ -519,14 +524,15 @@ async fn give_back(broker: &Broker, client: deadpool_postgres::Object, lease_id:
     }
 }
 
-/// The claimed messages, read from their segments (through the segment cache).
+/// The claimed messages, read from their segments (through the segment cache), and those
+/// segments.
 async fn read_claimed(
     broker: &Broker,
     client: &deadpool_postgres::Object,
     queue: &Queue,
     names_by_id: &HashMap<i64, Arc<str>>,
     claims: &[cursors::Claim],
-) -> Result<Vec<DeliveredMessage>, BrokerError> {
+) -> Result<(Vec<DeliveredMessage>, Vec<Arc<StoredSegment>>), BrokerError> {
     let spans: Vec<Span> =
         claims.iter().map(|c| Span { partition_id: c.partition_id, first: c.first, last: c.last }).collect();
     let segments = broker.segments.read(client, &spans, broker.cipher.as_deref(), ReadEnd::AtSpanEnd).await?;
@@ -558,7 +564,7 @@ async fn read_claimed(
             });
         }
     }
-    Ok(messages)
+    Ok((messages, segments))
 }
 
 /// Moves the group past the messages of these partitions that are older than the queue's `ttl`

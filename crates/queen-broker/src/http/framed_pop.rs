@@ -10,10 +10,17 @@
 //! All integers little-endian, `str16` = u16 byte length + UTF-8. A record's bytes are `count`
 //! stored frames (`queen_log`'s layout); frame `i` has offset `base_offset + i`.
 //!
-//! The records are rebuilt here from the delivered messages (codec 0, raw): each run of
-//! consecutive offsets of a partition with one `created_at` (one segment) is one record.
+//! Each run of consecutive delivered offsets of a partition with one `created_at` (one segment)
+//! is one record. Where the run holds at least half of its segment, and every message the
+//! segment has within the claim's `start..=end`, the segment goes as stored (codec 1, zstd):
+//! the client keeps only the frames within `start..=end`, so the others cost bytes, not
+//! correctness. Otherwise, or when the segment is sealed at rest, the run's frames are rebuilt
+//! from the delivered messages (codec 0, raw).
+
+use std::sync::Arc;
 
 use queen_log::{Frame, encode_frame};
+use queen_store::log::StoredSegment;
 
 use crate::broker::pop::{DeliveredMessage, Delivery};
 
@@ -21,6 +28,7 @@ pub const CONTENT_TYPE: &str = "application/x-queen-pop";
 
 const MAGIC: &[u8; 4] = b"QPF1";
 const CODEC_RAW: u8 = 0;
+const CODEC_ZSTD: u8 = 1;
 
 /// The QPF1 body of a delivery with messages: `own_keys` is the JSON object of what the JSON
 /// answer says beside its messages (the conflation echo, the autopilot's choice), when it says
@@ -48,7 +56,7 @@ pub fn encode(delivery: &Delivery, consumer_group: &str, own_keys: Option<&[u8]>
     let claims = claims(&delivery.messages);
     put_u32(&mut out, claims.len())?;
     for claim in &claims {
-        put_claim(&mut out, claim)?;
+        put_claim(&mut out, claim, &delivery.segments)?;
     }
     Some(out)
 }
@@ -65,7 +73,7 @@ fn claims(messages: &[DeliveredMessage]) -> Vec<Vec<&DeliveredMessage>> {
     claims
 }
 
-fn put_claim(out: &mut Vec<u8>, claim: &[&DeliveredMessage]) -> Option<()> {
+fn put_claim(out: &mut Vec<u8>, claim: &[&DeliveredMessage], segments: &[Arc<StoredSegment>]) -> Option<()> {
     let (first, last) = (claim.first()?, claim.last()?);
     out.extend_from_slice(&u64::try_from(first.partition_id).ok()?.to_le_bytes());
     put_str16(out, &first.partition)?;
@@ -76,12 +84,41 @@ fn put_claim(out: &mut Vec<u8>, claim: &[&DeliveredMessage]) -> Option<()> {
         claim.chunk_by(|a, b| b.offset == a.offset + 1 && b.created_at == a.created_at).collect();
     put_u32(out, records.len())?;
     for record in records {
-        put_record(out, record)?;
+        match shippable(record, segments, first.offset, last.offset) {
+            Some((segment, body)) => put_stored(out, segment, body)?,
+            None => put_rebuilt(out, record)?,
+        }
     }
     Some(())
 }
 
-fn put_record(out: &mut Vec<u8>, record: &[&DeliveredMessage]) -> Option<()> {
+/// The stored segment a run of a claim's messages can be shipped as: not sealed, the run is
+/// everything it has within `start..=end`, and at least half of it.
+fn shippable<'a>(
+    record: &[&DeliveredMessage],
+    segments: &'a [Arc<StoredSegment>],
+    start: i64,
+    end: i64,
+) -> Option<(&'a StoredSegment, &'a [u8])> {
+    let (first, last) = (record.first()?, record.last()?);
+    let segment = segments.iter().find(|s| {
+        s.partition_id == first.partition_id && s.base_offset <= first.offset && first.offset <= s.end_offset()
+    })?;
+    let covers = first.offset == segment.base_offset.max(start) && last.offset == segment.end_offset().min(end);
+    let most = record.len() * 2 >= segment.frames.frame_count();
+    let body = segment.zstd_body.as_deref()?;
+    (covers && most).then_some((segment, body))
+}
+
+fn put_stored(out: &mut Vec<u8>, segment: &StoredSegment, body: &[u8]) -> Option<()> {
+    out.extend_from_slice(&u64::try_from(segment.base_offset).ok()?.to_le_bytes());
+    out.extend_from_slice(&segment.created_at.timestamp_micros().to_le_bytes());
+    put_u32(out, segment.frames.frame_count())?;
+    out.push(CODEC_ZSTD);
+    put_bytes32(out, body)
+}
+
+fn put_rebuilt(out: &mut Vec<u8>, record: &[&DeliveredMessage]) -> Option<()> {
     let first = record.first()?;
     out.extend_from_slice(&u64::try_from(first.offset).ok()?.to_le_bytes());
     out.extend_from_slice(&first.created_at.timestamp_micros().to_le_bytes());

@@ -119,6 +119,8 @@ struct Claim {
 struct Record {
     base_offset: u64,
     created_at_us: i64,
+    /// 0: the frames raw, 1: one zstd frame of them (a segment as stored).
+    codec: u8,
     frames: Vec<StoredFrame>,
 }
 
@@ -158,10 +160,14 @@ impl Framed {
     }
 
     fn record(r: &mut Reader<'_>) -> Record {
-        let (base_offset, created_at_us, count) = (r.u64(), r.i64(), r.u32());
-        assert_eq!(r.u8(), 0, "codec 0 (raw)");
+        let (base_offset, created_at_us, count, codec) = (r.u64(), r.i64(), r.u32(), r.u8());
         let len = r.u32() as usize;
-        let mut bytes = Reader { data: r.take(len), at: 0 };
+        let raw = match codec {
+            0 => r.take(len).to_vec(),
+            1 => zstd::decode_all(r.take(len)).expect("a zstd frame"),
+            other => panic!("codec {other}"),
+        };
+        let mut bytes = Reader { data: &raw, at: 0 };
         let frames = (0..count)
             .map(|_| {
                 let len = bytes.u32() as usize;
@@ -177,16 +183,19 @@ impl Framed {
             })
             .collect();
         assert!(bytes.done(), "a record holds exactly its {count} frames");
-        Record { base_offset, created_at_us, frames }
+        Record { base_offset, created_at_us, codec, frames }
     }
 
-    /// The messages as the JSON answer writes them, in delivery order.
+    /// The messages as the JSON answer writes them, in delivery order: as the clients read it,
+    /// the frames of each claim's `start..=end`.
     fn messages(&self) -> Vec<Value> {
         let mut messages = Vec::new();
         for claim in &self.claims {
             for record in &claim.records {
                 for (frame, offset) in record.frames.iter().zip(record.base_offset..) {
-                    assert!((claim.start..=claim.end).contains(&offset), "a record of only the delivered span");
+                    if !(claim.start..=claim.end).contains(&offset) {
+                        continue;
+                    }
                     let created_at = DateTime::from_timestamp_micros(record.created_at_us).expect("a time");
                     messages.push(json!({
                         "id": frame.message_id,
@@ -212,6 +221,11 @@ impl Framed {
     /// Frames per record of each partition, by partition name.
     fn record_sizes(&self) -> BTreeMap<String, Vec<usize>> {
         self.claims.iter().map(|c| (c.partition.clone(), c.records.iter().map(|r| r.frames.len()).collect())).collect()
+    }
+
+    /// (codec, frames, base offset) of each record, in order.
+    fn records(&self) -> Vec<(u8, usize, u64)> {
+        self.claims.iter().flat_map(|c| &c.records).map(|r| (r.codec, r.frames.len(), r.base_offset)).collect()
     }
 }
 
@@ -266,6 +280,7 @@ async fn a_framed_pop_says_what_the_json_pop_says_and_its_ids_ack() {
     assert_eq!(answer.claims.len(), 3, "one claim per partition: {answer:?}");
     let sizes = BTreeMap::from([("a".into(), vec![3, 2]), ("b".into(), vec![2]), ("c".into(), vec![1, 1, 1, 1])]);
     assert_eq!(answer.record_sizes(), sizes, "a record per segment");
+    assert!(answer.records().iter().all(|r| r.0 == 1), "whole segments go as stored: {answer:?}");
     for claim in &answer.claims {
         assert_eq!(claim.delivery_attempt, 1);
         assert_eq!(claim.start, 1, "{claim:?}");
@@ -427,4 +442,53 @@ async fn the_producer_rides_in_its_frame() {
     let answer = Framed::decode(&body);
     assert_eq!(answer.claims[0].records[0].frames[0].producer.as_deref(), Some("svc-orders"));
     assert_eq!(answer.messages()[0]["producerSub"], "svc-orders");
+}
+
+#[actix_web::test]
+async fn a_segment_goes_as_stored_where_the_pop_takes_most_of_it_and_rebuilt_where_it_takes_little() {
+    let app = TestApp::spawn().await;
+    let items: Vec<Value> = (0..10)
+        .map(|i| json!({"queue": "logs", "partition": "p", "transactionId": format!("t{i}"), "payload": {"i": i}}))
+        .collect();
+    app.push(json!(items)).await;
+    let pop =
+        |group: &str, batch: u32| format!("/api/v1/pop/queue/logs?batch={batch}&consumerGroup={group}&frames=true");
+    let ids = |framed: &Framed| -> Vec<String> {
+        framed.messages().iter().map(|m| m["transactionId"].as_str().expect("an id").to_owned()).collect()
+    };
+
+    // Six of the segment's ten: the whole segment goes, and the span keeps the other four out.
+    let most = framed(&app, &pop("most", 6)).await;
+    assert_eq!(most.records(), vec![(1, 10, 1)], "{most:?}");
+    assert_eq!((most.claims[0].start, most.claims[0].end), (1, 6));
+    assert_eq!(ids(&most), ["t0", "t1", "t2", "t3", "t4", "t5"]);
+    let acks = app.ack_all(&most.messages(), "completed", Some("most")).await;
+    assert!(acks.iter().all(|a| a["success"] == true), "{acks:?}");
+    // The last four, less than half of it: rebuilt, and only they.
+    let rest = framed(&app, &pop("most", 10)).await;
+    assert_eq!(rest.records(), vec![(0, 4, 7)], "{rest:?}");
+    assert_eq!(ids(&rest), ["t6", "t7", "t8", "t9"]);
+
+    // Two of ten: rebuilt.
+    let few = framed(&app, &pop("few", 2)).await;
+    assert_eq!(few.records(), vec![(0, 2, 1)], "{few:?}");
+    assert_eq!(ids(&few), ["t0", "t1"]);
+}
+
+#[actix_web::test]
+async fn a_sealed_segment_is_never_shipped_as_stored() {
+    let app = TestApp::spawn_with(|config| {
+        config.encryption.key = Some("7f3c9a1e5b2d4f6081a3c5e7092b4d6f8a1c3e5f7092b4d6e8f0a2c4e6081b3d".into())
+    })
+    .await;
+    app.configure("vault", json!({"encryptionEnabled": true})).await;
+    app.push(json!([
+        {"queue": "vault", "partition": "p", "transactionId": "s0", "payload": {"card": 1}},
+        {"queue": "vault", "partition": "p", "transactionId": "s1", "payload": {"card": 2}},
+    ]))
+    .await;
+    let answer = framed(&app, "/api/v1/pop/queue/vault?batch=10&frames=true").await;
+    assert_eq!(answer.records(), vec![(0, 2, 1)], "the frames rebuilt in plain: {answer:?}");
+    let data: Vec<Value> = answer.messages().iter().map(|m| m["data"].clone()).collect();
+    assert_eq!(data, [json!({"card": 1}), json!({"card": 2})]);
 }
