@@ -222,6 +222,14 @@ pub struct LoadArgs {
     /// `partitions` of every queue-wide consumer pop (partitions one pop may claim)
     #[arg(long, default_value_t = 10)]
     pub pop_partitions: usize,
+    /// Consumers ask for framed pop answers (QPF1, the official clients' `framed_pop=True`)
+    /// instead of JSON; a broker that cannot frame answers JSON
+    #[arg(long)]
+    pub framed_pops: bool,
+    /// Producers push binary bodies (QPB1 frames groups, the official clients' `binary_push=True`
+    /// with `push_compression=True`) instead of JSON
+    #[arg(long)]
+    pub binary_pushes: bool,
     /// Messages pushed before the consume scenario pops them
     #[arg(long, default_value_t = 100_000)]
     pub prefill: u64,

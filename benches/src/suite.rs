@@ -210,7 +210,7 @@ pub fn load_flags(load: &LoadArgs) -> String {
     format!(
         "--duration {}s --warmup {}s --connections {} --partitions {} --consumers {} --pop-batch {} \
          --pop-partitions {} --prefill {} --prefill-batch {} --latency-rate {} --sustain-start {} --sustain-step {}s \
-         --sustain-bisect {} --sustain-budget {}s",
+         --sustain-bisect {} --sustain-budget {}s{}{}",
         load.duration.as_secs_f64(),
         load.warmup.as_secs_f64(),
         load.connections,
@@ -224,7 +224,9 @@ pub fn load_flags(load: &LoadArgs) -> String {
         load.sustain_start,
         load.sustain_step.as_secs_f64(),
         load.sustain_bisect,
-        load.sustain_budget.as_secs_f64()
+        load.sustain_budget.as_secs_f64(),
+        if load.framed_pops { " --framed-pops" } else { "" },
+        if load.binary_pushes { " --binary-pushes" } else { "" }
     )
 }
 

@@ -117,6 +117,8 @@ pub struct Stream {
     pub errors: ErrorLog,
     /// End-to-end latencies, when this stream measures them.
     pub latency: Option<LatencyRecorder>,
+    /// Producers push binary bodies (QPB1 frames groups) instead of JSON.
+    binary_pushes: bool,
 }
 
 impl Stream {
@@ -133,7 +135,14 @@ impl Stream {
             delivered: AtomicU64::new(0),
             errors: ErrorLog::default(),
             latency: measure_latency.then(LatencyRecorder::new),
+            binary_pushes: false,
         }
+    }
+
+    /// Producers push binary bodies instead of JSON.
+    pub fn with_binary_pushes(mut self, binary: bool) -> Self {
+        self.binary_pushes = binary;
+        self
     }
 
     pub fn group_count(&self) -> usize {
@@ -253,7 +262,8 @@ async fn push_once(stream: &Stream, client: &Client, seqs: Range<u64>, partition
                 .with_partition(partition)
         })
         .collect();
-    match client.push(&items).await {
+    let pushed = if stream.binary_pushes { client.push_binary(&items).await } else { client.push(&items).await };
+    match pushed {
         Ok(results) => {
             let outcomes: Vec<(u64, PushOutcome)> = seqs
                 .zip(&results)
@@ -295,6 +305,8 @@ pub struct PopPlan {
     pub partitions: usize,
     /// Long-poll time; `None` pops without waiting.
     pub wait: Option<Duration>,
+    /// Ask for framed (QPF1) answers.
+    pub frames: bool,
 }
 
 /// Which pop served each partition first, counted over all consumers of a set (fairness).
@@ -376,7 +388,8 @@ impl Consumer {
         let stream = &self.stream;
         let mut pop = Pop::queue(stream.queue.as_str())
             .batch(u32::try_from(self.plan.batch).unwrap_or(u32::MAX))
-            .partitions(u32::try_from(self.plan.partitions).unwrap_or(u32::MAX));
+            .partitions(u32::try_from(self.plan.partitions).unwrap_or(u32::MAX))
+            .frames(self.plan.frames);
         if let Some(wait) = self.plan.wait {
             pop = pop.wait(wait);
         }

@@ -28,7 +28,7 @@ use crate::workload::{
 const DRAIN_STALL: Duration = Duration::from_secs(20);
 /// Pops of the drain that verifies push-only scenarios and empties backlogs between phases:
 /// large and across many partitions (Queen's default `pop.max_partitions`), so it is quick.
-const DRAIN_POP: PopPlan = PopPlan { batch: 1000, partitions: 100, wait: Some(CONSUMER_LONG_POLL) };
+const DRAIN_POP: PopPlan = PopPlan { batch: 1000, partitions: 100, wait: Some(CONSUMER_LONG_POLL), frames: false };
 /// Consumers of that drain.
 const DRAIN_CONSUMERS: usize = 4;
 
@@ -270,12 +270,18 @@ impl Harness {
     /// A stream on a queue of its own, whose transaction ids are `<name>-<seq>`.
     fn stream(&self, name: &str, groups: Vec<Option<String>>, measure_latency: bool) -> Arc<Stream> {
         let queue = format!("bench-{}-{name}", self.run_id);
-        Arc::new(Stream::new(queue, MessageGenerator::new(name, self.epoch), groups, measure_latency))
+        let stream = Stream::new(queue, MessageGenerator::new(name, self.epoch), groups, measure_latency);
+        Arc::new(stream.with_binary_pushes(self.load.binary_pushes))
     }
 
     /// How consumers pop while producers push: long polls of the configured size.
     fn consumer_pops(&self) -> PopPlan {
-        PopPlan { batch: self.load.pop_batch, partitions: self.load.pop_partitions, wait: Some(CONSUMER_LONG_POLL) }
+        PopPlan {
+            batch: self.load.pop_batch,
+            partitions: self.load.pop_partitions,
+            wait: Some(CONSUMER_LONG_POLL),
+            frames: self.load.framed_pops,
+        }
     }
 
     /// Pushes with `connections` producers for the warm-up and then the measured duration;

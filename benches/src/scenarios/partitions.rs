@@ -16,7 +16,7 @@ const PUSH_BATCH: usize = 10;
 /// already served compete with those not served yet.
 const FAIRNESS_MESSAGES_PER_PARTITION: usize = 30;
 /// The fairness drain pops like a consumer that takes one partition at a time.
-const FAIRNESS_POPS: PopPlan = PopPlan { batch: 10, partitions: 1, wait: None };
+const FAIRNESS_POPS: PopPlan = PopPlan { batch: 10, partitions: 1, wait: None, frames: false };
 /// Partitions the candidate-list phase pushes to, out of the many that exist.
 const HOT_PARTITIONS: usize = 3;
 /// Longest candidate-list phase.

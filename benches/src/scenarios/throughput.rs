@@ -33,7 +33,7 @@ pub(super) async fn consume(harness: &Harness, scenario: ScenarioName) -> Outcom
     let load = &harness.load;
     let stream = harness.stream(scenario.as_str(), vec![None], false);
     harness.prefill(&stream, load.prefill, load.prefill_batch, Partitioning::PerRequest(load.partitions)).await;
-    let pops = PopPlan { batch: load.pop_batch, partitions: load.pop_partitions, wait: None };
+    let pops = PopPlan { batch: load.pop_batch, partitions: load.pop_partitions, wait: None, frames: load.framed_pops };
     let window = Window::open(&stream, &harness.watched);
     let consumers = Consumers::start(&stream, &harness.client, load.consumers, pops, None);
     let deadline = Instant::now() + load.duration;

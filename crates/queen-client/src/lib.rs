@@ -79,10 +79,12 @@
 
 mod ack;
 mod admin;
+mod binary_push;
 mod client;
 mod consume;
 mod dlq;
 mod error;
+mod framed_pop;
 mod groups;
 mod lease;
 mod pop;

@@ -43,6 +43,7 @@ pub(crate) struct Request {
     path: String,
     query: Vec<(&'static str, String)>,
     body: Option<Bytes>,
+    content_type: &'static str,
     timeout: Option<Duration>,
     replay: Replay,
     /// One attempt per URL and no waiting (probes).
@@ -51,7 +52,16 @@ pub(crate) struct Request {
 
 impl Request {
     pub(crate) fn new(method: Method, path: String) -> Request {
-        Request { method, path, query: Vec::new(), body: None, timeout: None, replay: Replay::Always, one_round: false }
+        Request {
+            method,
+            path,
+            query: Vec::new(),
+            body: None,
+            content_type: "application/json",
+            timeout: None,
+            replay: Replay::Always,
+            one_round: false,
+        }
     }
 
     pub(crate) fn get(path: String) -> Request {
@@ -72,6 +82,13 @@ impl Request {
             .map_err(|e| Error::InvalidArgument(format!("the request body cannot be encoded as JSON: {e}")))?;
         self.body = Some(Bytes::from(bytes));
         Ok(self)
+    }
+
+    /// A body of another content type, sent as it is by every attempt.
+    pub(crate) fn bytes(mut self, body: Vec<u8>, content_type: &'static str) -> Request {
+        self.body = Some(Bytes::from(body));
+        self.content_type = content_type;
+        self
     }
 
     pub(crate) fn query(mut self, key: &'static str, value: impl ToString) -> Request {
@@ -276,7 +293,7 @@ impl Client {
         let mut builder =
             inner.http.request(request.method.clone(), url).timeout(request.timeout.unwrap_or(inner.timeout));
         if let Some(body) = &request.body {
-            builder = builder.header(CONTENT_TYPE, "application/json").body(body.clone());
+            builder = builder.header(CONTENT_TYPE, request.content_type).body(body.clone());
         }
         let response = match builder.send().await {
             Ok(response) => response,

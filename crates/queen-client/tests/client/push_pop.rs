@@ -194,3 +194,73 @@ async fn newest_created_at(client: &queen_client::Client, queue: &str) -> chrono
     let listing = client.newest_messages(queue, None, Some(1)).await.expect("the newest message");
     listing.messages[0].created_at
 }
+
+#[actix_web::test]
+async fn a_framed_pop_delivers_what_a_json_pop_delivers_field_for_field() {
+    let broker = TestBroker::start().await;
+    let client = broker.client();
+    let trace = Uuid::new_v4();
+    for partition in ["a", "b"] {
+        let items: Vec<PushItem> = (0..5)
+            .map(|i| {
+                let item = PushItem::new("framed", &json!({"p": partition, "i": i})).unwrap().with_partition(partition);
+                if i == 2 { item.with_trace_id(trace) } else { item }
+            })
+            .collect();
+        client.push(&items).await.expect("a push");
+    }
+    let pop = Pop::queue("framed").batch(7).partitions(2);
+    let framed = client.pop(&pop.clone().group("framed").frames(true)).await.expect("a framed pop");
+    let plain = client.pop(&pop.group("plain")).await.expect("a JSON pop");
+    assert_eq!(framed.len(), 7, "the batch spans both partitions");
+    assert_eq!(framed.partitions_claimed, plain.partitions_claimed);
+    assert!(framed.lease_id.is_some());
+    for (f, p) in framed.messages.iter().zip(&plain.messages) {
+        assert_eq!(
+            (f.id, &f.transaction_id, &f.partition_id, &f.partition, &f.queue, f.offset, f.trace_id, f.data.get()),
+            (p.id, &p.transaction_id, &p.partition_id, &p.partition, &p.queue, p.offset, p.trace_id, p.data.get())
+        );
+        assert_eq!((f.delivery_attempt, &f.producer_sub), (p.delivery_attempt, &p.producer_sub));
+        assert_eq!(f.created_at.timestamp_millis(), p.created_at.timestamp_millis());
+        assert_eq!((f.consumer_group.as_str(), f.lease_id), ("framed", framed.lease_id));
+    }
+    // What a framed pop delivered acknowledges like any delivery: the group has nothing left.
+    let results = client.ack_messages(&framed.messages, queen_client::AckStatus::Completed).await.expect("the acks");
+    assert!(results.iter().all(|r| r.success), "{results:?}");
+    let rest = client.pop(&Pop::queue("framed").batch(10).partitions(2).group("framed").frames(true)).await.unwrap();
+    assert_eq!(rest.len(), 3);
+    let seen: std::collections::HashSet<&str> =
+        framed.messages.iter().chain(&rest.messages).map(|m| m.transaction_id.as_str()).collect();
+    assert_eq!(seen.len(), 10, "every message once");
+}
+
+#[actix_web::test]
+async fn a_binary_push_stores_what_a_json_push_stores_and_answers_the_same() {
+    let broker = TestBroker::start().await;
+    let client = broker.client();
+    let items: Vec<PushItem> = (0..4)
+        .map(|i| {
+            let partition = if i < 3 { "a" } else { "b" };
+            PushItem::new("binary", &json!({"i": i, "text": "grüße"}))
+                .unwrap()
+                .with_partition(partition)
+                .with_transaction_id(format!("t{i}"))
+        })
+        .collect();
+    let pushed = client.push_binary(&items).await.expect("a binary push");
+    assert!(pushed.iter().all(|o| o.status == PushStatus::Queued), "{pushed:?}");
+    let again = client.push_binary(&items[..1]).await.expect("the same again");
+    assert_eq!((again[0].status, again[0].message_id), (PushStatus::Duplicate, pushed[0].message_id));
+    // An item with a trace id goes as JSON, and is stored all the same.
+    let traced = PushItem::new("binary", &json!({"i": 4})).unwrap().with_partition("b").with_trace_id(Uuid::new_v4());
+    assert_eq!(client.push_binary(&[traced]).await.expect("a traced push")[0].status, PushStatus::Queued);
+
+    let delivery = client.pop(&Pop::queue("binary").batch(10).partitions(2)).await.expect("a pop");
+    let popped: Vec<(String, Uuid, String)> =
+        delivery.messages.iter().map(|m| (m.transaction_id.clone(), m.id, m.data.get().to_owned())).collect();
+    assert_eq!(popped.len(), 5);
+    for (item, outcome) in items.iter().zip(&pushed) {
+        let found = popped.iter().find(|(t, ..)| t == item.transaction_id()).expect("the message");
+        assert_eq!((found.1, found.2.as_str()), (outcome.message_id, item.payload().get()));
+    }
+}
