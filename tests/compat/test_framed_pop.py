@@ -148,3 +148,26 @@ def test_a_framed_commit_on_delivery_pop_has_no_lease(queen_url):
             assert await q.queue(name).batch(10).wait(False).pop() == []
 
     run(body())
+
+
+def test_a_framed_pop_of_most_of_a_segment_hands_out_only_its_span(queen_url):
+    """Ten messages pushed at once are one stored segment. A pop of six gets the segment as
+    stored, all ten frames (codec 1), and the client must keep only the six of its span; the
+    next pop, after the ack, gets the other four."""
+
+    async def body():
+        name, group = unique("framed-span"), unique("g")
+        async with framed(queen_url) as q:
+            await push_all(q, name, [{"id": i} for i in range(10)], partition="p")
+            pop = q.queue(name).group(group).subscription_mode("all").wait(False)
+            first = await pop.batch(6).pop()
+            assert_framed(first)
+            assert ids(first) == [0, 1, 2, 3, 4, 5]
+            ack = await q.ack(first, True, {"group": group})
+            assert ack["success"] is True, ack
+            rest = await pop.batch(10).pop()
+            assert_framed(rest)
+            assert ids(rest) == [6, 7, 8, 9]
+            assert [m["offset"] for m in rest] == [7, 8, 9, 10]
+
+    run(body())
