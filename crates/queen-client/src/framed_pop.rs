@@ -13,6 +13,8 @@
 //! offset `base_offset + i` and belongs to the delivery only within `start..=end` of its claim,
 //! since a record may be a whole stored segment shared with other deliveries.
 
+use std::borrow::Cow;
+
 use chrono::DateTime;
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -74,8 +76,8 @@ pub(crate) fn decode(body: &[u8]) -> Result<Delivery, String> {
             let len = wire.u32()?;
             let bytes = wire.take(len)?;
             let raw = match codec {
-                CODEC_RAW => bytes.to_vec(),
-                CODEC_ZSTD => decompress(bytes)?,
+                CODEC_RAW => Cow::Borrowed(bytes),
+                CODEC_ZSTD => Cow::Owned(decompress(bytes)?),
                 other => return Err(format!("record codec {other} is not known to this client")),
             };
             let mut frames = 0;
@@ -110,8 +112,7 @@ pub(crate) fn decode(body: &[u8]) -> Result<Delivery, String> {
     if wire.at != body.len() {
         return Err(format!("{} bytes after the last claim", body.len() - wire.at));
     }
-    let partitions_claimed = claims;
-    Ok(Delivery { messages, lease_id, partitions_claimed, paused: false, autopilot })
+    Ok(Delivery { messages, lease_id, partitions_claimed: claims, paused: false, autopilot })
 }
 
 /// A frame's payload as the message's data: its JSON text, `null` when empty.
