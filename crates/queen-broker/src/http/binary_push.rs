@@ -145,7 +145,7 @@ fn one_zstd_frame(bytes: &[u8]) -> Result<(), String> {
     match zstd::zstd_safe::find_frame_compressed_size(bytes) {
         Ok(len) if len == bytes.len() => Ok(()),
         Ok(len) => Err(format!("{} bytes follow its zstd frame", bytes.len() - len)),
-        Err(_) => Err("it is not a zstd frame".into()),
+        Err(_) => Err("it is not a whole zstd frame (not zstd, or cut short)".into()),
     }
 }
 

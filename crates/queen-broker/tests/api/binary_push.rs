@@ -481,7 +481,7 @@ async fn corrupt_and_truncated_bodies_are_refused_and_write_nothing() {
         (push, qpb1(0x10 | FRAMES, &[&frames]), "0x10"),
         ("/api/v1/transaction", qtb1(0x01, b"{}", &[&frames]), "0x01"),
         (push, with(&valid_frames, &[0]), "1 bytes follow its last group"),
-        (push, qpb1(FRAMES, &[frames_group("bad", "p", 2, b"not zstd at all")]), "not a zstd frame"),
+        (push, qpb1(FRAMES, &[frames_group("bad", "p", 2, b"not zstd at all")]), "not a whole zstd frame"),
         (push, qpb1(FRAMES, &[frames_group("bad", "p", 2, &[z.clone(), z.clone()].concat())]), "follow its zstd frame"),
         (push, qpb1(FRAMES, &[frames_group("bad", "p", 3, &z)]), "holds 2 frames, expected 3"),
         (push, one_frame_body(&frame_with(0, &[], &message("t", "nul")), 1), "not one JSON document"),
