@@ -1,6 +1,9 @@
 """Maintenance mode under the official client: a producer pushing steadily and a consumer long
 polling while push maintenance is switched on and off with raw HTTP; every message arrives exactly
-once, and the client's push answers say `buffered` while it is on.
+once, with the id its push was answered with, and the client's push answers say `buffered` while
+it is on. The client pushes JSON, binary (`binary_push=True`), or binary frames groups it compressed
+itself (`push_compression=True`, consumed with `framed_pop=True`), whose client-minted ids the
+broker keeps through its journal.
 
 The switch is the broker's, shared by every test of the suite: it is switched off again however
 the test ends.
@@ -9,6 +12,7 @@ the test ends.
 import asyncio
 
 import httpx
+import pytest
 
 from compat_helpers import client, run, unique
 
@@ -31,15 +35,25 @@ async def wait_until_drained(http, within=20.0):
         await asyncio.sleep(0.05)
 
 
-def test_every_message_arrives_once_across_push_maintenance(queen_url):
+FORMS = [
+    pytest.param({}, id="json"),
+    pytest.param({"binary_push": True}, id="binary"),
+    pytest.param({"binary_push": True, "push_compression": True, "framed_pop": True}, id="compressed"),
+]
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_every_message_arrives_once_across_push_maintenance(queen_url, form):
     async def body():
         name = unique("maintenance")
         statuses = {}
+        answered_ids = {}
         received = []
+        received_ids = {}
         producing = asyncio.Event()
         producing.set()
 
-        async with client(queen_url) as q, httpx.AsyncClient(base_url=queen_url, timeout=10.0) as http:
+        async with client(queen_url, **form) as q, httpx.AsyncClient(base_url=queen_url, timeout=10.0) as http:
 
             async def producer():
                 n = 0
@@ -48,6 +62,7 @@ def test_every_message_arrives_once_across_push_maintenance(queen_url):
                     queue = q.queue(name).partition(f"p{n % 2}")
                     result = await queue.push([{"transactionId": transaction_id, "data": {"n": n}}])
                     statuses[transaction_id] = result[0]["status"]
+                    answered_ids[transaction_id] = result[0]["message_id"]
                     n += 1
                     await asyncio.sleep(PUSH_INTERVAL)
 
@@ -62,6 +77,7 @@ def test_every_message_arrives_once_across_push_maintenance(queen_url):
                     outcome = await q.ack(messages, True)
                     assert outcome.get("success") is not False, outcome
                     received.extend(m["transactionId"] for m in messages)
+                    received_ids.update((m["transactionId"], m["id"]) for m in messages)
 
             tasks = [asyncio.create_task(producer()), asyncio.create_task(consumer())]
             try:
@@ -84,5 +100,6 @@ def test_every_message_arrives_once_across_push_maintenance(queen_url):
             f"missing {sorted(set(statuses) - set(received))}, "
             f"repeated {sorted(t for t in set(received) if received.count(t) > 1)}"
         )
+        assert received_ids == answered_ids, "a message arrived under another id than it was answered with"
 
     run(body())
