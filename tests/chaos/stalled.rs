@@ -572,16 +572,16 @@ fn kind_of(application: &str, state: &str, query: &str) -> &'static str {
 
 /// What the storm did.
 #[derive(Debug, Default)]
-struct Storm {
-    rounds: u32,
-    kills: u32,
+pub(crate) struct Storm {
+    pub(crate) rounds: u32,
+    pub(crate) kills: u32,
     /// Kills by what the backend was doing.
-    kinds: BTreeMap<&'static str, u32>,
+    pub(crate) kinds: BTreeMap<&'static str, u32>,
 }
 
 /// Terminates random broker backends of `sql`'s database for `length`: each round all of them
 /// (one round in four) or a random half, every 100–300 ms, noting what each was doing.
-async fn storm(sql: &Client, length: Duration) -> Storm {
+pub(crate) async fn storm(sql: &Client, length: Duration) -> Storm {
     let mut dice = Dice::new();
     let mut storm = Storm::default();
     let started = Instant::now();
