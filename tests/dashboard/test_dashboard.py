@@ -110,7 +110,8 @@ def test_overview_shows_totals_history_queues_and_the_fleet(browser, queen_url, 
     for key in ("queues", "partitions", "consumerGroups", "activeLeases", "deadLetters"):
         assert text_of(browser, f'[data-stat="{key}"] .stat-value') == str(status[key]), (key, totals["text"])
     assert text_of(browser, '[data-stat="messages"] .stat-value') == str(status["messages"]["stored"])
-    assert browser.find_element(By.CSS_SELECTOR, '[data-stat="deadLetters"]').get_attribute("href").endswith("#/dlq")
+    # Read again if a refresh redraws the element between finding it and reading it.
+    wait_for(browser, lambda d: d.find_element(By.CSS_SELECTOR, '[data-stat="deadLetters"]').get_attribute("href").endswith("#/dlq"), "the dead letters' link")
 
     # The queues, each linking to its page, with every group's lag.
     orders = shows(browser, f'tr[data-queue={css_string(data["orders"])}]', lambda r: r["fields"]["messages"] == "8", "the orders queue")
@@ -119,7 +120,8 @@ def test_overview_shows_totals_history_queues_and_the_fleet(browser, queen_url, 
     assert billing["data"]["lag"] == "5" and "5 behind" in billing["text"], billing
     audit = snapshot(browser, f'tr[data-queue={css_string(data["orders"])}] li[data-group={css_string(data["audit"])}]')
     assert audit["data"]["lag"] == "4", audit
-    assert f"/dashboard#/groups/{data['billing']}" in browser.find_element(By.LINK_TEXT, data["billing"]).get_attribute("href")
+    billing_link = f"/dashboard#/groups/{data['billing']}"
+    wait_for(browser, lambda d: billing_link in d.find_element(By.LINK_TEXT, data["billing"]).get_attribute("href"), "the billing group's link")
 
     # A name made of markup is shown as text, and nothing it says was parsed.
     hostile = snapshot(browser, f'tr[data-queue={css_string(data["hostile"])}]')
