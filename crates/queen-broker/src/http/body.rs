@@ -2,6 +2,7 @@
 
 use std::borrow::{Borrow, Cow};
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +14,7 @@ use actix_web::{FromRequest, HttpRequest};
 use futures::future::{Ready, ready};
 use futures::{Stream, StreamExt};
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
+use serde::de::{DeserializeOwned, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 use tokio::time::{Instant, timeout_at};
 
@@ -173,7 +174,7 @@ pub struct JsonObject<'a> {
 
 /// A JSON string borrowed from the body where it holds no escapes (most member names and
 /// values), so reading one costs no allocation.
-#[derive(Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
 struct JsonStr<'a>(#[serde(borrow)] Cow<'a, str>);
 
 impl Borrow<str> for JsonStr<'_> {
@@ -182,11 +183,48 @@ impl Borrow<str> for JsonStr<'_> {
     }
 }
 
+/// An object's members by name, and the first name it gives twice: serde's own map would keep
+/// the last value without a word, and which of two values the client meant is a guess.
+struct Members<'a> {
+    by_name: BTreeMap<JsonStr<'a>, &'a RawValue>,
+    repeated: Option<JsonStr<'a>>,
+}
+
+impl<'de> Deserialize<'de> for Members<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Collect;
+        impl<'de> Visitor<'de> for Collect {
+            type Value = Members<'de>;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Members<'de>, M::Error> {
+                let mut members = Members { by_name: BTreeMap::new(), repeated: None };
+                while let Some((name, value)) = map.next_entry::<JsonStr<'de>, &'de RawValue>()? {
+                    match members.by_name.entry(name) {
+                        Entry::Vacant(slot) => {
+                            slot.insert(value);
+                        }
+                        Entry::Occupied(taken) => {
+                            members.repeated.get_or_insert_with(|| taken.key().clone());
+                        }
+                    }
+                }
+                Ok(members)
+            }
+        }
+        deserializer.deserialize_map(Collect)
+    }
+}
+
 /// Where an object sits in the request body, as errors name it. An array's elements share its
 /// name, and an element's (`items[2]`) is only written out when an error needs it.
 enum ObjectPath {
     Body,
     Element { array: Arc<str>, index: usize },
+    Member(Arc<str>),
 }
 
 impl fmt::Display for ObjectPath {
@@ -194,6 +232,7 @@ impl fmt::Display for ObjectPath {
         match self {
             Self::Body => Ok(()),
             Self::Element { array, index } => write!(f, "{array}[{index}]"),
+            Self::Member(name) => f.write_str(name),
         }
     }
 }
@@ -235,7 +274,19 @@ impl<'a> JsonObject<'a> {
                 ApiError::bad_request(format!("the request body is not valid JSON: {e}"))
             }
         })?;
-        Ok(Self { members, path: ObjectPath::Body })
+        Self::of(members, ObjectPath::Body)
+    }
+
+    /// The object, unless it gives a member twice.
+    fn of(members: Members<'a>, path: ObjectPath) -> Result<Self, ApiError> {
+        let object = Self { members: members.by_name, path };
+        match members.repeated {
+            Some(name) => Err(ApiError::bad_request(format!(
+                "{} is given more than once",
+                object.name_of(&names::quoted_member(&name.0))
+            ))),
+            None => Ok(object),
+        }
     }
 
     /// A member's name as errors report it, e.g. `items[2].queue`, written out only when shown.
@@ -330,6 +381,12 @@ impl<'a> JsonObject<'a> {
         self.typed(key, "an integer")
     }
 
+    /// A member that must be an object, its own members read as the body's are.
+    pub fn object(&self, key: &str) -> Result<Option<JsonObject<'a>>, ApiError> {
+        let Some(raw) = self.raw(key) else { return Ok(None) };
+        Self::nested(raw, ObjectPath::Member(self.name_of(key).into())).map(Some)
+    }
+
     /// A member that must be an array of objects.
     pub fn objects(&self, key: &str) -> Result<Option<Vec<JsonObject<'a>>>, ApiError> {
         let Some(raw) = self.raw(key) else { return Ok(None) };
@@ -347,15 +404,29 @@ impl<'a> JsonObject<'a> {
     fn nested(raw: &'a RawValue, path: ObjectPath) -> Result<Self, ApiError> {
         let members = serde_json::from_str(raw.get())
             .map_err(|_| ApiError::bad_request(format!("{path} must be a JSON object")))?;
-        Ok(Self { members, path })
+        Self::of(members, path)
     }
 }
 
-/// The query string as key/value pairs (form-decoded: `+` is a space).
+/// The query string as key/value pairs (form-decoded: `+` is a space); a parameter given twice is
+/// refused (400) rather than one of its values ignored.
 pub fn query_pairs(query: &str) -> Result<BTreeMap<String, String>, ApiError> {
-    actix_web::web::Query::<BTreeMap<String, String>>::from_query(query)
+    let pairs = actix_web::web::Query::<Vec<(String, String)>>::from_query(query)
         .map(actix_web::web::Query::into_inner)
-        .map_err(|e| ApiError::bad_request(format!("malformed query string: {e}")))
+        .map_err(|e| ApiError::bad_request(format!("malformed query string: {e}")))?;
+    let mut query = BTreeMap::new();
+    for (key, value) in pairs {
+        // Which of two values would act is a guess the client did not ask for, as with a
+        // duplicate member of a JSON body.
+        if query.contains_key(&key) {
+            return Err(ApiError::bad_request(format!(
+                "query parameter \"{}\" is given more than once",
+                names::quoted_member(&key)
+            )));
+        }
+        query.insert(key, value);
+    }
+    Ok(query)
 }
 
 /// A query parameter that must be `true` or `false` (`1`/`0` accepted too).
@@ -414,17 +485,23 @@ mod tests {
     }
 
     /// Member names and strings are read the same whether they borrow from the body or hold
-    /// escapes, and a nested object is named by its place in the body.
+    /// escapes, a nested object is named by its place in the body, and a name given twice,
+    /// however spelt, is refused by that name.
     #[test]
     fn members_are_found_by_name_however_they_are_spelt_and_named_by_their_place() {
-        let body =
-            br#"{"acks": [{"st\u0061tus": "fa\u0069led", "leaseId": "x"}, {"status": "dlq", "status": "retry"}]}"#;
+        let body = br#"{"acks": [{"st\u0061tus": "fa\u0069led", "leaseId": "x"}, {"status": "dlq"}]}"#;
         let object = JsonObject::parse_body(body, false).expect("an object");
         let items = object.objects("acks").expect("objects").expect("present");
         assert_eq!(items[0].text("status").expect("a string").as_deref(), Some("failed"));
         assert!(matches!(items[0].text("leaseId").expect("a string"), Some(Cow::Borrowed("x"))));
-        assert_eq!(items[1].string("status").expect("a string").as_deref(), Some("retry"), "the last one counts");
+        assert_eq!(items[1].string("status").expect("a string").as_deref(), Some("dlq"));
         assert_eq!(items[1].member("status").to_string(), "acks[1].status");
+        let twice = JsonObject::parse_body(br#"{"acks": [{}, {"status": "dlq", "st\u0061tus": "retry"}]}"#, false)
+            .expect("an object");
+        let refused = twice.objects("acks").err().expect("a member twice");
+        assert_eq!(refused.to_string(), "acks[1].status is given more than once");
+        let refused = JsonObject::parse_body(br#"{"acks": [], "acks": []}"#, false).err().expect("a member twice");
+        assert_eq!(refused.to_string(), "acks is given more than once");
         assert_eq!(object.member("acks").to_string(), "acks");
         let refused = items[0].takes_only(&["status"]).expect_err("leaseId is not taken");
         assert_eq!(refused.to_string(), "acks[0].leaseId is not a member the broker reads here; acks[0] takes status");

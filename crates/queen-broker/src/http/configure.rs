@@ -27,6 +27,8 @@ pub async fn handle(
     let options: Map<String, Value> = match body.raw("options") {
         None => Map::new(),
         Some(raw) => {
+            // Read as an object first, so that an option given twice is refused by name.
+            body.object("options")?;
             serde_json::from_str(raw.get()).map_err(|_| ApiError::bad_request("options must be a JSON object"))?
         }
     };

@@ -225,7 +225,58 @@ async fn a_member_a_body_does_not_take_is_refused_by_name_and_changes_nothing() 
 }
 
 #[actix_web::test]
-async fn a_query_parameter_a_route_does_not_take_is_refused_by_name_and_changes_nothing() {
+async fn a_member_given_twice_is_refused_by_name_and_changes_nothing() {
+    let app = TestApp::spawn().await;
+    let (partition, lease) = leased_to_group_g(&app).await;
+    let ack = format!(r#""transactionId": "t1", "partitionId": "{partition}", "leaseId": "{lease}""#);
+    // A JSON object keeps the last of two members of one name; which one the client meant is a
+    // guess (an ack whose second `leaseId` differed would be fenced by one of them).
+    let cases = [
+        (
+            "/api/v1/push",
+            r#"{"items": [{"queue": "q", "partition": "p", "payload": 1, "payload": 2}]}"#.to_owned(),
+            "items[0].payload is given more than once",
+        ),
+        (
+            "/api/v1/push",
+            r#"{"items": [{"queue": "q", "payload": 1}], "items": []}"#.to_owned(),
+            "items is given more than once",
+        ),
+        (
+            "/api/v1/ack",
+            format!(r#"{{{ack}, "consumerGroup": "g", "leaseId": "{lease}"}}"#),
+            "leaseId is given more than once",
+        ),
+        (
+            "/api/v1/ack/batch",
+            format!(
+                r#"{{"acknowledgments": [{{{ack}, "status": "completed", "status": "failed"}}], "consumerGroup": "g"}}"#
+            ),
+            "acknowledgments[0].status is given more than once",
+        ),
+        (
+            "/api/v1/transaction",
+            format!(r#"{{"operations": [{{"type": "ack", {ack}, "consumerGroup": "g", "type": "ack"}}]}}"#),
+            "operations[0].type is given more than once",
+        ),
+        (
+            "/api/v1/configure",
+            r#"{"queue": "q", "options": {"leaseTime": 5, "leaseTime": 60}}"#.to_owned(),
+            "options.leaseTime is given more than once",
+        ),
+    ];
+    let db = app.db.connect().await;
+    let before = row_versions(&db).await;
+    for (path, body, error) in cases {
+        assert_refused(&app.post_raw(path, body).await, StatusCode::BAD_REQUEST, error);
+    }
+    assert_eq!(row_versions(&db).await, before, "a refused body changed something");
+    let acked = app.post_raw("/api/v1/ack", format!(r#"{{{ack}, "consumerGroup": "g"}}"#)).await;
+    assert_eq!(acked.body[0]["success"], true, "the message was still leased and unacknowledged: {acked:?}");
+}
+
+#[actix_web::test]
+async fn a_query_parameter_a_route_does_not_take_or_given_twice_is_refused_by_name_and_changes_nothing() {
     let app = TestApp::spawn().await;
     let (partition, _) = leased_to_group_g(&app).await;
     let db = app.db.connect().await;
@@ -255,6 +306,19 @@ async fn a_query_parameter_a_route_does_not_take_is_refused_by_name_and_changes_
         ["/api/v1/consumer-groups/g?deleteMeta=false", "/api/v1/timers/q/k?tx=t", "/api/v1/resources/queues/q?force=1"]
     {
         assert_refused(&app.delete(path).await, StatusCode::BAD_REQUEST, "unknown query parameter");
+    }
+    // A parameter given twice: which value would act is a guess, so neither does.
+    for (path, twice) in [
+        ("/api/v1/pop/queue/q?consumerGroup=g&consumerGroup=h&wait=false", "consumerGroup"),
+        ("/api/v1/pop/queue/q/partition/p?wait=false&batch=1&batch=5", "batch"),
+        ("/api/v1/pop/queue/q?wait=false&frames=true&frames=false", "frames"),
+    ] {
+        let answer = app.get(path).await;
+        assert_refused(
+            &answer,
+            StatusCode::BAD_REQUEST,
+            &format!("query parameter \"{twice}\" is given more than once"),
+        );
     }
     // Routes that read no query refuse one too.
     for path in ["/api/v1/status?from=2026-01-01", "/api/v1/resources/overview?x=1", "/api/v1/consumer-groups?queue=q"]
