@@ -3,7 +3,7 @@
 //! `queen_client::Client::push_binary`, which mints the message ids) and a consumer popping QPF1
 //! answers (`framed_pop`). Both go through the client's retries, which send a call again after a
 //! 503 or a lost answer; a call that still fails is sent again by the test, with the same
-//! transaction ids. Every push answered must be delivered and committed once, under the id its
+//! transaction ids, for at most 30 s. Every push answered must be delivered and committed once, under the id its
 //! push was answered with.
 
 use std::collections::HashMap;
@@ -26,6 +26,28 @@ const PUSH_SIZE: usize = 5;
 /// Transaction id → message id.
 type Ids = Arc<Mutex<HashMap<String, Uuid>>>;
 
+/// How long one call may keep failing, retries included, before the broker counts as not having
+/// recovered.
+const RECOVERY: Duration = Duration::from_secs(30);
+
+/// `call` until it is answered, at most for [`RECOVERY`].
+async fn until_answered<T, Call, Answer>(what: &str, mut call: Call) -> T
+where
+    Call: FnMut() -> Answer,
+    Answer: Future<Output = Result<T, queen_client::Error>>,
+{
+    let deadline = Instant::now() + RECOVERY;
+    loop {
+        match call().await {
+            Ok(answer) => return answer,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "{what} kept failing for {RECOVERY:?}: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
 /// Pushes batches of `PUSH_SIZE` binary until `producing` is cleared, each batch until it is
 /// answered; notes the id each item was answered with.
 async fn produce(client: Client, producing: Arc<AtomicBool>, pushed: Ids) {
@@ -42,12 +64,7 @@ async fn produce(client: Client, producing: Arc<AtomicBool>, pushed: Ids) {
                     .with_transaction_id(id)
             })
             .collect();
-        let outcomes = loop {
-            match client.push_binary(&items).await {
-                Ok(outcomes) => break outcomes,
-                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-            }
-        };
+        let outcomes = until_answered("a binary push", || client.push_binary(&items)).await;
         let mut pushed = pushed.lock().expect("the pushed ids");
         for outcome in outcomes {
             assert!(matches!(outcome.status, PushStatus::Queued | PushStatus::Duplicate), "pushed: {outcome:?}");
@@ -70,12 +87,8 @@ async fn consume(client: Client, consuming: Arc<AtomicBool>, committed: Ids, twi
             continue;
         };
         for message in &delivery.messages {
-            let verdict = loop {
-                match client.ack(&Ack::completed(message)).await {
-                    Ok(result) => break result,
-                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-                }
-            };
+            let ack = Ack::completed(message);
+            let verdict = until_answered("an ack", || client.ack(&ack)).await;
             // Refused: the lease ran out during the storm, and the message comes again.
             if matches!(verdict.verdict(), AckVerdict::Applied | AckVerdict::Noop)
                 && committed

@@ -107,11 +107,11 @@ CASES = [
 
 
 def refusal(raised):
-    """The HTTP answer behind what the client raised: a 400 whose JSON says what was wrong."""
+    """Checks that the HTTP answer behind what the client raised is a 400 whose JSON says what was
+    wrong."""
     answer = raised.value.response
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"], answer.text
-    return answer
 
 
 ITEMS = [{"data": {"n": n, "text": "payload " * n}, "transactionId": f"d-{n}"} for n in range(1, 6)]

@@ -418,13 +418,17 @@ pub fn query_pairs(query: &str) -> Result<BTreeMap<String, String>, ApiError> {
     for (key, value) in pairs {
         // Which of two values would act is a guess the client did not ask for, as with a
         // duplicate member of a JSON body.
-        if query.contains_key(&key) {
-            return Err(ApiError::bad_request(format!(
-                "query parameter \"{}\" is given more than once",
-                names::quoted_member(&key)
-            )));
+        match query.entry(key) {
+            Entry::Vacant(slot) => {
+                slot.insert(value);
+            }
+            Entry::Occupied(taken) => {
+                return Err(ApiError::bad_request(format!(
+                    "query parameter \"{}\" is given more than once",
+                    names::quoted_member(taken.key())
+                )));
+            }
         }
-        query.insert(key, value);
     }
     Ok(query)
 }
