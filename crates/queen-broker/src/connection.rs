@@ -4,8 +4,9 @@
 //! actix drops a request's handler only when it next reads or writes the connection, which a
 //! parked long poll does not do; so a client that went away would leave its poll parked, and the
 //! next push would be claimed for it and leased to nobody until the lease ran out (a failed
-//! delivery, on top). A parked pop therefore looks at its connection now and then, and before it
-//! claims anything.
+//! delivery, on top). A parked pop therefore looks at its connection now and then, before it
+//! claims anything, and again once it has claimed: a client that left while the claim ran gets
+//! its claim given back.
 
 use std::any::Any;
 use std::os::fd::{AsRawFd, RawFd};

@@ -419,6 +419,14 @@ async fn pop_queue(
             Err(e) => tracing::warn!(error = %e, queue = %queue.name, "exhausted heads left for a later pop"),
         }
     }
+    // The client of a long poll may leave while the pop looks (after its check at the top of the
+    // loop): what was claimed for it goes back at once rather than stay leased to nobody.
+    let client_left = request.wait && request.connection.is_some_and(ClientConnection::is_closed);
+    if client_left && !claims.is_empty() && !request.auto_ack {
+        let claimed: Vec<i64> = claims.iter().map(|c| c.partition_id).collect();
+        give_back(broker, client, lease_id, &claimed).await;
+        return Ok(Attempt::Empty { retry_at: None });
+    }
     if claims.is_empty() {
         // A cursor made just now may start later than the candidate query assumed (a `new` or
         // timestamp subscription): ask when those partitions can be served, so a long poll
@@ -506,10 +514,11 @@ fn enough_to_fill(free: &[&cursors::Candidate], messages: u32, conflates: bool, 
     filled_by.map_or(every, |last| last as i64 + 1)
 }
 
-/// Gives back what a pop claimed and could not hand out ([`cursors::give_back_claims`]), on the
-/// pop's connection, or on another when that one was lost (its backend terminated while it read
-/// the segments): the claim committed before the read, so its leases would otherwise stand until
-/// they run out, and count against messages nobody was given.
+/// Gives back what a pop claimed and could not hand out ([`cursors::give_back_claims`]): its
+/// segments could not be read, or its client left. On the pop's connection, or on another when
+/// that one was lost (its backend terminated while it read the segments): the claim committed
+/// already, so its leases would otherwise stand until they run out, and count against messages
+/// nobody was given.
 async fn give_back(broker: &Broker, client: deadpool_postgres::Object, lease_id: Uuid, claimed: &[i64]) {
     let mut result = cursors::give_back_claims(&client, lease_id, claimed).await;
     if let Err(queen_store::StoreError::Unavailable(_)) = result {
@@ -520,7 +529,7 @@ async fn give_back(broker: &Broker, client: deadpool_postgres::Object, lease_id:
         };
     }
     if let Err(back) = result {
-        tracing::warn!(error = %back, "could not give back the claims of a failed pop");
+        tracing::warn!(error = %back, "could not give back the claims of a pop that handed nothing out");
     }
 }
 

@@ -198,7 +198,9 @@ async fn a_long_poll_whose_client_left_claims_nothing_and_gives_its_place_back()
     let app = TestApp::spawn().await;
     abandon_a_long_poll(&app, "left").await;
     // Pushed at once, before the parked pop's periodic look at its connection: it is woken, and
-    // must find its client gone rather than lease the message to nobody.
+    // must find its client gone rather than lease the message to nobody. (If something else woke
+    // it first and it is looking as the push lands, it finds its client gone once it has claimed,
+    // and gives the message back.)
     app.push_one("left", "p", "for-whoever-is-there", json!(1)).await;
     let popped = app.pop("queue/left", "batch=1&wait=true&timeout=5000").await;
     assert_eq!(popped.transaction_ids(), vec!["for-whoever-is-there"], "delivered to a consumer that is there");
