@@ -1,8 +1,8 @@
-//! The TCP connection a request came on, as far as a long poll needs it: whether its client is
-//! still there.
+//! The TCP connection a request came on (under TLS, over HTTPS), as far as a long poll needs it:
+//! whether its client is still there.
 //!
-//! actix drops a request's handler only when it next reads or writes the connection, which a
-//! parked long poll does not do; so a client that went away would leave its poll parked, and the
+//! actix reads a client's end but keeps the request's handler (it allows half-closed connections)
+//! until it writes the answer; so a client that went away would leave its poll parked, and the
 //! next push would be claimed for it and leased to nobody until the lease ran out (a failed
 //! delivery, on top). A parked pop therefore looks at its connection now and then, before it
 //! claims anything, and again once it has claimed: a client that left while the claim ran gets
@@ -12,6 +12,7 @@ use std::any::Any;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
+use actix_tls::accept::rustls_0_23::TlsStream;
 use actix_web::dev::Extensions;
 use actix_web::rt::net::TcpStream;
 use nix::errno::Errno;
@@ -20,16 +21,18 @@ use nix::sys::socket::{MsgFlags, recv};
 /// How often a parked long poll looks at its connection.
 const CHECK_EVERY: Duration = Duration::from_secs(1);
 
-/// A plain-HTTP connection's socket. Over HTTPS the TLS layer owns the socket, and the bytes of
-/// a closing client's alert would hide its end from a peek, so those connections are not known.
+/// A connection's socket (under its TLS layer, over HTTPS).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClientConnection(RawFd);
 
 impl ClientConnection {
     /// Whether the client closed its end (or the connection broke). A peek that neither waits nor
     /// consumes: the end of the stream reads as zero bytes; a pipelined request's bytes, or
-    /// nothing yet, mean the client is still there. A client that shut down only its sending
-    /// half while it waits (which HTTP clients do not do) counts as gone.
+    /// nothing yet, mean the client is still there. Over HTTPS a leaving client's close_notify
+    /// alert comes just before its end: actix reads a connection's bytes as they arrive (that is
+    /// how it takes pipelined requests), through the TLS layer, so the alert is off the socket and
+    /// the peek finds the end. A client that shut down only its sending half while it waits
+    /// (which HTTP clients do not do) counts as gone.
     pub fn is_closed(self) -> bool {
         let mut byte = [0u8; 1];
         match recv(self.0, &mut byte, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT) {
@@ -53,11 +56,14 @@ impl ClientConnection {
     }
 }
 
-/// The server's `on_connect` hook: keeps a plain connection's socket with the connection. The
+/// The server's `on_connect` hook: keeps the connection's socket with the connection. The
 /// descriptor stays open for as long as any of the connection's requests is being handled, since
 /// actix closes it only after dropping them.
 pub fn remember(connection: &dyn Any, data: &mut Extensions) {
-    if let Some(stream) = connection.downcast_ref::<TcpStream>() {
-        data.insert(ClientConnection(stream.as_raw_fd()));
-    }
+    let socket = match (connection.downcast_ref::<TcpStream>(), connection.downcast_ref::<TlsStream<TcpStream>>()) {
+        (Some(plain), _) => plain.as_raw_fd(),
+        (None, Some(tls)) => tls.get_ref().0.as_raw_fd(),
+        (None, None) => return,
+    };
+    data.insert(ClientConnection(socket));
 }

@@ -57,8 +57,7 @@ pub struct PopRequest {
     /// The client's address, whose parked long polls are bounded by `limits.long_polls_per_client`
     /// (not counted when unknown).
     pub client: Option<IpAddr>,
-    /// The connection the pop came on: a long poll whose client closed it ends, claiming nothing
-    /// (unknown over HTTPS).
+    /// The connection the pop came on: a long poll whose client closed it ends, claiming nothing.
     pub connection: Option<ClientConnection>,
 }
 

@@ -1,6 +1,6 @@
 //! HTTPS on the listener: a broker given a certificate and key serves its API over TLS only, and
 //! takes a new certificate written over the files without a restart, keeping the one it has when
-//! the files cannot be used.
+//! the files cannot be used. A long poll whose client left is seen to have gone over TLS too.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpStream};
@@ -19,6 +19,10 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::json;
 
 use crate::helpers::TestApp;
+use crate::long_poll::{
+    a_push_to_a_left_poll_goes_to_a_consumer_that_is_there, until_no_poll_is_parked, until_parked,
+    until_the_broker_received_the_close,
+};
 
 /// How long a changed certificate may take to be served: the broker looks every 2 s.
 const RELOAD_BOUND: Duration = Duration::from_secs(30);
@@ -119,6 +123,19 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
     fn make_writer(&'a self) -> Self::Writer {
         self.clone()
     }
+}
+
+/// A broker serving HTTPS with a certificate `ca` issued, and the files it reads.
+async fn spawn_https(ca: &Ca) -> (TestApp, Files) {
+    let files = Files::new();
+    files.write(&ca.leaf(1, "queen"));
+    let (cert, key) = (files.cert.clone(), files.key.clone());
+    let app = TestApp::spawn_https(https_client(ca), |config| {
+        config.http.tls_cert_file = Some(cert);
+        config.http.tls_key_file = Some(key);
+    })
+    .await;
+    (app, files)
 }
 
 fn https_client(ca: &Ca) -> reqwest::Client {
@@ -292,4 +309,53 @@ async fn a_certificate_or_key_that_cannot_be_used_stops_start_up_naming_the_file
         assert!(text.contains(setting) && text.contains(&*named.to_string_lossy()), "{text}");
         assert_eq!(text.lines().count(), 1, "one line: {text}");
     }
+}
+
+/// Sends a long poll of `queue` over a TLS connection of its own, waits until it is parked, and
+/// leaves as a TLS client does: a close_notify alert, then the connection closed. Returns once
+/// the broker's end has received the close.
+async fn abandon_a_long_poll_over_tls(app: &TestApp, ca: &Ca, queue: &str) {
+    let port = port_of(app);
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.issuer.der().clone()).expect("the CA");
+    let request =
+        format!("GET /api/v1/pop/queue/{queue}?batch=1&wait=true&timeout=30000 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+    // Blocking I/O, off the test's thread, which runs the broker.
+    let tls = tokio::task::spawn_blocking(move || {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("protocol versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let name = ServerName::IpAddress(Ipv4Addr::LOCALHOST.into());
+        let connection = rustls::ClientConnection::new(Arc::new(config), name).expect("a TLS client");
+        let socket = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).expect("connect");
+        let mut tls = rustls::StreamOwned::new(connection, socket);
+        tls.write_all(request.as_bytes()).expect("the request");
+        tls.flush().expect("the request sent");
+        tls
+    })
+    .await
+    .expect("the connection task");
+    until_parked(app, 1).await;
+    let client_port = tls.sock.local_addr().expect("the client's address").port();
+    tokio::task::spawn_blocking(move || {
+        let mut tls = tls;
+        tls.conn.send_close_notify();
+        tls.flush().expect("the close_notify sent");
+    })
+    .await
+    .expect("the closing task");
+    until_the_broker_received_the_close(port, client_port).await;
+}
+
+#[actix_web::test]
+async fn a_long_poll_over_https_whose_client_left_claims_nothing_and_gives_its_place_back() {
+    let ca = Ca::new();
+    let (app, _files) = spawn_https(&ca).await;
+    abandon_a_long_poll_over_tls(&app, &ca, "left").await;
+    a_push_to_a_left_poll_goes_to_a_consumer_that_is_there(&app, "left").await;
+    abandon_a_long_poll_over_tls(&app, &ca, "idle").await;
+    until_no_poll_is_parked(&app).await;
 }

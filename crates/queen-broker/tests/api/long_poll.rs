@@ -166,7 +166,7 @@ async fn abandon_a_long_poll(app: &TestApp, queue: &str) {
 /// can see that its client left. On a loaded machine the FIN may be processed after a request sent
 /// on another connection just after it. Both ports are matched: other tests' connections run
 /// beside this one, and one of them may have `client_port` at its far end.
-async fn until_the_broker_received_the_close(broker_port: u16, client_port: u16) {
+pub async fn until_the_broker_received_the_close(broker_port: u16, client_port: u16) {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp")
@@ -197,17 +197,26 @@ async fn until_the_broker_received_the_close(broker_port: u16, client_port: u16)
 async fn a_long_poll_whose_client_left_claims_nothing_and_gives_its_place_back() {
     let app = TestApp::spawn().await;
     abandon_a_long_poll(&app, "left").await;
-    // Pushed at once, before the parked pop's periodic look at its connection: it is woken, and
-    // must find its client gone rather than lease the message to nobody. (If something else woke
-    // it first and it is looking as the push lands, it finds its client gone once it has claimed,
-    // and gives the message back.)
-    app.push_one("left", "p", "for-whoever-is-there", json!(1)).await;
-    let popped = app.pop("queue/left", "batch=1&wait=true&timeout=5000").await;
+    a_push_to_a_left_poll_goes_to_a_consumer_that_is_there(&app, "left").await;
+    abandon_a_long_poll(&app, "idle").await;
+    until_no_poll_is_parked(&app).await;
+}
+
+/// Once a long poll of `queue` was left by its client (the broker's end has its close): pushed at
+/// once, before the parked pop's periodic look at its connection, a message wakes the pop, which
+/// must find its client gone rather than lease the message to nobody. (If something else woke it
+/// first and it is looking as the push lands, it finds its client gone once it has claimed, and
+/// gives the message back.)
+pub async fn a_push_to_a_left_poll_goes_to_a_consumer_that_is_there(app: &TestApp, queue: &str) {
+    app.push_one(queue, "p", "for-whoever-is-there", json!(1)).await;
+    let popped = app.pop(&format!("queue/{queue}"), "batch=1&wait=true&timeout=5000").await;
     assert_eq!(popped.transaction_ids(), vec!["for-whoever-is-there"], "delivered to a consumer that is there");
     assert_eq!(popped.messages()[0]["deliveryAttempt"], 1, "never delivered to the client that left");
+}
 
-    // Left without anything to wake it, a poll gives its place back within its next look.
-    abandon_a_long_poll(&app, "idle").await;
+/// Left without anything to wake it, a poll gives its place back within its next look at its
+/// connection.
+pub async fn until_no_poll_is_parked(app: &TestApp) {
     let deadline = Instant::now() + Duration::from_secs(5);
     while app.metric("queen_long_poll_waiters").await > 0.0 {
         assert!(Instant::now() < deadline, "the abandoned poll is still parked");
