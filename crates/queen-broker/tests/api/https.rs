@@ -143,6 +143,18 @@ fn https_client(ca: &Ca) -> reqwest::Client {
     queen_testkit::http().tls_certs_only([root]).timeout(Duration::from_secs(60)).build().expect("an HTTPS client")
 }
 
+/// A TLS client's configuration that trusts only `ca`.
+fn trusting(ca: &Ca) -> rustls::ClientConfig {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.issuer.der().clone()).expect("the CA");
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("protocol versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth()
+}
+
 /// What one new TLS connection was served.
 struct Served {
     leaf: CertificateDer<'static>,
@@ -153,15 +165,8 @@ struct Served {
 /// Opens a new connection (no session to resume), offering h2 and http/1.1, and asks for
 /// `/health` over it.
 async fn connect(port: u16, ca: &Ca) -> Served {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(ca.issuer.der().clone()).expect("the CA");
+    let mut config = trusting(ca);
     tokio::task::spawn_blocking(move || {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .expect("protocol versions")
-            .with_root_certificates(roots)
-            .with_no_client_auth();
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         config.resumption = rustls::client::Resumption::disabled();
         let name = ServerName::IpAddress(Ipv4Addr::LOCALHOST.into());
@@ -316,18 +321,11 @@ async fn a_certificate_or_key_that_cannot_be_used_stops_start_up_naming_the_file
 /// the broker's end has received the close.
 async fn abandon_a_long_poll_over_tls(app: &TestApp, ca: &Ca, queue: &str) {
     let port = port_of(app);
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(ca.issuer.der().clone()).expect("the CA");
+    let config = trusting(ca);
     let request =
         format!("GET /api/v1/pop/queue/{queue}?batch=1&wait=true&timeout=30000 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
     // Blocking I/O, off the test's thread, which runs the broker.
     let tls = tokio::task::spawn_blocking(move || {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .expect("protocol versions")
-            .with_root_certificates(roots)
-            .with_no_client_auth();
         let name = ServerName::IpAddress(Ipv4Addr::LOCALHOST.into());
         let connection = rustls::ClientConnection::new(Arc::new(config), name).expect("a TLS client");
         let socket = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).expect("connect");
