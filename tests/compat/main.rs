@@ -6,6 +6,7 @@
 
 use std::path::Path;
 
+use queen_testkit::tls_cluster::TestCertificates;
 use queen_testkit::{BrokerProcess, JsonServer, TestDatabase, pytest, target_dir};
 
 /// The broker's encryption key (AES-256, 64 hex characters), made up for the tests.
@@ -23,8 +24,9 @@ async fn the_official_python_client_works_against_the_broker() {
     // The encryption test configures an encrypted queue, which needs the broker's key.
     let envs = [("QUEEN_ENCRYPTION_KEY", ENCRYPTION_KEY)];
     let broker = BrokerProcess::start(Path::new(env!("CARGO_BIN_EXE_queen")), &args, &envs).await;
-    // The auth tests need a broker of their own (below).
-    let report = pytest::run(SUITE, &broker, &["tests/compat", "--ignore=tests/compat/test_auth.py"], &[]).await;
+    // The auth and HTTPS tests need brokers of their own (below).
+    let targets = ["tests/compat", "--ignore=tests/compat/test_auth.py", "--ignore=tests/compat/test_https.py"];
+    let report = pytest::run(SUITE, &broker, &targets, &[]).await;
     println!("{report}");
 }
 
@@ -47,6 +49,30 @@ async fn the_official_python_client_works_against_a_broker_with_jwt_auth() {
         [("QUEEN_AUTH_HS256_SECRET", JWT_SECRET), ("QUEEN_AUTH_RS256_KEY", &*key), ("QUEEN_AUTH_RS256_KID", RS256_KID)];
     println!("{}", pytest::run(SUITE, &broker, &["tests/compat/test_auth.py"], &settings).await);
     assert!(jwks.requests() > 0, "the broker fetched the JWKS");
+}
+
+#[tokio::test]
+async fn the_official_python_client_works_against_a_broker_serving_https() {
+    // A certificate for 127.0.0.1 from a CA of the test's own, which the client is told to trust.
+    let dir = target_dir().join(format!("compat-https-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a directory for the certificate");
+    let certificates = TestCertificates::generate();
+    let (ca, cert, key) = (dir.join("ca.pem"), dir.join("tls.crt"), dir.join("tls.key"));
+    for (path, text) in
+        [(&ca, &certificates.ca_pem), (&cert, &certificates.server_cert_pem), (&key, &certificates.server_key_pem)]
+    {
+        std::fs::write(path, text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    }
+    let db = TestDatabase::create("compat_https").await;
+    let (cert, key) = (cert.to_string_lossy(), key.to_string_lossy());
+    let envs = [("QUEEN_HTTP__TLS_CERT_FILE", &*cert), ("QUEEN_HTTP__TLS_KEY_FILE", &*key)];
+    let broker =
+        BrokerProcess::start(Path::new(env!("CARGO_BIN_EXE_queen")), &["--database-url", db.url()], &envs).await;
+    assert!(broker.url().starts_with("https://"), "the broker serves HTTPS: {}", broker.url());
+    // httpx, under the official client, trusts the CA named by SSL_CERT_FILE.
+    let ca = ca.to_string_lossy();
+    println!("{}", pytest::run(SUITE, &broker, &["tests/compat/test_https.py"], &[("SSL_CERT_FILE", &*ca)]).await);
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// A JWKS with the public half of the RSA private key at `path`, under `kid`.

@@ -18,6 +18,8 @@ const START_TIMEOUT: Duration = Duration::from_secs(90);
 pub struct BrokerProcess {
     child: Child,
     port: u16,
+    /// It serves HTTPS (it was given a certificate).
+    https: bool,
     log: Arc<Mutex<Vec<String>>>,
 }
 
@@ -41,29 +43,29 @@ impl BrokerProcess {
         let mut child = command.spawn().unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
         let stderr = child.stderr.take().expect("stderr is piped");
         let log = Arc::new(Mutex::new(Vec::new()));
-        let (port_tx, port_rx) = oneshot::channel();
+        let (listening_tx, listening_rx) = oneshot::channel();
         let lines = Arc::clone(&log);
         tokio::spawn(async move {
-            let mut port_tx = Some(port_tx);
+            let mut listening_tx = Some(listening_tx);
             let mut reader = BufReader::new(stderr).lines();
             while let Ok(Some(line)) = reader.next_line().await {
-                if let Some(port) = listening_port(&line)
-                    && let Some(tx) = port_tx.take()
+                if let Some(listening) = listening_on(&line)
+                    && let Some(tx) = listening_tx.take()
                 {
-                    let _ = tx.send(port);
+                    let _ = tx.send(listening);
                 }
                 lines.lock().unwrap_or_else(|p| p.into_inner()).push(line);
             }
         });
-        let port = match tokio::time::timeout(START_TIMEOUT, port_rx).await {
-            Ok(Ok(port)) => port,
+        let (port, https) = match tokio::time::timeout(START_TIMEOUT, listening_rx).await {
+            Ok(Ok(listening)) => listening,
             outcome => {
                 let status = child.try_wait().ok().flatten();
                 let log = log.lock().unwrap_or_else(|p| p.into_inner()).join("\n");
                 panic!("the broker did not start ({outcome:?}, exit {status:?}); its log:\n{log}");
             }
         };
-        BrokerProcess { child, port, log }
+        BrokerProcess { child, port, https, log }
     }
 
     pub fn port(&self) -> u16 {
@@ -71,7 +73,8 @@ impl BrokerProcess {
     }
 
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        let scheme = if self.https { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     /// The process id, while the process runs.
@@ -111,10 +114,12 @@ fn configures_queen(key: &str) -> bool {
     ["QUEEN_", "PG_", "DB_", "JWT_"].iter().any(|prefix| key.starts_with(prefix)) || NAMES.contains(&key)
 }
 
-/// The port in the broker's "listening on port N" line.
-fn listening_port(line: &str) -> Option<u16> {
+/// The port in the broker's "listening on port N (http)" line, and whether it says "(https)".
+fn listening_on(line: &str) -> Option<(u16, bool)> {
     let rest = &line[line.find("listening on port ")? + "listening on port ".len()..];
-    rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+    let port = rest[..digits].parse().ok()?;
+    Some((port, rest[digits..].starts_with(" (https)")))
 }
 
 #[cfg(test)]
@@ -122,11 +127,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_port_is_read_from_the_log_line() {
+    fn the_port_and_the_scheme_are_read_from_the_log_line() {
         assert_eq!(
-            listening_port("2026-11-29T19:35:21Z  INFO queen_broker::startup: queen listening on port 6632 port=6632"),
-            Some(6632)
+            listening_on(
+                "2026-11-29T19:35:21Z  INFO queen_broker::startup: queen listening on port 6632 (http) port=6632"
+            ),
+            Some((6632, false))
         );
-        assert_eq!(listening_port("starting 2 workers"), None);
+        assert_eq!(
+            listening_on(
+                "2026-12-06T03:35:21Z  INFO queen_broker::startup: queen listening on port 6633 (https) port=6633"
+            ),
+            Some((6633, true))
+        );
+        assert_eq!(listening_on("starting 2 workers"), None);
     }
 }
