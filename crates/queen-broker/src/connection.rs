@@ -4,9 +4,9 @@
 //! actix reads a client's end but keeps the request's handler (it allows half-closed connections)
 //! until it writes the answer; so a client that went away would leave its poll parked, and the
 //! next push would be claimed for it and leased to nobody until the lease ran out (a failed
-//! delivery, on top). A parked pop therefore looks at its connection now and then, before it
-//! claims anything, and again once it has claimed: a client that left while the claim ran gets
-//! its claim given back.
+//! delivery, on top). A parked pop therefore looks at its connection now and then and before it
+//! claims anything, and every pop looks again once it has claimed: what was claimed for a client
+//! that left meanwhile is given back.
 
 use std::any::Any;
 use std::os::fd::{AsRawFd, RawFd};

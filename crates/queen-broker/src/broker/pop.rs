@@ -57,7 +57,8 @@ pub struct PopRequest {
     /// The client's address, whose parked long polls are bounded by `limits.long_polls_per_client`
     /// (not counted when unknown).
     pub client: Option<IpAddr>,
-    /// The connection the pop came on: a long poll whose client closed it ends, claiming nothing.
+    /// The connection the pop came on: a long poll whose client closed it ends, claiming nothing,
+    /// and what any pop claimed after its client closed it is given back.
     pub connection: Option<ClientConnection>,
 }
 
@@ -418,10 +419,11 @@ async fn pop_queue(
             Err(e) => tracing::warn!(error = %e, queue = %queue.name, "exhausted heads left for a later pop"),
         }
     }
-    // The client of a long poll may leave while the pop looks (after its check at the top of the
-    // loop): what was claimed for it goes back at once rather than stay leased to nobody.
-    let client_left = request.wait && request.connection.is_some_and(ClientConnection::is_closed);
-    if client_left && !claims.is_empty() && !request.auto_ack {
+    // The client may leave while the pop looks: a long poll's after the check at the top of the
+    // loop, any pop's when it gives up waiting for the answer (its own timeout). What was claimed
+    // for it goes back at once rather than stay leased to nobody.
+    let client_left = || request.connection.is_some_and(ClientConnection::is_closed);
+    if !claims.is_empty() && !request.auto_ack && client_left() {
         let claimed: Vec<i64> = claims.iter().map(|c| c.partition_id).collect();
         give_back(broker, client, lease_id, &claimed).await;
         return Ok(Attempt::Empty { retry_at: None });

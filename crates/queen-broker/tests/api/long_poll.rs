@@ -148,13 +148,23 @@ async fn a_pool_of_one_connection_is_left_to_the_requests() {
 /// Sends a long poll on a raw connection, waits until it parks, then closes the connection the
 /// way a client that gives up does.
 async fn abandon_a_long_poll(app: &TestApp, queue: &str) {
+    let socket = send_a_pop(app, queue, "batch=1&wait=true&timeout=30000").await;
+    until_parked(app, 1).await;
+    close_and_wait_for_the_broker(socket).await;
+}
+
+/// Sends a pop of `queue` with `query` on a raw connection of its own.
+async fn send_a_pop(app: &TestApp, queue: &str, query: &str) -> tokio::net::TcpStream {
     use tokio::io::AsyncWriteExt;
     let address = app.base.trim_start_matches("http://");
     let mut socket = tokio::net::TcpStream::connect(address).await.expect("a connection");
-    let request =
-        format!("GET /api/v1/pop/queue/{queue}?batch=1&wait=true&timeout=30000 HTTP/1.1\r\nHost: {address}\r\n\r\n");
+    let request = format!("GET /api/v1/pop/queue/{queue}?{query} HTTP/1.1\r\nHost: {address}\r\n\r\n");
     socket.write_all(request.as_bytes()).await.expect("the request");
-    until_parked(app, 1).await;
+    socket
+}
+
+/// Closes `socket` as a client that gives up does, and waits until the broker's end has the close.
+async fn close_and_wait_for_the_broker(socket: tokio::net::TcpStream) {
     let client_port = socket.local_addr().expect("the client's address").port();
     let broker_port = socket.peer_addr().expect("the broker's address").port();
     drop(socket);
@@ -200,6 +210,54 @@ async fn a_long_poll_whose_client_left_claims_nothing_and_gives_its_place_back()
     a_push_to_a_left_poll_goes_to_a_consumer_that_is_there(&app, "left").await;
     abandon_a_long_poll(&app, "idle").await;
     until_no_poll_is_parked(&app).await;
+}
+
+#[actix_web::test]
+async fn a_long_poll_whose_client_leaves_while_it_claims_gives_the_claim_back() {
+    a_pop_whose_client_leaves_while_it_claims_gives_the_claim_back("wait=true&timeout=30000").await;
+}
+
+#[actix_web::test]
+async fn a_pop_that_does_not_wait_whose_client_leaves_while_it_claims_gives_the_claim_back() {
+    a_pop_whose_client_leaves_while_it_claims_gives_the_claim_back("wait=false").await;
+}
+
+/// A pop (`query`, of one message) whose look for messages waits behind a lock on the cursors: its
+/// client is there when the look starts and gone (given up) when the look claims. The claim is
+/// given back, and the message goes to the next consumer on its first delivery attempt.
+async fn a_pop_whose_client_leaves_while_it_claims_gives_the_claim_back(query: &str) {
+    let app = TestApp::spawn().await;
+    // The group's cursor made (and the broker's statements prepared) before the lock below.
+    app.push_one("held", "p", "first", json!(0)).await;
+    let first = app.pop("queue/held", "batch=1").await.messages();
+    app.ack_all(&first, "completed", None).await;
+    app.push_one("held", "p", "second", json!(1)).await;
+
+    let mut locker = app.db.connect().await;
+    let lock = locker.transaction().await.expect("a transaction");
+    lock.batch_execute("LOCK TABLE queen.log_consumers IN ACCESS EXCLUSIVE MODE").await.expect("the lock");
+    let socket = send_a_pop(&app, "held", &format!("batch=1&{query}")).await;
+    let looking = "SELECT count(*) FROM pg_stat_activity
+                    WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%AS not_before%'";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.count(looking).await < 1 {
+        assert!(Instant::now() < deadline, "the pop's look never waited for the lock");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    close_and_wait_for_the_broker(socket).await;
+    lock.rollback().await.expect("the lock released");
+
+    // The look claims the message (the cursor's lease reaches it) and gives it back at once.
+    let given_back = "SELECT count(*) FROM queen.log_consumers WHERE leased_until = 2 AND lease_expires_at IS NULL";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.count(given_back).await < 1 {
+        let leased = app.count("SELECT count(*) FROM queen.log_consumers WHERE lease_expires_at > now()").await;
+        assert!(Instant::now() < deadline, "the claim was not given back ({leased} live leases)");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let popped = app.pop("queue/held", "batch=1&wait=true&timeout=5000").await;
+    assert_eq!(popped.transaction_ids(), vec!["second"], "delivered to a consumer that is there");
+    assert_eq!(popped.messages()[0]["deliveryAttempt"], 1, "the claim given back is not counted as a delivery");
 }
 
 /// Once a long poll of `queue` was left by its client (the broker's end has its close): pushed at
