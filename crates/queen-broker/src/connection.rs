@@ -1,4 +1,4 @@
-//! The TCP connection a request came on (under TLS, over HTTPS), as far as a long poll needs it:
+//! The TCP connection a request came on (under TLS, over HTTPS), as far as a pop needs it:
 //! whether its client is still there.
 //!
 //! actix reads a client's end but keeps the request's handler (it allows half-closed connections)
