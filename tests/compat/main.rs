@@ -1,8 +1,9 @@
 //! Compatibility: the unmodified official Python client (`queen-mq`, pinned in
 //! `tests/compat/requirements.txt`) against a real broker.
 //!
-//! One test starts one broker on a fresh database and runs the pytest suite in `tests/compat`
-//! against it; pytest reports the individual cases (`queen_testkit::pytest` says which Python).
+//! Each test starts one broker on a fresh database and runs pytest files of `tests/compat` against
+//! it: the suite, then the files that need a broker of their own (JWT auth, HTTPS). pytest reports
+//! the individual cases (`queen_testkit::pytest` says which Python).
 
 use std::path::Path;
 
