@@ -13,7 +13,8 @@
 //! wakes only the longest-parked queue-wide pop of each group, which takes the group's *turn*.
 //! It hands the turn on ([`PassTurn`]) to the group's next parked pop when it passes over
 //! partitions it could have served (its limits, or another pop holding them), and when it fails
-//! or its request goes away; any queue-wide pop that passes over partitions hands a turn on.
+//! or its request goes away, even before it read its [`WakeUp`]; any queue-wide pop that passes
+//! over partitions hands a turn on.
 //! Partition and namespace pops, and every other wake-up (changed options, shutdown, starting
 //! over), wake every parked pop as before.
 //!
@@ -45,8 +46,11 @@
 //! (wake-ups, forgets, the LISTEN connection's state) always go through.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
@@ -90,6 +94,59 @@ pub struct Park {
 pub struct Waiter {
     pub turn_of: Option<Arc<str>>,
     pub wake: oneshot::Sender<()>,
+}
+
+/// What a parked pop waits on: resolves when the pop is woken, to its group's [`Turn`] for a
+/// queue-wide pop of one queue. Dropped with a wake-up that came and was not read (the request
+/// went away as it was woken), it hands that turn on, or the group's other parked pops would wait
+/// for a pop that is gone.
+pub struct WakeUp {
+    woken: oneshot::Receiver<()>,
+    turn: Option<Turn>,
+}
+
+impl Future for WakeUp {
+    type Output = Result<Option<Turn>, oneshot::error::RecvError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        Pin::new(&mut this.woken).poll(cx).map_ok(|()| this.turn.take())
+    }
+}
+
+impl Drop for WakeUp {
+    fn drop(&mut self) {
+        let Some(turn) = self.turn.take() else { return };
+        // Closed first, so that no wake-up can land after the look.
+        self.woken.close();
+        if self.woken.try_recv().is_err() {
+            turn.settle();
+        }
+    }
+}
+
+/// The group's turn on a queue, held by the queue-wide pop that new messages woke. Dropped
+/// before [`Turn::settle`] (the pop failed, or its request went away, before it looked), it hands
+/// the turn to the group's next parked pop.
+pub struct Turn {
+    addr: Option<Addr<Coordinator>>,
+    queue: Arc<str>,
+    group: Arc<str>,
+}
+
+impl Turn {
+    /// The pop has looked: nothing to hand on.
+    pub fn settle(mut self) {
+        self.addr = None;
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        if let Some(addr) = self.addr.take() {
+            addr.do_send(PassTurn { queue: Arc::clone(&self.queue), group: Arc::clone(&self.group) });
+        }
+    }
 }
 
 /// Wakes the group's next parked queue-wide pop on the queue: a pop passed over partitions it
@@ -645,19 +702,16 @@ impl CoordinatorMailbox {
     }
 
     /// Parks until the queue's number differs from `seen` (at once if it already does): the
-    /// returned receiver fires then. A queue-wide pop of one queue names its group (`turn_of`),
-    /// and new messages then wake it only in its group's turn. Refused when the coordinator is
-    /// full.
-    pub fn park(
-        &self,
-        queue: Arc<str>,
-        turn_of: Option<Arc<str>>,
-        seen: u64,
-    ) -> Result<oneshot::Receiver<()>, WorkError> {
+    /// returned wake-up fires then. A queue-wide pop of one queue names its group (`turn_of`),
+    /// and new messages then wake it only in its group's turn, which its wake-up carries.
+    /// Refused when the coordinator is full.
+    pub fn park(&self, queue: Arc<str>, turn_of: Option<Arc<str>>, seen: u64) -> Result<WakeUp, WorkError> {
         let place = self.waiting.hold(1)?;
         let (wake, woken) = oneshot::channel();
+        let turn =
+            turn_of.clone().map(|group| Turn { addr: Some(self.addr.clone()), queue: Arc::clone(&queue), group });
         self.send(Counted::Park(Park { queue, seen, waiter: Waiter { turn_of, wake } }), place);
-        Ok(woken)
+        Ok(WakeUp { woken, turn })
     }
 
     /// Hands the group's turn on the queue to its next parked pop (see [`PassTurn`]); never
@@ -873,9 +927,8 @@ mod tests {
 
     #[actix_rt::test]
     async fn past_its_bound_the_mailbox_refuses_pops_and_drops_announcements_then_starts_over() {
-        let settings = CoordinatorSettings { plan_from_views: true, view_max_age: Duration::from_secs(30) };
         let metrics = Metrics::new(10);
-        let mailbox = CoordinatorMailbox::start(Coordinator::new(settings, Arc::new(Metrics::new(10))), 2, &metrics);
+        let mailbox = CoordinatorMailbox::start(coordinator(true), 2, &metrics);
         let queue: Arc<str> = Arc::from("q");
         let seen = mailbox.observe(Arc::clone(&queue)).await.expect("room");
         // The coordinator handles nothing until the test awaits: two messages fill its mailbox.
@@ -886,8 +939,29 @@ mod tests {
         // before it must still be woken.
         mailbox.announce(DataAvailable { queue: Arc::clone(&queue), queue_id: 1, partition_id: 7 });
         let woken = tokio::time::timeout(Duration::from_secs(5), &mut parked).await;
-        assert!(matches!(woken, Ok(Ok(()))), "the parked pop was woken by the coordinator starting over");
+        assert!(matches!(woken, Ok(Ok(None))), "the parked pop was woken by the coordinator starting over");
         assert_eq!(metrics.overload_refusals.with_label_values(&["coordinator"]).get(), 1, "only the park was refused");
         mailbox.park(queue, None, seen).expect("room again once the coordinator caught up");
+    }
+
+    #[actix_rt::test]
+    async fn a_pop_gone_as_its_wake_up_came_hands_the_turn_on_and_one_gone_before_hands_nothing() {
+        let mailbox = CoordinatorMailbox::start(coordinator(true), 16, &Metrics::new(10));
+        let queue: Arc<str> = Arc::from("q");
+        let seen = mailbox.observe(Arc::clone(&queue)).await.expect("room");
+        let park = || mailbox.park(Arc::clone(&queue), Some(group()), seen).expect("room");
+        let (gone_before, mut gone_as_woken, mut third) = (park(), park(), park());
+        // The coordinator handles its messages in order: once it answers, it has handled the rest.
+        let handled = || mailbox.observe(Arc::clone(&queue));
+        drop(gone_before);
+        handled().await.expect("room");
+        assert!(gone_as_woken.woken.try_recv().is_err() && third.woken.try_recv().is_err(), "no turn to hand on");
+        mailbox.announce(DataAvailable { queue: Arc::clone(&queue), queue_id: 1, partition_id: 7 });
+        handled().await.expect("room");
+        assert!(third.woken.try_recv().is_err(), "one pop of the group takes the turn");
+        drop(gone_as_woken);
+        let woken = tokio::time::timeout(Duration::from_secs(5), &mut third).await;
+        let Ok(Ok(Some(turn))) = woken else { panic!("the turn the gone pop never read came to the next pop") };
+        turn.settle();
     }
 }

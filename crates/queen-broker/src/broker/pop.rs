@@ -21,7 +21,7 @@ use uuid::Uuid;
 use super::Broker;
 use super::BrokerError;
 use super::deliveries::ClaimedToEnd;
-use crate::actors::coordinator::{Checked, PopPlan, ScanDone, ViewStamp};
+use crate::actors::coordinator::{Checked, PopPlan, ScanDone, Turn, ViewStamp};
 use crate::connection::ClientConnection;
 use crate::metrics::GaugeHeld;
 use crate::pressure::{ClientHeld, Held, Refused};
@@ -136,7 +136,7 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
         PopSource::Queue { partition: Some(_), .. } | PopSource::Namespace { .. } => None,
     };
     // The group's turn, while this pop holds it.
-    let mut turn: Option<Turn<'_>> = None;
+    let mut turn: Option<Turn> = None;
     if held_by_pop_maintenance(broker, request, deadline, &mut parked).await? {
         return paused();
     }
@@ -196,8 +196,8 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
         }
         // The pop has looked: a turn it held is done with, and work it left is for the group's
         // next parked pop.
-        if let Some(mut held) = turn.take() {
-            held.settled = true;
+        if let Some(held) = turn.take() {
+            held.settle();
         }
         if let (true, Some((queue, group))) = (left_work, &turn_key) {
             broker.coordinator.pass_turn(Arc::clone(queue), Arc::clone(group));
@@ -228,41 +228,22 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
             return Ok(Delivery::default());
         }
         // Woken (by any of the queues), or the time came: either way, look again (or give up past
-        // the deadline). A client that leaves meanwhile gives its places back at once.
+        // the deadline). A client that leaves meanwhile gives its places back at once, and hands
+        // on a turn its wake-up brought (`WakeUp`).
         let woken_or_due = async {
             if woken.is_empty() {
                 tokio::time::sleep_until(wake_at.into()).await;
-                false
+                None
             } else {
-                let woken = tokio::time::timeout_at(wake_at.into(), futures::future::select_all(woken)).await;
-                matches!(woken, Ok((Ok(()), _, _)))
+                match tokio::time::timeout_at(wake_at.into(), futures::future::select_all(woken)).await {
+                    Ok((Ok(turn), _, _)) => turn,
+                    _ => None,
+                }
             }
         };
         tokio::select! {
-            woken = woken_or_due => {
-                if woken {
-                    turn = turn_key.clone().map(|(queue, group)| Turn { broker, queue, group, settled: false });
-                }
-            }
+            taken = woken_or_due => turn = taken,
             () = ClientConnection::closed(request.connection) => return Ok(Delivery::default()),
-        }
-    }
-}
-
-/// The group's turn on a queue, taken by a queue-wide pop that new messages woke
-/// (`actors::coordinator`, *One turn per group*): handed on to the group's next parked pop when
-/// dropped before the pop has looked (it failed, or its request went away).
-struct Turn<'a> {
-    broker: &'a Broker,
-    queue: Arc<str>,
-    group: Arc<str>,
-    settled: bool,
-}
-
-impl Drop for Turn<'_> {
-    fn drop(&mut self) {
-        if !self.settled {
-            self.broker.coordinator.pass_turn(Arc::clone(&self.queue), Arc::clone(&self.group));
         }
     }
 }
