@@ -99,7 +99,7 @@ pub struct Delivery {
 enum Attempt {
     /// `passed_over`: partitions the group could have been served from now were left unclaimed
     /// (the pop's limits, or another pop holding them).
-    Delivered { delivery: Delivery, passed_over: bool },
+    Taken { taken: Taken, passed_over: bool },
     /// Nothing now; `retry_at` is the soonest a pending partition can be served: when a lease
     /// held by another consumer of the group expires, or a message becomes visible.
     Empty { retry_at: Option<DateTime<Utc>> },
@@ -165,33 +165,43 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
             }
         }
         let conflation_conflict = request.conflation && queues.iter().any(|(_, conflates)| !conflates);
-        let mut delivery = Delivery { conflation_conflict, ..Delivery::default() };
+        let mut taken: Vec<Taken> = Vec::new();
         let mut retry_at = None;
         let mut left_work = false;
         for (queue, conflates) in &queues {
             let budget = Budget {
-                messages: request.batch - delivery.messages.len() as u32,
-                partitions: request.max_partitions - delivery.partitions_claimed as u32,
+                messages: request.batch - taken.iter().map(|t| t.messages.len() as u32).sum::<u32>(),
+                partitions: request.max_partitions - taken.iter().map(|t| t.claims.len() as u32).sum::<u32>(),
             };
             if budget.messages == 0 || budget.partitions == 0 {
                 break;
             }
             match pop_queue(broker, request, queue, *conflates, budget, lease_id).await {
-                Ok(Attempt::Delivered { delivery: more, passed_over }) => {
+                Ok(Attempt::Taken { taken: more, passed_over }) => {
                     left_work |= passed_over;
-                    delivery.partitions_claimed += more.partitions_claimed;
-                    delivery.messages.extend(more.messages);
-                    delivery.segments.extend(more.segments);
-                    delivery.lease_id = more.lease_id;
+                    taken.push(more);
                 }
                 Ok(Attempt::Empty { retry_at: at }) => retry_at = retry_at.into_iter().chain(at).min(),
                 // What earlier queues of a namespace pop claimed is delivered rather than left
                 // leased to nobody.
-                Err(e) if delivery.messages.is_empty() => return Err(e),
+                Err(e) if taken.is_empty() => return Err(e),
                 Err(e) => {
                     tracing::warn!(error = %e, queue = %queue.name, "a namespace pop delivers what it claimed before");
                     break;
                 }
+            }
+        }
+        // The client may have left while the pop looked: a long poll's after the check at the top
+        // of the loop, any pop's when it gave up waiting for the answer (its own timeout). What
+        // was claimed for it, on every queue, goes back at once rather than stay leased to nobody
+        // (an auto-acked claim is committed already).
+        let claimed_for_nobody =
+            !taken.is_empty() && !request.auto_ack && request.connection.is_some_and(ClientConnection::is_closed);
+        if claimed_for_nobody {
+            let claimed: Vec<i64> = taken.iter().flat_map(|t| t.claims.iter().map(|c| c.partition_id)).collect();
+            match broker.pool.get().await {
+                Ok(client) => give_back(broker, client, lease_id, &claimed).await,
+                Err(e) => tracing::warn!(error = %e, "could not give back the claims of a pop whose client left"),
             }
         }
         // The pop has looked: a turn it held is done with, and work it left is for the group's
@@ -202,7 +212,14 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
         if let (true, Some((queue, group))) = (left_work, &turn_key) {
             broker.coordinator.pass_turn(Arc::clone(queue), Arc::clone(group));
         }
-        if !delivery.messages.is_empty() || !request.wait {
+        if claimed_for_nobody {
+            return Ok(Delivery::default());
+        }
+        if !taken.is_empty() || !request.wait {
+            let mut delivery = Delivery { conflation_conflict, ..Delivery::default() };
+            for taken in taken {
+                hand_out(broker, request, lease_id, taken, &mut delivery);
+            }
             return Ok(delivery);
         }
         let now = Instant::now();
@@ -400,15 +417,6 @@ async fn pop_queue(
             Err(e) => tracing::warn!(error = %e, queue = %queue.name, "exhausted heads left for a later pop"),
         }
     }
-    // The client may leave while the pop looks: a long poll's after the check at the top of the
-    // loop, any pop's when it gives up waiting for the answer (its own timeout). What was claimed
-    // for it goes back at once rather than stay leased to nobody.
-    let client_left = || request.connection.is_some_and(ClientConnection::is_closed);
-    if !claims.is_empty() && !request.auto_ack && client_left() {
-        let claimed: Vec<i64> = claims.iter().map(|c| c.partition_id).collect();
-        give_back(broker, client, lease_id, &claimed).await;
-        return Ok(Attempt::Empty { retry_at: None });
-    }
     if claims.is_empty() {
         // A cursor made just now may start later than the candidate query assumed (a `new` or
         // timestamp subscription): ask when those partitions can be served, so a long poll
@@ -437,6 +445,26 @@ async fn pop_queue(
         }
     };
     drop(client);
+    let passed_over = free.len() > claims.len();
+    let taken = Taken { queue: Arc::from(queue.name.as_str()), queue_id, group, claims, stamp, messages, segments };
+    Ok(Attempt::Taken { taken, passed_over })
+}
+
+/// What a pop claimed on one queue and read, to hand out once it has looked at every queue.
+struct Taken {
+    queue: Arc<str>,
+    queue_id: i64,
+    group: Arc<str>,
+    claims: Vec<cursors::Claim>,
+    /// The view the pop planned from, for a queue-wide pop.
+    stamp: Option<ViewStamp>,
+    messages: Vec<DeliveredMessage>,
+    segments: Vec<Arc<StoredSegment>>,
+}
+
+/// Adds what the pop took on one queue to its `delivery`: remembered for the acks, and counted.
+fn hand_out(broker: &Broker, request: &PopRequest, lease_id: Uuid, taken: Taken, delivery: &mut Delivery) {
+    let Taken { queue, queue_id, group, claims, stamp, messages, segments } = taken;
     // Where the pop took everything a partition had, the group's view can drop it once the
     // cursor is there: at once when the claim committed, else when the ack does.
     let took_all = |claim: &&cursors::Claim| claim.last >= claim.partition_end;
@@ -455,26 +483,22 @@ async fn pop_queue(
     } else if let Some(stamp) = stamp {
         let drained: Vec<i64> = claims.iter().filter(took_all).map(|claim| claim.partition_id).collect();
         if !drained.is_empty() {
-            broker.coordinator.drained(queue_id, Arc::clone(&group), stamp, drained);
+            broker.coordinator.drained(queue_id, group, stamp, drained);
         }
     }
 
     let metrics = &broker.metrics;
-    metrics.messages_delivered.inc_by(&queue.name, messages.len() as u64);
+    metrics.messages_delivered.inc_by(&queue, messages.len() as u64);
     let bytes: usize = messages.iter().map(|m| m.data.get().len()).sum();
-    metrics.bytes_delivered.inc_by(&queue.name, bytes as u64);
+    metrics.bytes_delivered.inc_by(&queue, bytes as u64);
     if !request.auto_ack {
         metrics.leases_granted.inc_by(claims.len() as u64);
+        delivery.lease_id = Some(lease_id);
     }
     metrics.leases_expired.inc_by(claims.iter().filter(|c| c.took_over_expired_lease).count() as u64);
-    let delivery = Delivery {
-        lease_id: (!request.auto_ack).then_some(lease_id),
-        partitions_claimed: claims.len(),
-        messages,
-        segments,
-        ..Delivery::default()
-    };
-    Ok(Attempt::Delivered { delivery, passed_over: free.len() > claims.len() })
+    delivery.partitions_claimed += claims.len();
+    delivery.messages.extend(messages);
+    delivery.segments.extend(segments);
 }
 
 /// How many of `free`, taken in order, the claim locks: as many as have backlogs that fill
@@ -497,8 +521,8 @@ fn enough_to_fill(free: &[&cursors::Candidate], messages: u32, conflates: bool, 
 }
 
 /// Gives back what a pop claimed and could not hand out ([`cursors::give_back_claims`]): its
-/// segments could not be read, or its client left. On the pop's connection, or on another when
-/// that one was lost (its backend terminated while it read the segments): the claim committed
+/// segments could not be read, or its client left. On `client`, or on another when that one was
+/// lost (its backend terminated while the pop read the segments): the claim committed
 /// already, so its leases would otherwise stand until they run out, and count against messages
 /// nobody was given.
 async fn give_back(broker: &Broker, client: deadpool_postgres::Object, lease_id: Uuid, claimed: &[i64]) {

@@ -148,17 +148,17 @@ async fn a_pool_of_one_connection_is_left_to_the_requests() {
 /// Sends a long poll on a raw connection, waits until it parks, then closes the connection the
 /// way a client that gives up does.
 async fn abandon_a_long_poll(app: &TestApp, queue: &str) {
-    let socket = send_a_pop(app, queue, "batch=1&wait=true&timeout=30000").await;
+    let socket = send_a_pop(app, &format!("/queue/{queue}?batch=1&wait=true&timeout=30000")).await;
     until_parked(app, 1).await;
     close_and_wait_for_the_broker(socket).await;
 }
 
-/// Sends a pop of `queue` with `query` on a raw connection of its own.
-async fn send_a_pop(app: &TestApp, queue: &str, query: &str) -> tokio::net::TcpStream {
+/// Sends `GET /api/v1/pop{target}` on a raw connection of its own.
+async fn send_a_pop(app: &TestApp, target: &str) -> tokio::net::TcpStream {
     use tokio::io::AsyncWriteExt;
     let address = app.base.trim_start_matches("http://");
     let mut socket = tokio::net::TcpStream::connect(address).await.expect("a connection");
-    let request = format!("GET /api/v1/pop/queue/{queue}?{query} HTTP/1.1\r\nHost: {address}\r\n\r\n");
+    let request = format!("GET /api/v1/pop{target} HTTP/1.1\r\nHost: {address}\r\n\r\n");
     socket.write_all(request.as_bytes()).await.expect("the request");
     socket
 }
@@ -236,7 +236,7 @@ async fn a_pop_whose_client_leaves_while_it_claims_gives_the_claim_back(query: &
     let mut locker = app.db.connect().await;
     let lock = locker.transaction().await.expect("a transaction");
     lock.batch_execute("LOCK TABLE queen.log_consumers IN ACCESS EXCLUSIVE MODE").await.expect("the lock");
-    let socket = send_a_pop(&app, "held", &format!("batch=1&{query}")).await;
+    let socket = send_a_pop(&app, &format!("/queue/held?batch=1&{query}")).await;
     let looking = "SELECT count(*) FROM pg_stat_activity
                     WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%AS not_before%'";
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -258,6 +258,55 @@ async fn a_pop_whose_client_leaves_while_it_claims_gives_the_claim_back(query: &
     let popped = app.pop("queue/held", "batch=1&wait=true&timeout=5000").await;
     assert_eq!(popped.transaction_ids(), vec!["second"], "delivered to a consumer that is there");
     assert_eq!(popped.messages()[0]["deliveryAttempt"], 1, "the claim given back is not counted as a delivery");
+}
+
+/// A namespace pop whose client leaves after it claimed on its first queue, while its look at the
+/// second waits (to make the group's cursor there, behind an uncommitted one): what it claimed on
+/// both queues is given back, and both messages go to the next consumer on their first attempt.
+#[actix_web::test]
+async fn a_namespace_pop_whose_client_leaves_while_it_claims_gives_back_what_it_claimed_on_every_queue() {
+    let app = TestApp::spawn().await;
+    let configured = app.post("/api/v1/configure", &json!({"queue": "team.first", "options": {"priority": 10}})).await;
+    assert_eq!(configured.body["configured"], true, "{configured:?}");
+    app.push_one("team.first", "p", "on-first", json!(1)).await;
+    app.push_one("team.second", "p", "on-second", json!(2)).await;
+
+    let mut blocker = app.db.connect().await;
+    let block = blocker.transaction().await.expect("a transaction");
+    let cursor = "INSERT INTO queen.log_consumers (partition_id, consumer_group, committed)
+                  SELECT p.id, 'g', 0 FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+                   WHERE q.name = 'team.second'";
+    assert_eq!(block.execute(cursor, &[]).await.expect("the cursor"), 1);
+    let pop = "?namespace=team&consumerGroup=g&batch=10&partitions=10";
+    let socket = send_a_pop(&app, pop).await;
+    let waiting = "SELECT count(*) FROM pg_stat_activity
+                    WHERE datname = current_database() AND wait_event_type = 'Lock'
+                      AND query LIKE '%INSERT INTO queen.log_consumers%'";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.count(waiting).await < 1 {
+        assert!(Instant::now() < deadline, "the pop's look at the second queue never waited");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let first_claimed =
+        "SELECT count(*) FROM queen.log_consumers WHERE consumer_group = 'g' AND lease_expires_at > now()";
+    assert_eq!(app.count(first_claimed).await, 1, "the first queue was claimed before the second was looked at");
+    close_and_wait_for_the_broker(socket).await;
+    block.rollback().await.expect("the cursor withdrawn");
+
+    let given_back = "SELECT count(*) FROM queen.log_consumers
+                       WHERE consumer_group = 'g' AND leased_until IS NOT NULL AND lease_expires_at IS NULL";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.count(given_back).await < 2 {
+        let leased = app.count(first_claimed).await;
+        assert!(Instant::now() < deadline, "not every claim was given back ({leased} live leases)");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let popped = app.get(&format!("/api/v1/pop{pop}&wait=true&timeout=5000")).await;
+    let mut delivered = popped.transaction_ids();
+    delivered.sort();
+    assert_eq!(delivered, vec!["on-first", "on-second"], "delivered to a consumer that is there");
+    let attempts: Vec<serde_json::Value> = popped.messages().iter().map(|m| m["deliveryAttempt"].clone()).collect();
+    assert!(attempts.iter().all(|a| *a == 1), "the claims given back are not counted as deliveries: {attempts:?}");
 }
 
 /// Once a long poll of `queue` was left by its client (the broker's end has its close): pushed at
