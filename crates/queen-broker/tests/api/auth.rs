@@ -11,11 +11,11 @@ use queen_broker::auth::Role;
 use queen_broker::config::Config;
 use queen_broker::http::ROUTES;
 use queen_broker::http::authorize::Access;
-use queen_testkit::{JsonServer, target_dir};
+use queen_testkit::JsonServer;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::helpers::{Answer, TestApp};
+use crate::helpers::{Answer, TestApp, TokensFile};
 
 const SECRET: &str = "the-api-tests-hs256-secret-0123456789";
 const ISSUER: &str = "https://idp.test";
@@ -330,23 +330,16 @@ async fn a_pem_public_key_verifies_rs256_and_eddsa_tokens() {
     assert_eq!(push_as(&app, &hs, "q", "t2").await.status, StatusCode::UNAUTHORIZED, "only EdDSA is accepted");
 }
 
-fn tokens_file(text: &str) -> PathBuf {
-    let dir = target_dir().join("api-auth");
-    std::fs::create_dir_all(&dir).expect("a directory");
-    let path = dir.join(format!("{}.toml", uuid::Uuid::new_v4().simple()));
-    std::fs::write(&path, text).expect("the tokens file");
-    path
-}
-
 const ORDERS_TOKEN: &str = "orders-token-0123456789abcdef";
 const OPS_TOKEN: &str = "ops-token-0123456789abcdef";
 
 #[actix_web::test]
 async fn static_tokens_confine_their_holder_to_their_queue_prefixes() {
-    let file = tokens_file(&format!(
+    let tokens = TokensFile::new(&format!(
         "[[token]]\nname = \"orders-svc\"\ntoken = \"{ORDERS_TOKEN}\"\nrole = \"admin\"\nqueues = [\"orders.\"]\n\
          [[token]]\nname = \"ops\"\ntoken = \"{OPS_TOKEN}\"\nrole = \"admin\"\n"
     ));
+    let file = tokens.path();
     let app = TestApp::spawn_with(move |config| config.auth.tokens_file = Some(file)).await;
 
     let mine = push_as(&app, ORDERS_TOKEN, "orders.eu", "t1").await;
@@ -404,7 +397,9 @@ async fn static_tokens_confine_their_holder_to_their_queue_prefixes() {
 
 #[actix_web::test]
 async fn jwts_and_static_tokens_work_side_by_side() {
-    let file = tokens_file(&format!("[[token]]\nname = \"ops\"\ntoken = \"{OPS_TOKEN}\"\nrole = \"read-only\"\n"));
+    let tokens =
+        TokensFile::new(&format!("[[token]]\nname = \"ops\"\ntoken = \"{OPS_TOKEN}\"\nrole = \"read-only\"\n"));
+    let file = tokens.path();
     let app = TestApp::spawn_with(move |config| {
         with_hs256(config);
         config.auth.tokens_file = Some(file);

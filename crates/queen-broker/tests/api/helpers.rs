@@ -1,10 +1,11 @@
 //! A broker per test, on its own database, with typed request helpers.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use queen_broker::config::Config;
-use queen_testkit::{TestDatabase, metric_at};
+use queen_testkit::{TestDatabase, metric_at, target_dir};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -237,4 +238,28 @@ pub async fn row_versions(db: &tokio_postgres::Client) -> BTreeMap<String, Strin
         .join(" UNION ALL ");
     let rows = db.query(&sql, &[]).await.expect("the row versions");
     rows.iter().map(|row| (row.get(0), row.get(1))).collect()
+}
+
+/// A static tokens file (`auth.tokens_file`) of its own under the target directory, removed when
+/// dropped: keep it for as long as the broker reading it runs.
+pub struct TokensFile(PathBuf);
+
+impl TokensFile {
+    pub fn new(text: &str) -> Self {
+        let dir = target_dir().join("api-auth");
+        std::fs::create_dir_all(&dir).expect("a directory");
+        let path = dir.join(format!("{}.toml", uuid::Uuid::new_v4().simple()));
+        std::fs::write(&path, text).expect("the tokens file");
+        Self(path)
+    }
+
+    pub fn path(&self) -> PathBuf {
+        self.0.clone()
+    }
+}
+
+impl Drop for TokensFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::helpers::{Answer, TestApp};
+use crate::helpers::{Answer, TestApp, TokensFile};
 
 /// One batch; insists on a 200 with one result per operation.
 async fn batch(app: &TestApp, operations: Value) -> Vec<Value> {
@@ -593,12 +593,11 @@ async fn a_transaction_applies_its_kv_rider_with_its_acks_and_pushes_or_nothing(
 async fn a_token_confined_to_queues_cannot_reach_key_value_state() {
     const CONFINED: &str = "confined-token-0123456789abcdef";
     const FLEET: &str = "fleet-token-0123456789abcdef";
-    let file = queen_testkit::target_dir().join(format!("api-kv-tokens-{}.toml", uuid::Uuid::new_v4().simple()));
-    let tokens = format!(
+    let tokens = TokensFile::new(&format!(
         "[[token]]\nname = \"orders\"\ntoken = \"{CONFINED}\"\nrole = \"read-write\"\nqueues = [\"orders.\"]\n\
          [[token]]\nname = \"fleet\"\ntoken = \"{FLEET}\"\nrole = \"read-write\"\n"
-    );
-    std::fs::write(&file, tokens).expect("the tokens file");
+    ));
+    let file = tokens.path();
     let app = TestApp::spawn_with(move |config| config.auth.tokens_file = Some(file)).await;
     let send = |token: &'static str, path: &'static str, body: Value| {
         let request = app.http.post(app.url(path)).bearer_auth(token).json(&body);

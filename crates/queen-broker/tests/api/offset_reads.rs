@@ -8,7 +8,7 @@ use queen_store::log::{AppendPolicy, NewMessage, append_in_transaction};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::helpers::{Answer, TestApp};
+use crate::helpers::{Answer, TestApp, TokensFile};
 use crate::retention::{age, until_count};
 
 /// Pushes `n` messages to `queue`/`partition` in one request (one segment): `{"label", "i"}`,
@@ -358,12 +358,10 @@ async fn the_safe_time_stays_behind_a_push_that_can_still_commit() {
 #[actix_web::test]
 async fn a_token_confined_to_queues_reads_only_those() {
     const READER: &str = "orders-reader-0123456789abcdef";
-    let dir = queen_testkit::target_dir().join("api-auth");
-    std::fs::create_dir_all(&dir).expect("a directory");
-    let file = dir.join(format!("{}.toml", uuid::Uuid::new_v4().simple()));
-    let tokens =
-        format!("[[token]]\nname = \"reader\"\ntoken = \"{READER}\"\nrole = \"read-only\"\nqueues = [\"orders.\"]\n");
-    std::fs::write(&file, tokens).expect("the tokens file");
+    let tokens = TokensFile::new(&format!(
+        "[[token]]\nname = \"reader\"\ntoken = \"{READER}\"\nrole = \"read-only\"\nqueues = [\"orders.\"]\n"
+    ));
+    let file = tokens.path();
     let app = TestApp::spawn_with(move |config| config.auth.tokens_file = Some(file)).await;
     let call = |path: &'static str, body: Value| {
         let request = app.http.post(app.url(path)).bearer_auth(READER).json(&body);
