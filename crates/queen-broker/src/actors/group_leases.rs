@@ -2,8 +2,10 @@
 //! one batch is being committed are applied together in the next batch, one call after the
 //! other, so a busy group pays one commit per batch rather than one per call (two when some acks
 //! complete their deliveries and others need the full rules, see
-//! `queen_store::cursors::acknowledge_batch`). One group's
-//! actor holds at most `limits.group_ack_calls` calls; past that, a call is refused at once.
+//! `queen_store::cursors::acknowledge_batch`). The batches go to the broker's
+//! [`AckLane`](super::ack_lane::AckLane), which fuses those of different groups that meet there.
+//! One group's actor holds at most `limits.group_ack_calls` calls; past that, a call is refused at
+//! once.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,7 +17,7 @@ use queen_store::cursors::{AckOutcome, AckRequest};
 use tokio::sync::oneshot;
 
 use super::WorkError;
-use super::coordinator::DataAvailable;
+use super::ack_lane::{AckLane, CommitAcks};
 use super::fusion::{FusionQueue, Pending};
 use super::registry::Registry;
 use crate::metrics::Metrics;
@@ -43,15 +45,12 @@ pub struct Acknowledge {
 
 pub struct GroupLeases {
     group: Arc<str>,
-    pool: Pool,
+    lane: Addr<AckLane>,
     queue: FusionQueue<Vec<AckRequest>, Vec<AckOutcome>, WorkError>,
     last_activity: Instant,
     idle: Duration,
     registry: Registry<Arc<str>, GroupLeases>,
-    announcer: Announcer,
     metrics: Arc<Metrics>,
-    /// Opens sealed segments for the dead letters an ack writes.
-    keys: Option<Arc<Cipher>>,
 }
 
 impl GroupLeases {
@@ -61,25 +60,14 @@ impl GroupLeases {
         }) else {
             return;
         };
-        let pool = self.pool.clone();
-        let keys = self.keys.clone();
-        let calls = batch.items;
         let replies = batch.replies;
         self.metrics.actor_queued.with_label_values(&[ACTOR]).sub(replies.len() as i64);
-        let commit = async move {
-            let mut client = pool.get().await.map_err(queen_store::StoreError::from)?;
-            queen_store::cursors::acknowledge_batch(&mut client, &calls, keys.as_deref()).await
-        };
+        let (reply, committed) = oneshot::channel();
+        self.lane.do_send(CommitAcks::new(batch.items, reply));
+        let commit =
+            async move { committed.await.unwrap_or_else(|_| Err(WorkError::Failed("the ack lane stopped".into()))) };
         ctx.spawn(commit.into_actor(self).map(move |result, leases, ctx| {
-            match result {
-                Ok(batch) => {
-                    for work in batch.released {
-                        leases.announcer.announce(DataAvailable::from(work));
-                    }
-                    replies.answer(Ok(batch.outcomes));
-                }
-                Err(e) => replies.answer(Err(WorkError::from(e))),
-            }
+            replies.answer(result);
             leases.queue.done();
             leases.last_activity = Instant::now();
             leases.commit_next(ctx);
@@ -126,11 +114,9 @@ impl Handler<Acknowledge> for GroupLeases {
 #[derive(Clone)]
 pub struct Groups {
     registry: Registry<Arc<str>, GroupLeases>,
-    pool: Pool,
-    announcer: Announcer,
+    lane: Addr<AckLane>,
     idle: Duration,
     metrics: Arc<Metrics>,
-    keys: Option<Arc<Cipher>>,
 }
 
 impl Groups {
@@ -145,20 +131,19 @@ impl Groups {
         keys: Option<Arc<Cipher>>,
     ) -> Self {
         let registry = Registry::new(Bound::new(Limited::GroupLeases, max_calls, &metrics));
-        Self { registry, pool, announcer, idle: idle.max(IDLE_MIN), metrics, keys }
+        let lane = AckLane::new(pool, announcer, keys).start();
+        Self { registry, lane, idle: idle.max(IDLE_MIN), metrics }
     }
 
     fn start(&self, group: &Arc<str>) -> Addr<GroupLeases> {
         GroupLeases {
             group: Arc::clone(group),
-            pool: self.pool.clone(),
+            lane: self.lane.clone(),
             queue: FusionQueue::default(),
             last_activity: Instant::now(),
             idle: self.idle,
             registry: self.registry.clone(),
-            announcer: self.announcer.clone(),
             metrics: Arc::clone(&self.metrics),
-            keys: self.keys.clone(),
         }
         .start()
     }

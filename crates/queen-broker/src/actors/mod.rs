@@ -2,10 +2,13 @@
 //! ([`crate::pressure`]):
 //! - [`partition_writer::PartitionWriter`], one per active partition: push fusion;
 //! - [`group_leases::GroupLeases`], one per consumer group: coalesces acknowledgements;
+//! - [`ack_lane::AckLane`], one per broker: commits the groups' ack batches, fusing those that
+//!   meet;
 //! - [`coordinator::Coordinator`], one per broker: parks long polls and wakes them;
 //! - [`push_journal::PushJournal`], one per broker: the journal of pushes accepted during push
 //!   maintenance.
 
+mod ack_lane;
 pub mod coordinator;
 mod fusion;
 pub mod group_leases;

@@ -1,6 +1,7 @@
 //! Fan-out: the rows of the fan-out seed's "What to expect" table, and what a group costs.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -118,6 +119,100 @@ async fn a_group_whose_handler_keeps_failing_stalls_only_its_own_cursor() {
     assert_eq!(app.count("SELECT count(*) FROM queen.log_dlq WHERE consumer_group = 'failing'").await, 1);
     assert_eq!(app.count("SELECT count(*) FROM queen.log_dlq WHERE consumer_group = 'healthy'").await, 0);
     assert_eq!(app.count("SELECT committed FROM queen.log_consumers WHERE consumer_group = 'healthy'").await, 3);
+}
+
+/// The broker commits the acks of every group together when they meet; one group's ack held up
+/// (its cursor locked, here by the test) holds up no other group's.
+#[actix_web::test]
+async fn an_ack_held_up_on_one_groups_cursor_holds_up_no_other_groups_ack() {
+    let app = TestApp::spawn().await;
+    push(&app, "shared", &["p"], 1).await;
+    let held = app.pop("queue/shared", "batch=1&consumerGroup=held").await.messages();
+    let free = app.pop("queue/shared", "batch=1&consumerGroup=free").await.messages();
+
+    let mut locker = app.db.connect().await;
+    let lock = locker.transaction().await.expect("a transaction");
+    let cursor = "SELECT 1 FROM queen.log_consumers WHERE consumer_group = 'held' FOR UPDATE";
+    assert_eq!(lock.execute(cursor, &[]).await.expect("the lock"), 1);
+    let held_ack = app.ack_all(&held, "completed", Some("held"));
+    let meanwhile = async {
+        app.until_waiting_for_a_lock("queen.log_consumers", "the held group's ack never waited for its cursor").await;
+        let free_ack =
+            tokio::time::timeout(Duration::from_secs(5), app.ack_all(&free, "completed", Some("free"))).await;
+        let free_ack = free_ack.expect("the other group's ack waited for the held one");
+        lock.rollback().await.expect("the lock released");
+        free_ack
+    };
+    let (held_ack, free_ack) = futures::join!(held_ack, meanwhile);
+    assert_eq!(free_ack[0]["success"], true, "{free_ack:?}");
+    assert_eq!(held_ack[0]["success"], true, "once its cursor is free: {held_ack:?}");
+}
+
+/// A commit held up past `database.lock_timeout_ms` on one group's cursor fails that group's ack
+/// (503) and no other group's, whichever acks it was committed together with.
+#[actix_web::test]
+async fn an_ack_that_times_out_on_one_groups_cursor_fails_no_other_groups_ack() {
+    let app = TestApp::spawn_with(|config| config.database.lock_timeout_ms = 300).await;
+    push(&app, "shared", &["p"], 1).await;
+    let groups = ["free0", "held", "free1", "free2", "free3", "free4", "free5"];
+    let mut deliveries = Vec::new();
+    for group in groups {
+        deliveries.push(app.pop("queue/shared", &format!("batch=1&consumerGroup={group}")).await.messages());
+    }
+    let mut locker = app.db.connect().await;
+    let lock = locker.transaction().await.expect("a transaction");
+    let cursor = "SELECT 1 FROM queen.log_consumers WHERE consumer_group = 'held' FOR UPDATE";
+    assert_eq!(lock.execute(cursor, &[]).await.expect("the lock"), 1);
+    let acks = groups.iter().zip(&deliveries).map(|(group, messages)| {
+        let acks: Vec<Value> = messages
+            .iter()
+            .map(|m| {
+                json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+                            "leaseId": m["leaseId"], "status": "completed"})
+            })
+            .collect();
+        let body = json!({"acknowledgments": acks, "consumerGroup": group});
+        let app = &app;
+        async move { app.post("/api/v1/ack/batch", &body).await }
+    });
+    let answers = futures::future::join_all(acks).await;
+    lock.rollback().await.expect("the lock released");
+    for (group, answer) in groups.iter().zip(&answers) {
+        if *group == "held" {
+            assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE, "{answer:?}");
+        } else {
+            assert_eq!(answer.status, StatusCode::OK, "{group}: {answer:?}");
+            assert_eq!(answer.body[0]["success"], true, "{group}: {answer:?}");
+        }
+    }
+}
+
+/// Acks of several groups committed together: each call gets its own outcomes back.
+#[actix_web::test]
+async fn concurrent_acks_of_many_groups_each_get_their_own_outcomes() {
+    let app = TestApp::spawn().await;
+    push(&app, "many", &["p"], 3).await;
+    let groups: Vec<String> = (0..8).map(|g| format!("g{g}")).collect();
+    let mut deliveries = Vec::new();
+    for group in &groups {
+        deliveries.push(app.pop("queue/many", &format!("batch=3&consumerGroup={group}")).await.messages());
+    }
+    // Odd groups ack under a lease that is not theirs, and are refused; even groups complete.
+    let acks = groups.iter().zip(&deliveries).enumerate().map(|(g, (group, messages))| {
+        let mut messages = messages.clone();
+        if g % 2 == 1 {
+            messages.iter_mut().for_each(|m| m["leaseId"] = json!(uuid::Uuid::now_v7().to_string()));
+        }
+        let app = &app;
+        async move { app.ack_all(&messages, "completed", Some(group)).await }
+    });
+    let answers = futures::future::join_all(acks).await;
+    for (g, answer) in answers.iter().enumerate() {
+        assert_eq!(answer.len(), 3, "group g{g}: {answer:?}");
+        assert!(answer.iter().all(|a| a["success"] == (g % 2 == 0)), "group g{g}: {answer:?}");
+    }
+    let committed = "SELECT count(*) FROM queen.log_consumers WHERE committed = 3";
+    assert_eq!(app.count(committed).await, 4, "the even groups' cursors, and only theirs, moved");
 }
 
 #[actix_web::test]

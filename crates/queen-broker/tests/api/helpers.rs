@@ -204,6 +204,20 @@ impl TestApp {
     pub async fn count(&self, sql: &str) -> i64 {
         self.db.connect().await.query_one(sql, &[]).await.unwrap_or_else(|e| panic!("{sql}: {e}")).get(0)
     }
+
+    /// Waits until a statement on the test's database whose text contains `statement` waits for
+    /// a lock (one the test holds), failing with `what` after 10 s.
+    pub async fn until_waiting_for_a_lock(&self, statement: &str, what: &str) {
+        let waiting = format!(
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%{statement}%'"
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while self.count(&waiting).await < 1 {
+            assert!(std::time::Instant::now() < deadline, "{what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
 }
 
 /// The tables whose rows a refused request must leave alone.

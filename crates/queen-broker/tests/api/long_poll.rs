@@ -237,13 +237,7 @@ async fn a_pop_whose_client_leaves_while_it_claims_gives_the_claim_back(query: &
     let lock = locker.transaction().await.expect("a transaction");
     lock.batch_execute("LOCK TABLE queen.log_consumers IN ACCESS EXCLUSIVE MODE").await.expect("the lock");
     let socket = send_a_pop(&app, &format!("/queue/held?batch=1&{query}")).await;
-    let looking = "SELECT count(*) FROM pg_stat_activity
-                    WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%AS not_before%'";
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while app.count(looking).await < 1 {
-        assert!(Instant::now() < deadline, "the pop's look never waited for the lock");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    app.until_waiting_for_a_lock("AS not_before", "the pop's look never waited for the lock").await;
     close_and_wait_for_the_broker(socket).await;
     lock.rollback().await.expect("the lock released");
 
@@ -279,14 +273,8 @@ async fn a_namespace_pop_whose_client_leaves_while_it_claims_gives_back_what_it_
     assert_eq!(block.execute(cursor, &[]).await.expect("the cursor"), 1);
     let pop = "?namespace=team&consumerGroup=g&batch=10&partitions=10";
     let socket = send_a_pop(&app, pop).await;
-    let waiting = "SELECT count(*) FROM pg_stat_activity
-                    WHERE datname = current_database() AND wait_event_type = 'Lock'
-                      AND query LIKE '%INSERT INTO queen.log_consumers%'";
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while app.count(waiting).await < 1 {
-        assert!(Instant::now() < deadline, "the pop's look at the second queue never waited");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let waited = "the pop's look at the second queue never waited";
+    app.until_waiting_for_a_lock("INSERT INTO queen.log_consumers", waited).await;
     let first_claimed =
         "SELECT count(*) FROM queen.log_consumers WHERE consumer_group = 'g' AND lease_expires_at > now()";
     assert_eq!(app.count(first_claimed).await, 1, "the first queue was claimed before the second was looked at");
