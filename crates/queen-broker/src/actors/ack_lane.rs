@@ -28,7 +28,8 @@ use super::coordinator::DataAvailable;
 use crate::services::announcer::Announcer;
 
 /// How long a commit is in flight before the batches waiting behind it get a commit of their own.
-/// An ack commit takes a millisecond or two, tens under a saturated CPU.
+/// An ack statement takes well under a millisecond in PostgreSQL (0.35–0.53 ms on average under
+/// `sustain-10` held at 6,000 msg/s, with PostgreSQL at a full core), its commit one WAL flush.
 const HELD_UP_AFTER: Duration = Duration::from_millis(20);
 
 /// Most acknowledgements applied in one commit (a group's batch is never split).
@@ -85,11 +86,12 @@ impl AckLane {
             let mut replies = Vec::new();
             let mut acks = 0;
             while let Some(next) = self.waiting.front() {
-                if !replies.is_empty() && (next.alone || acks + next.acks() > MAX_ACKS_PER_COMMIT) {
+                let size = next.acks();
+                if !replies.is_empty() && (next.alone || acks + size > MAX_ACKS_PER_COMMIT) {
                     break;
                 }
                 let Some(CommitAcks { calls: mut own, reply, alone }) = self.waiting.pop_front() else { break };
-                acks += own.iter().map(Vec::len).sum::<usize>();
+                acks += size;
                 replies.push((own.len(), reply));
                 calls.append(&mut own);
                 if alone {
