@@ -259,7 +259,7 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
             }
         };
         tokio::select! {
-            taken = woken_or_due => turn = taken,
+            held = woken_or_due => turn = held,
             () = ClientConnection::closed(request.connection) => return Ok(Delivery::default()),
         }
     }
