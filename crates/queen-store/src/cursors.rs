@@ -753,28 +753,62 @@ pub async fn acknowledge(
     apply_rules(tx, calls, keys).await
 }
 
+/// A batch of acknowledgement calls that failed, with what it committed before it failed: the
+/// first of [`acknowledge_batch`]'s two commits may have gone through.
+#[derive(Debug)]
+pub struct AckBatchFailure {
+    pub error: StoreError,
+    /// Per call, per request: the outcome of an ack that was committed, `None` for one left
+    /// undone.
+    pub committed: Vec<Vec<Option<AckOutcome>>>,
+    /// Partitions on which a committed ack released a lease and left messages.
+    pub released: Vec<ReleasedWork>,
+}
+
+impl AckBatchFailure {
+    /// `calls` failed before anything of theirs was committed.
+    pub fn nothing_committed(calls: &[Vec<AckRequest>], error: StoreError) -> Self {
+        Self { error, committed: calls.iter().map(|call| vec![None; call.len()]).collect(), released: Vec::new() }
+    }
+}
+
 /// Applies acknowledgement calls on a connection of their own: first the acks that complete what
 /// their lease delivered, in one statement without a transaction around it
 /// ([`crate::completed_spans`]); then the rest by [`apply_rules`] in a transaction of its own,
-/// so neither holds cursor locks while the other takes its own. When the second fails, the whole
-/// batch answers the error although the first statement committed: the acks it applied are
-/// no-ops when retried.
+/// so neither holds cursor locks while the other takes its own. When the second fails, the
+/// failure carries what the first committed, so that those acks can still be answered as
+/// committed and the leases they released announced.
 pub async fn acknowledge_batch(
     client: &mut deadpool_postgres::Object,
     calls: &[Vec<AckRequest>],
     keys: Option<&Cipher>,
-) -> Result<AckBatch, StoreError> {
-    let completed = completed_spans::commit(&*client, calls).await?;
+) -> Result<AckBatch, AckBatchFailure> {
+    let completed = completed_spans::commit(&*client, calls)
+        .await
+        .map_err(|error| AckBatchFailure::nothing_committed(calls, error))?;
     let (rest, places) = undecided(calls, &completed);
     let by_rules = if rest.iter().all(Vec::is_empty) {
         AckBatch { outcomes: rest.iter().map(|_| Vec::new()).collect(), ..AckBatch::default() }
     } else {
-        let tx = client.transaction().await?;
-        let by_rules = apply_rules(&tx, &rest, keys).await?;
-        tx.commit().await?;
-        by_rules
+        match rules_transaction(client, &rest, keys).await {
+            Ok(by_rules) => by_rules,
+            Err(error) => {
+                return Err(AckBatchFailure { error, committed: completed.outcomes, released: completed.released });
+            }
+        }
     };
     Ok(merge(completed, by_rules, &places))
+}
+
+async fn rules_transaction(
+    client: &mut deadpool_postgres::Object,
+    calls: &[Vec<AckRequest>],
+    keys: Option<&Cipher>,
+) -> Result<AckBatch, StoreError> {
+    let tx = client.transaction().await?;
+    let by_rules = apply_rules(&tx, calls, keys).await?;
+    tx.commit().await?;
+    Ok(by_rules)
 }
 
 /// The requests the one-statement path left, call by call, with where each stands in its call.

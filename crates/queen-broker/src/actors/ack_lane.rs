@@ -12,6 +12,11 @@
 //! several groups' batches that fails (past `database.lock_timeout_ms` on one group's cursor, say)
 //! is not their failure: each batch is committed again on its own, and only a batch that fails
 //! alone is answered with the error.
+//!
+//! A commit can fail after its first statement committed part of it
+//! (`queen_store::cursors::acknowledge_batch`). What that part committed stands: its acks are
+//! answered as committed (not sent again, when they would be no-ops), and the leases it released
+//! are announced. Only a call with an ack left undone is answered with the error.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -20,7 +25,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use queen_log::Cipher;
 use queen_store::Pool;
-use queen_store::cursors::{AckOutcome, AckRequest};
+use queen_store::cursors::{AckBatch, AckBatchFailure, AckOutcome, AckRequest};
 use tokio::sync::oneshot;
 
 use super::WorkError;
@@ -35,25 +40,77 @@ const HELD_UP_AFTER: Duration = Duration::from_millis(20);
 /// Most acknowledgements applied in one commit (a group's batch is never split).
 const MAX_ACKS_PER_COMMIT: usize = 10_000;
 
-type Reply = oneshot::Sender<Result<Vec<Vec<AckOutcome>>, WorkError>>;
+/// What each call of a batch came to, call by call.
+pub type CallOutcomes = Vec<Result<Vec<AckOutcome>, WorkError>>;
 
-/// One group's batch of ack calls: one list of outcomes per call comes back.
+/// One group's batch of ack calls: one answer per call comes back.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct CommitAcks {
     calls: Vec<Vec<AckRequest>>,
-    reply: Reply,
+    reply: oneshot::Sender<CallOutcomes>,
+}
+
+impl CommitAcks {
+    pub fn new(calls: Vec<Vec<AckRequest>>, reply: oneshot::Sender<CallOutcomes>) -> Self {
+        Self { calls, reply }
+    }
+}
+
+/// A batch in the lane, with the outcomes of its acks committed so far.
+struct Batch {
+    calls: Vec<Vec<AckRequest>>,
+    /// Per call, per request: the outcome once committed.
+    outcomes: Vec<Vec<Option<AckOutcome>>>,
+    reply: oneshot::Sender<CallOutcomes>,
     /// Committed on its own: a commit it was fused into failed.
     alone: bool,
 }
 
-impl CommitAcks {
-    pub fn new(calls: Vec<Vec<AckRequest>>, reply: Reply) -> Self {
-        Self { calls, reply, alone: false }
+impl Batch {
+    fn new(CommitAcks { calls, reply }: CommitAcks) -> Self {
+        let outcomes = calls.iter().map(|call| vec![None; call.len()]).collect();
+        Self { calls, outcomes, reply, alone: false }
+    }
+
+    /// The acks not committed yet, call by call (a call may be left empty).
+    fn unsent(&self) -> Vec<Vec<AckRequest>> {
+        self.calls
+            .iter()
+            .zip(&self.outcomes)
+            .map(|(call, outcomes)| {
+                call.iter().zip(outcomes).filter(|(_, o)| o.is_none()).map(|(r, _)| r.clone()).collect()
+            })
+            .collect()
     }
 
     fn acks(&self) -> usize {
-        self.calls.iter().map(Vec::len).sum()
+        self.outcomes.iter().flatten().filter(|o| o.is_none()).count()
+    }
+
+    /// Takes in what a commit of [`Batch::unsent`] came to, call by call.
+    fn fill(&mut self, committed: impl Iterator<Item = Vec<Option<AckOutcome>>>) {
+        for (outcomes, sent) in self.outcomes.iter_mut().zip(committed) {
+            let mut sent = sent.into_iter();
+            for slot in outcomes.iter_mut().filter(|o| o.is_none()) {
+                *slot = sent.next().flatten();
+            }
+        }
+    }
+
+    fn all_committed(&self) -> bool {
+        self.outcomes.iter().flatten().all(Option::is_some)
+    }
+
+    /// Answers each call: its outcomes when every ack of it was committed, else `error`.
+    fn answer(self, error: &WorkError) {
+        let each = self
+            .outcomes
+            .into_iter()
+            .map(|call| call.into_iter().collect::<Option<Vec<_>>>().ok_or_else(|| error.clone()))
+            .collect();
+        // A group actor that went away needs no answer.
+        let _ = self.reply.send(each);
     }
 }
 
@@ -62,7 +119,7 @@ pub struct AckLane {
     announcer: Announcer,
     /// Opens sealed segments for the dead letters an ack writes.
     keys: Option<Arc<Cipher>>,
-    waiting: VecDeque<CommitAcks>,
+    waiting: VecDeque<Batch>,
     /// The commits in flight: a number for each, and when it started.
     in_flight: Vec<(u64, Instant)>,
     started: u64,
@@ -82,62 +139,37 @@ impl AckLane {
 
     fn commit_next(&mut self, ctx: &mut Context<Self>) {
         while self.in_flight.len() < self.slots() && !self.waiting.is_empty() {
-            let mut calls = Vec::new();
-            let mut replies = Vec::new();
+            let mut batches = Vec::new();
             let mut acks = 0;
             while let Some(next) = self.waiting.front() {
                 let size = next.acks();
-                if !replies.is_empty() && (next.alone || acks + size > MAX_ACKS_PER_COMMIT) {
+                if !batches.is_empty() && (next.alone || acks + size > MAX_ACKS_PER_COMMIT) {
                     break;
                 }
-                let Some(CommitAcks { calls: mut own, reply, alone }) = self.waiting.pop_front() else { break };
+                let Some(batch) = self.waiting.pop_front() else { break };
                 acks += size;
-                replies.push((own.len(), reply));
-                calls.append(&mut own);
+                let alone = batch.alone;
+                batches.push(batch);
                 if alone {
                     break;
                 }
             }
+            let calls: Vec<Vec<AckRequest>> = batches.iter().flat_map(Batch::unsent).collect();
             self.started += 1;
             let number = self.started;
             self.in_flight.push((number, Instant::now()));
             let pool = self.pool.clone();
             let keys = self.keys.clone();
             let commit = async move {
-                let result = match pool.get().await {
+                match pool.get().await {
                     Ok(mut client) => {
                         queen_store::cursors::acknowledge_batch(&mut client, &calls, keys.as_deref()).await
                     }
-                    Err(e) => Err(e.into()),
-                };
-                (calls, result)
-            };
-            ctx.spawn(commit.into_actor(self).map(move |(mut calls, result), lane, ctx| {
-                match result {
-                    Ok(batch) => {
-                        for work in batch.released {
-                            lane.announcer.announce(DataAvailable::from(work));
-                        }
-                        let mut outcomes = batch.outcomes.into_iter();
-                        for (count, reply) in replies {
-                            // A group actor that went away needs no answer.
-                            let _ = reply.send(Ok(outcomes.by_ref().take(count).collect()));
-                        }
-                    }
-                    Err(e) if replies.len() > 1 => {
-                        tracing::debug!(error = %e, batches = replies.len(), "a fused ack commit failed: its batches go again one by one");
-                        for (count, reply) in replies.into_iter().rev() {
-                            let own = calls.split_off(calls.len() - count);
-                            lane.waiting.push_front(CommitAcks { calls: own, reply, alone: true });
-                        }
-                    }
-                    Err(e) => {
-                        let error = WorkError::from(e);
-                        for (_, reply) in replies {
-                            let _ = reply.send(Err(error.clone()));
-                        }
-                    }
+                    Err(e) => Err(AckBatchFailure::nothing_committed(&calls, e.into())),
                 }
+            };
+            ctx.spawn(commit.into_actor(self).map(move |result, lane, ctx| {
+                lane.settle(batches, result);
                 lane.in_flight.retain(|(commit, _)| *commit != number);
                 lane.commit_next(ctx);
             }));
@@ -152,6 +184,46 @@ impl AckLane {
             });
         }
     }
+
+    /// Takes in what a commit of `batches` came to: answers the batches it settled, and puts
+    /// those a fused commit's failure left undone back to go again one by one.
+    fn settle(&mut self, mut batches: Vec<Batch>, result: Result<AckBatch, AckBatchFailure>) {
+        let (committed, released, failure): (Vec<Vec<Option<AckOutcome>>>, _, _) = match result {
+            Ok(done) => {
+                let outcomes = done.outcomes.into_iter().map(|call| call.into_iter().map(Some).collect()).collect();
+                (outcomes, done.released, None)
+            }
+            Err(failed) => (failed.committed, failed.released, Some(failed.error)),
+        };
+        for work in released {
+            self.announcer.announce(DataAvailable::from(work));
+        }
+        let mut committed = committed.into_iter();
+        for batch in &mut batches {
+            let count = batch.calls.len();
+            batch.fill(committed.by_ref().take(count));
+        }
+        let Some(error) = failure else {
+            // A commit that went through decided every ack it was sent.
+            for batch in batches {
+                batch.answer(&WorkError::Failed("the ack commit left an ack undecided".into()));
+            }
+            return;
+        };
+        let fused = batches.len() > 1;
+        if fused {
+            tracing::debug!(error = %error, batches = batches.len(), "a fused ack commit failed: its batches go again one by one");
+        }
+        let error = WorkError::from(error);
+        for mut batch in batches.into_iter().rev() {
+            if fused && !batch.all_committed() {
+                batch.alone = true;
+                self.waiting.push_front(batch);
+            } else {
+                batch.answer(&error);
+            }
+        }
+    }
 }
 
 impl Actor for AckLane {
@@ -162,7 +234,7 @@ impl Handler<CommitAcks> for AckLane {
     type Result = ();
 
     fn handle(&mut self, msg: CommitAcks, ctx: &mut Self::Context) {
-        self.waiting.push_back(msg);
+        self.waiting.push_back(Batch::new(msg));
         self.commit_next(ctx);
     }
 }

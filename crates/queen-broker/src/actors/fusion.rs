@@ -61,6 +61,17 @@ impl<O, E: Clone> Replies<O, E> {
             }
         }
     }
+
+    /// Answers each request from its own items' results, aligned with `items`: a request whose
+    /// items all succeeded gets their outputs, any other the first of its items' errors.
+    pub fn answer_each(self, results: Vec<Result<O, E>>) {
+        let mut results = results.into_iter();
+        for (len, reply, _place) in self.0 {
+            let own: Vec<Result<O, E>> = results.by_ref().take(len).collect();
+            // A requester that went away (client disconnected) needs no answer.
+            let _ = reply.send(own.into_iter().collect());
+        }
+    }
 }
 
 /// Pending requests and whether a write is in flight.
@@ -152,6 +163,24 @@ mod tests {
         assert_eq!(batch.items, vec![4, 5, 6]);
         batch.replies.answer(Err("down".into()));
         assert_eq!(rx_c.try_recv().unwrap(), Err("down".into()));
+        assert_eq!(bound.held(), 0);
+    }
+
+    #[test]
+    fn each_request_gets_its_own_items_results_and_only_a_failed_items_request_the_error() {
+        let mut queue = FusionQueue::default();
+        let bound = bound();
+        let (a, mut rx_a) = request(&bound, vec![1, 2]);
+        let (b, mut rx_b) = request(&bound, vec![3, 4]);
+        let (c, mut rx_c) = request(&bound, vec![5]);
+        queue.push(a);
+        queue.push(b);
+        queue.push(c);
+        let batch = queue.next_batch(|_, _| true).unwrap();
+        batch.replies.answer_each(vec![Ok(10), Err("first".into()), Err("second".into()), Ok(40), Ok(50)]);
+        assert_eq!(rx_a.try_recv().unwrap(), Err("first".into()));
+        assert_eq!(rx_b.try_recv().unwrap(), Err("second".into()), "its own error, not the batch's first");
+        assert_eq!(rx_c.try_recv().unwrap(), Ok(vec![50]), "after a request whose error came before its last item");
         assert_eq!(bound.held(), 0);
     }
 

@@ -64,10 +64,12 @@ impl GroupLeases {
         self.metrics.actor_queued.with_label_values(&[ACTOR]).sub(replies.len() as i64);
         let (reply, committed) = oneshot::channel();
         self.lane.do_send(CommitAcks::new(batch.items, reply));
-        let commit =
-            async move { committed.await.unwrap_or_else(|_| Err(WorkError::Failed("the ack lane stopped".into()))) };
+        let commit = async move { committed.await.map_err(|_| WorkError::Failed("the ack lane stopped".into())) };
         ctx.spawn(commit.into_actor(self).map(move |result, leases, ctx| {
-            replies.answer(result);
+            match result {
+                Ok(each_call) => replies.answer_each(each_call),
+                Err(e) => replies.answer(Err(e)),
+            }
             leases.queue.done();
             leases.last_activity = Instant::now();
             leases.commit_next(ctx);

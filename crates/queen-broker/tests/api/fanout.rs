@@ -152,6 +152,19 @@ async fn an_ack_held_up_on_one_groups_cursor_holds_up_no_other_groups_ack() {
 /// (503) and no other group's, whichever acks it was committed together with.
 #[actix_web::test]
 async fn an_ack_that_times_out_on_one_groups_cursor_fails_no_other_groups_ack() {
+    one_group_acks_past_the_lock_timeout("completed").await;
+}
+
+/// The same with the held group's ack in the full rules: the others' acks, committed by the first
+/// statement of the commit that then failed, are answered as committed by their calls.
+#[actix_web::test]
+async fn an_ack_that_times_out_in_the_full_rules_leaves_the_others_committed_acks_answered() {
+    one_group_acks_past_the_lock_timeout("failed").await;
+}
+
+/// Seven groups ack one message each at once; group `held`, acking with `held_status`, finds its
+/// cursor locked past the lock timeout.
+async fn one_group_acks_past_the_lock_timeout(held_status: &str) {
     let app = TestApp::spawn_with(|config| config.database.lock_timeout_ms = 300).await;
     push(&app, "shared", &["p"], 1).await;
     let groups = ["free0", "held", "free1", "free2", "free3", "free4", "free5"];
@@ -164,11 +177,12 @@ async fn an_ack_that_times_out_on_one_groups_cursor_fails_no_other_groups_ack() 
     let cursor = "SELECT 1 FROM queen.log_consumers WHERE consumer_group = 'held' FOR UPDATE";
     assert_eq!(lock.execute(cursor, &[]).await.expect("the lock"), 1);
     let acks = groups.iter().zip(&deliveries).map(|(group, messages)| {
+        let status = if *group == "held" { held_status } else { "completed" };
         let acks: Vec<Value> = messages
             .iter()
             .map(|m| {
                 json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"],
-                            "leaseId": m["leaseId"], "status": "completed"})
+                            "leaseId": m["leaseId"], "status": status})
             })
             .collect();
         let body = json!({"acknowledgments": acks, "consumerGroup": group});
@@ -183,8 +197,84 @@ async fn an_ack_that_times_out_on_one_groups_cursor_fails_no_other_groups_ack() 
         } else {
             assert_eq!(answer.status, StatusCode::OK, "{group}: {answer:?}");
             assert_eq!(answer.body[0]["success"], true, "{group}: {answer:?}");
+            assert_eq!(answer.body[0]["noop"], false, "{group}: committed by this call: {answer:?}");
         }
     }
+}
+
+/// One ack call of one message, for group `g`.
+fn ack_of(message: &Value, status: &str) -> Value {
+    json!({"acknowledgments": [{"transactionId": message["transactionId"], "partitionId": message["partitionId"],
+                                "leaseId": message["leaseId"], "status": status}],
+           "consumerGroup": "g"})
+}
+
+/// Locks group `g`'s cursor on `partition` of `parted` in a transaction of its own.
+async fn lock_cursor<'a>(locker: &'a mut tokio_postgres::Client, partition: &str) -> tokio_postgres::Transaction<'a> {
+    let lock = locker.transaction().await.expect("a transaction");
+    let cursor = "SELECT 1 FROM queen.log_consumers c JOIN queen.partitions p ON p.id = c.partition_id
+                   WHERE p.name = $1 AND c.consumer_group = 'g' FOR UPDATE OF c";
+    assert_eq!(lock.execute(cursor, &[&partition]).await.expect("the lock"), 1);
+    lock
+}
+
+/// A group's batch of two calls, the first completing what its lease delivered (committed on its
+/// own, in the batch's first statement) and the second failing in the full rules: the first call
+/// is answered as committed, only the second gets the error, and the lease the first released
+/// wakes the group's waiting consumer at once.
+#[actix_web::test]
+async fn acks_committed_before_their_batch_failed_are_answered_and_wake_the_group() {
+    // Long enough for the test to queue two calls behind the first, held on a cursor lock.
+    let app = TestApp::spawn_with(|config| config.database.lock_timeout_ms = 4_000).await;
+    push(&app, "parted", &["r", "q"], 1).await;
+    push(&app, "parted", &["p"], 2).await;
+    let mut leased = Vec::new();
+    for partition in ["r", "p", "q"] {
+        let route = format!("queue/parted/partition/{partition}");
+        leased.push(app.pop(&route, "batch=1&consumerGroup=g&wait=false").await.messages().remove(0));
+    }
+    let (mut locker_r, mut locker_q) = (app.db.connect().await, app.db.connect().await);
+    let lock_r = lock_cursor(&mut locker_r, "r").await;
+    let lock_q = lock_cursor(&mut locker_q, "q").await;
+    let calls = [ack_of(&leased[0], "completed"), ack_of(&leased[1], "completed"), ack_of(&leased[2], "failed")];
+    let waiting = app.pop("queue/parted", "batch=10&consumerGroup=g&wait=true&timeout=60000");
+    let acks = async {
+        crate::long_poll::until_parked(&app, 1).await;
+        // The group's first call is committed alone, held on r's cursor, while the next two wait
+        // in the group's actor to go out together.
+        let first = app.post("/api/v1/ack/batch", &calls[0]);
+        let next_two = async {
+            app.until_waiting_for_a_lock("UPDATE queen.log_consumers", "the first call waits for r's cursor").await;
+            let second = app.post("/api/v1/ack/batch", &calls[1]);
+            let third = app.post("/api/v1/ack/batch", &calls[2]);
+            let release_r = async {
+                let queued = r#"queen_actor_queued_requests{actor="group_leases"}"#;
+                let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                while app.metric(queued).await < 2.0 {
+                    assert!(std::time::Instant::now() < deadline, "the two calls never queued behind the first");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                lock_r.rollback().await.expect("r's cursor released");
+            };
+            let (second, third, ()) = futures::join!(second, third, release_r);
+            (second, third)
+        };
+        let (first, (second, third)) = futures::join!(first, next_two);
+        (first, second, third)
+    };
+    let woken = async { tokio::time::timeout(Duration::from_secs(15), waiting).await };
+    let ((first, second, third), woken) = futures::join!(acks, woken);
+    lock_q.rollback().await.expect("q's cursor released");
+    for (call, answer) in [("first", &first), ("second", &second)] {
+        assert_eq!(answer.status, StatusCode::OK, "{call}: {answer:?}");
+        assert_eq!(answer.body[0]["success"], true, "{call}: {answer:?}");
+        assert_eq!(answer.body[0]["noop"], false, "{call}: committed by this call: {answer:?}");
+    }
+    assert_eq!(third.status, StatusCode::SERVICE_UNAVAILABLE, "{third:?}");
+    let woken = woken.expect("the waiting consumer was not woken by the lease the second call released");
+    assert_eq!(woken.data_ints("i"), vec![1], "p's second message: {woken:?}");
+    let again = app.post("/api/v1/ack/batch", &calls[2]).await;
+    assert_eq!(again.body[0]["success"], true, "the failed call goes through once q's cursor is free: {again:?}");
 }
 
 /// Acks of several groups committed together: each call gets its own outcomes back.
