@@ -40,6 +40,8 @@ pub struct Metrics {
     // Push fusion.
     pub segments_written: IntCounter,
     pub messages_per_segment: Histogram,
+    // Ack fusion across groups (the AckLane).
+    pub ack_batches_per_commit: Histogram,
     // Latency of the hot routes.
     pub push_duration: Histogram,
     pub pop_duration: HistogramVec,
@@ -188,6 +190,17 @@ impl Metrics {
                 Histogram::with_opts(
                     HistogramOpts::new("queen_segment_messages", "Messages fused into one written segment.")
                         .buckets(vec![1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 1000.0, 10000.0]),
+                )
+                .expect("a valid metric definition"),
+            ),
+            ack_batches_per_commit: register(
+                &r,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        "queen_ack_commit_batches",
+                        "Consumer groups' ack batches committed together in one commit.",
+                    )
+                    .buckets(vec![1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0, 100.0]),
                 )
                 .expect("a valid metric definition"),
             ),

@@ -30,6 +30,7 @@ use tokio::sync::oneshot;
 
 use super::WorkError;
 use super::coordinator::DataAvailable;
+use crate::metrics::Metrics;
 use crate::services::announcer::Announcer;
 
 /// How long a commit is in flight before the batches waiting behind it get a commit of their own.
@@ -117,6 +118,7 @@ impl Batch {
 pub struct AckLane {
     pool: Pool,
     announcer: Announcer,
+    metrics: Arc<Metrics>,
     /// Opens sealed segments for the dead letters an ack writes.
     keys: Option<Arc<Cipher>>,
     waiting: VecDeque<Batch>,
@@ -128,8 +130,17 @@ pub struct AckLane {
 }
 
 impl AckLane {
-    pub fn new(pool: Pool, announcer: Announcer, keys: Option<Arc<Cipher>>) -> Self {
-        Self { pool, announcer, keys, waiting: VecDeque::new(), in_flight: Vec::new(), started: 0, look_due: false }
+    pub fn new(pool: Pool, announcer: Announcer, metrics: Arc<Metrics>, keys: Option<Arc<Cipher>>) -> Self {
+        Self {
+            pool,
+            announcer,
+            metrics,
+            keys,
+            waiting: VecDeque::new(),
+            in_flight: Vec::new(),
+            started: 0,
+            look_due: false,
+        }
     }
 
     /// One commit at a time, and one more beside each commit held up.
@@ -154,6 +165,7 @@ impl AckLane {
                     break;
                 }
             }
+            self.metrics.ack_batches_per_commit.observe(batches.len() as f64);
             let calls: Vec<Vec<AckRequest>> = batches.iter().flat_map(Batch::unsent).collect();
             self.started += 1;
             let number = self.started;

@@ -133,7 +133,7 @@ impl Groups {
         keys: Option<Arc<Cipher>>,
     ) -> Self {
         let registry = Registry::new(Bound::new(Limited::GroupLeases, max_calls, &metrics));
-        let lane = AckLane::new(pool, announcer, keys).start();
+        let lane = AckLane::new(pool, announcer, Arc::clone(&metrics), keys).start();
         Self { registry, lane, idle: idle.max(IDLE_MIN), metrics }
     }
 

@@ -303,6 +303,10 @@ async fn concurrent_acks_of_many_groups_each_get_their_own_outcomes() {
     }
     let committed = "SELECT count(*) FROM queen.log_consumers WHERE committed = 3";
     assert_eq!(app.count(committed).await, 4, "the even groups' cursors, and only theirs, moved");
+    let batches = app.metric("queen_ack_commit_batches_sum").await;
+    let commits = app.metric("queen_ack_commit_batches_count").await;
+    assert_eq!(batches, 8.0, "each group's batch counted once, in the commit that took it");
+    assert!((1.0..=8.0).contains(&commits), "{commits} commits");
 }
 
 #[actix_web::test]

@@ -55,6 +55,7 @@ async fn the_prometheus_text_passes_promtool() {
         "queen_push_duplicates_total{queue=\"ops\"} 1",
         "queen_segments_written_total",
         "queen_segment_messages_bucket",
+        "queen_ack_commit_batches_bucket",
         "queen_pop_duration_seconds_bucket",
         "queen_ack_duration_seconds_bucket",
         "queen_push_duration_seconds_bucket",
