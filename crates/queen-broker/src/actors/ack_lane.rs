@@ -58,9 +58,10 @@ impl CommitAcks {
     }
 }
 
-/// A batch in the lane, with the outcomes of its acks committed so far.
+/// A batch in the lane: its acks not committed yet, and the outcomes of those committed.
 struct Batch {
-    calls: Vec<Vec<AckRequest>>,
+    /// Per call: the acks not committed yet.
+    undone: Vec<Vec<AckRequest>>,
     /// Per call, per request: the outcome once committed.
     outcomes: Vec<Vec<Option<AckOutcome>>>,
     reply: oneshot::Sender<CallOutcomes>,
@@ -71,36 +72,41 @@ struct Batch {
 impl Batch {
     fn new(CommitAcks { calls, reply }: CommitAcks) -> Self {
         let outcomes = calls.iter().map(|call| vec![None; call.len()]).collect();
-        Self { calls, outcomes, reply, alone: false }
+        Self { undone: calls, outcomes, reply, alone: false }
     }
 
-    /// The acks not committed yet, call by call (a call may be left empty).
-    fn unsent(&self) -> Vec<Vec<AckRequest>> {
-        self.calls
-            .iter()
-            .zip(&self.outcomes)
-            .map(|(call, outcomes)| {
-                call.iter().zip(outcomes).filter(|(_, o)| o.is_none()).map(|(r, _)| r.clone()).collect()
-            })
-            .collect()
+    /// The acks to commit, call by call (a call may be left empty), until [`Batch::fill`] gives
+    /// back those the commit left undone.
+    fn take_undone(&mut self) -> Vec<Vec<AckRequest>> {
+        std::mem::take(&mut self.undone)
     }
 
     fn acks(&self) -> usize {
-        self.outcomes.iter().flatten().filter(|o| o.is_none()).count()
+        self.undone.iter().map(Vec::len).sum()
     }
 
-    /// Takes in what a commit of [`Batch::unsent`] came to, call by call.
-    fn fill(&mut self, committed: impl Iterator<Item = Vec<Option<AckOutcome>>>) {
-        for (outcomes, sent) in self.outcomes.iter_mut().zip(committed) {
-            let mut sent = sent.into_iter();
-            for slot in outcomes.iter_mut().filter(|o| o.is_none()) {
-                *slot = sent.next().flatten();
+    /// Takes in what a commit of the acks [`Batch::take_undone`] took came to: `sent` are those
+    /// acks, and `committed` their outcomes, call by call.
+    fn fill(
+        &mut self,
+        sent: impl Iterator<Item = Vec<AckRequest>>,
+        committed: impl Iterator<Item = Vec<Option<AckOutcome>>>,
+    ) {
+        for ((outcomes, sent), committed) in self.outcomes.iter_mut().zip(sent).zip(committed) {
+            let mut undone = Vec::new();
+            let open_slots = outcomes.iter_mut().filter(|o| o.is_none());
+            for ((slot, request), outcome) in open_slots.zip(sent).zip(committed) {
+                match outcome {
+                    Some(outcome) => *slot = Some(outcome),
+                    None => undone.push(request),
+                }
             }
+            self.undone.push(undone);
         }
     }
 
     fn all_committed(&self) -> bool {
-        self.outcomes.iter().flatten().all(Option::is_some)
+        self.undone.iter().all(Vec::is_empty)
     }
 
     /// Answers each call: its outcomes when every ack of it was committed, else `error`.
@@ -166,22 +172,23 @@ impl AckLane {
                 }
             }
             self.metrics.ack_batches_per_commit.observe(batches.len() as f64);
-            let calls: Vec<Vec<AckRequest>> = batches.iter().flat_map(Batch::unsent).collect();
+            let calls: Vec<Vec<AckRequest>> = batches.iter_mut().flat_map(Batch::take_undone).collect();
             self.started += 1;
             let number = self.started;
             self.in_flight.push((number, Instant::now()));
             let pool = self.pool.clone();
             let keys = self.keys.clone();
             let commit = async move {
-                match pool.get().await {
+                let result = match pool.get().await {
                     Ok(mut client) => {
                         queen_store::cursors::acknowledge_batch(&mut client, &calls, keys.as_deref()).await
                     }
                     Err(e) => Err(AckBatchFailure::nothing_committed(&calls, e.into())),
-                }
+                };
+                (calls, result)
             };
-            ctx.spawn(commit.into_actor(self).map(move |result, lane, ctx| {
-                lane.settle(batches, result);
+            ctx.spawn(commit.into_actor(self).map(move |(calls, result), lane, ctx| {
+                lane.settle(batches, calls, result);
                 lane.in_flight.retain(|(commit, _)| *commit != number);
                 lane.commit_next(ctx);
             }));
@@ -197,9 +204,14 @@ impl AckLane {
         }
     }
 
-    /// Takes in what a commit of `batches` came to: answers the batches it settled, and puts
-    /// those a fused commit's failure left undone back to go again one by one.
-    fn settle(&mut self, mut batches: Vec<Batch>, result: Result<AckBatch, AckBatchFailure>) {
+    /// Takes in what a commit of `batches` (their acks `calls`) came to: answers the batches it
+    /// settled, and puts those a fused commit's failure left undone back to go again one by one.
+    fn settle(
+        &mut self,
+        mut batches: Vec<Batch>,
+        calls: Vec<Vec<AckRequest>>,
+        result: Result<AckBatch, AckBatchFailure>,
+    ) {
         let (committed, released, failure): (Vec<Vec<Option<AckOutcome>>>, _, _) = match result {
             Ok(done) => {
                 let outcomes = done.outcomes.into_iter().map(|call| call.into_iter().map(Some).collect()).collect();
@@ -210,10 +222,10 @@ impl AckLane {
         for work in released {
             self.announcer.announce(DataAvailable::from(work));
         }
-        let mut committed = committed.into_iter();
+        let (mut calls, mut committed) = (calls.into_iter(), committed.into_iter());
         for batch in &mut batches {
-            let count = batch.calls.len();
-            batch.fill(committed.by_ref().take(count));
+            let count = batch.outcomes.len();
+            batch.fill(calls.by_ref().take(count), committed.by_ref().take(count));
         }
         let Some(error) = failure else {
             // A commit that went through decided every ack it was sent.
