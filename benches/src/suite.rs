@@ -166,9 +166,8 @@ impl Suite<'_> {
         }
         drop(admin);
         let _ = connection.await;
-        let mut report = Report::new(environment, reports, ceiling, comparison);
+        let mut report = Report::new(environment, reports, ceiling, comparison).with_rounds(rounds);
         report.failures = failures;
-        report.rounds = rounds;
         Ok(report)
     }
 
