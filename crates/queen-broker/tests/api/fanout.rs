@@ -6,7 +6,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::helpers::TestApp;
+use crate::helpers::{TestApp, ack_body};
 
 async fn push(app: &TestApp, queue: &str, partitions: &[&str], per_partition: usize) {
     let mut items = Vec::new();
@@ -178,14 +178,7 @@ async fn one_group_acks_past_the_lock_timeout(held_status: &str) {
     assert_eq!(lock.execute(cursor, &[]).await.expect("the lock"), 1);
     let acks = groups.iter().zip(&deliveries).map(|(group, messages)| {
         let status = if *group == "held" { held_status } else { "completed" };
-        let acks: Vec<Value> = messages
-            .iter()
-            .map(|m| {
-                json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"],
-                            "leaseId": m["leaseId"], "status": status})
-            })
-            .collect();
-        let body = json!({"acknowledgments": acks, "consumerGroup": group});
+        let body = ack_body(messages, status, Some(group));
         let app = &app;
         async move { app.post("/api/v1/ack/batch", &body).await }
     });
@@ -200,13 +193,6 @@ async fn one_group_acks_past_the_lock_timeout(held_status: &str) {
             assert_eq!(answer.body[0]["noop"], false, "{group}: committed by this call: {answer:?}");
         }
     }
-}
-
-/// One ack call of one message, for group `g`.
-fn ack_of(message: &Value, status: &str) -> Value {
-    json!({"acknowledgments": [{"transactionId": message["transactionId"], "partitionId": message["partitionId"],
-                                "leaseId": message["leaseId"], "status": status}],
-           "consumerGroup": "g"})
 }
 
 /// Locks group `g`'s cursor on `partition` of `parted` in a transaction of its own.
@@ -236,7 +222,8 @@ async fn acks_committed_before_their_batch_failed_are_answered_and_wake_the_grou
     let (mut locker_r, mut locker_q) = (app.db.connect().await, app.db.connect().await);
     let lock_r = lock_cursor(&mut locker_r, "r").await;
     let lock_q = lock_cursor(&mut locker_q, "q").await;
-    let calls = [ack_of(&leased[0], "completed"), ack_of(&leased[1], "completed"), ack_of(&leased[2], "failed")];
+    let calls = [("completed", &leased[0]), ("completed", &leased[1]), ("failed", &leased[2])]
+        .map(|(status, message)| ack_body(std::slice::from_ref(message), status, Some("g")));
     let waiting = app.pop("queue/parted", "batch=10&consumerGroup=g&wait=true&timeout=60000");
     let acks = async {
         crate::long_poll::until_parked(&app, 1).await;

@@ -141,14 +141,7 @@ impl TestApp {
 
     /// Acknowledges messages of a pop answer with one status, as one batch call.
     pub async fn ack_all(&self, messages: &[Value], status: &str, group: Option<&str>) -> Vec<Value> {
-        let acks: Vec<Value> = messages
-            .iter()
-            .map(|m| {
-                json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"],
-                       "leaseId": m["leaseId"], "status": status})
-            })
-            .collect();
-        let answer = self.post("/api/v1/ack/batch", &json!({"acknowledgments": acks, "consumerGroup": group})).await;
+        let answer = self.post("/api/v1/ack/batch", &ack_body(messages, status, group)).await;
         assert_eq!(answer.status, StatusCode::OK, "ack answered {answer:?}");
         answer.body.as_array().cloned().expect("an array")
     }
@@ -218,6 +211,18 @@ impl TestApp {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
+}
+
+/// The body of one batch ack call acknowledging messages of a pop answer with one status.
+pub fn ack_body(messages: &[Value], status: &str, group: Option<&str>) -> Value {
+    let acks: Vec<Value> = messages
+        .iter()
+        .map(|m| {
+            json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+                   "leaseId": m["leaseId"], "status": status})
+        })
+        .collect();
+    json!({"acknowledgments": acks, "consumerGroup": group})
 }
 
 /// The tables whose rows a refused request must leave alone.
