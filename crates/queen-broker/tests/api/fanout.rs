@@ -236,11 +236,8 @@ async fn acks_committed_before_their_batch_failed_are_answered_and_wake_the_grou
             let third = app.post("/api/v1/ack/batch", &calls[2]);
             let release_r = async {
                 let queued = r#"queen_actor_queued_requests{actor="group_leases"}"#;
-                let deadline = std::time::Instant::now() + Duration::from_secs(10);
-                while app.metric(queued).await < 2.0 {
-                    assert!(std::time::Instant::now() < deadline, "the two calls never queued behind the first");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
+                let two_queued = || async { app.metric(queued).await >= 2.0 };
+                crate::kv::until(Duration::from_secs(10), "two calls queued behind the first", two_queued).await;
                 lock_r.rollback().await.expect("r's cursor released");
             };
             let (second, third, ()) = futures::join!(second, third, release_r);
