@@ -228,6 +228,13 @@ pub struct PopConfig {
     /// Memory for decoded segments that pops took part of, so the next pops slice them instead
     /// of reading and decompressing them again; 0 turns the cache off.
     pub segment_cache_bytes: u64,
+    /// While a consumer group's stream on a queue is dense (an interval's worth of its recent
+    /// deliveries fills a tenth of a pop's batch, and its last pop took everything it could short
+    /// of its batch), its long-poll pops start at most this often on this broker, so that each
+    /// carries more and the group's cycles leave the producers more of the machine. A pop waits
+    /// an interval for each of the group's pops ahead of it, never past its `timeout`. 0 (the
+    /// default) never holds a pop.
+    pub dense_interval_ms: u64,
 }
 
 impl Default for PopConfig {
@@ -242,6 +249,7 @@ impl Default for PopConfig {
             plan_from_views: true,
             scan_refresh_seconds: 30,
             segment_cache_bytes: 64 * 1024 * 1024,
+            dense_interval_ms: 0,
         }
     }
 }
@@ -653,6 +661,9 @@ impl Config {
         if pop.default_timeout_ms > pop.max_timeout_ms {
             return Err(invalid("pop.default_timeout_ms", "must not exceed pop.max_timeout_ms"));
         }
+        if pop.dense_interval_ms > 1000 {
+            return Err(invalid("pop.dense_interval_ms", "must be at most 1000"));
+        }
         if self.maintenance.interval_ms < 100 {
             return Err(invalid("maintenance.interval_ms", "must be at least 100"));
         }
@@ -800,6 +811,11 @@ mod tests {
         let mut config = Config::default();
         config.database.pool_size = 0;
         assert_eq!(config.validate().unwrap_err().setting, "database.pool_size");
+        let mut config = Config::default();
+        config.pop.dense_interval_ms = 1000;
+        config.validate().expect("a second at most");
+        config.pop.dense_interval_ms = 1001;
+        assert_eq!(config.validate().unwrap_err().setting, "pop.dense_interval_ms");
     }
 
     #[test]

@@ -50,6 +50,7 @@ pub struct Metrics {
     pub leases_granted: IntCounter,
     pub leases_expired: IntCounter,
     pub long_poll_waiters: IntGauge,
+    pub pops_spaced: IntCounter,
     // Consumer lag, refreshed from the database when scraped.
     pub lag_messages: IntGaugeVec,
     pub lag_seconds: prometheus::GaugeVec,
@@ -225,6 +226,11 @@ impl Metrics {
                 "Leases that ran out unacknowledged and were taken over.",
             ),
             long_poll_waiters: gauge(&r, "queen_long_poll_waiters", "Long polls waiting for messages."),
+            pops_spaced: counter(
+                &r,
+                "queen_pops_spaced_total",
+                "Long-poll pops that waited for their group's slot while its stream was dense.",
+            ),
             lag_messages: gauge_vec(
                 &r,
                 "queen_consumer_group_lag_messages",

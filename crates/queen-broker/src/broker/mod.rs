@@ -15,6 +15,7 @@ pub mod messages;
 mod names_cache;
 pub mod offset_reads;
 pub mod pop;
+mod pop_spacing;
 pub mod probes;
 pub mod push;
 pub mod push_buffer;
@@ -79,6 +80,8 @@ pub struct Broker {
     pub cipher: Option<Arc<Cipher>>,
     /// Decoded segments that pops took part of (`pop.segment_cache_bytes`).
     pub segments: Arc<SegmentCache>,
+    /// When each group's long-poll pops may start while its stream is dense (`pop.dense_interval_ms`).
+    pop_spacing: pop_spacing::PopSpacing,
     /// What this broker delivered under each lease, to resolve its acks.
     pub deliveries: deliveries::Deliveries,
     /// Where pushes wait during push maintenance.
@@ -182,6 +185,7 @@ impl Broker {
         );
         let names = Arc::new(NamesCache::new());
         let segments = Arc::new(SegmentCache::new(config.pop.segment_cache_bytes));
+        let pop_spacing = pop_spacing::PopSpacing::new(Duration::from_millis(config.pop.dense_interval_ms));
         let announcer = Announcer::start(coordinator.clone(), pool.clone());
         let listeners = FleetListeners {
             coordinator: coordinator.clone(),
@@ -251,6 +255,7 @@ impl Broker {
             auth: None,
             cipher,
             segments,
+            pop_spacing,
             deliveries: deliveries::Deliveries::default(),
             journal,
             timer_alarm: SweepAlarm::default(),

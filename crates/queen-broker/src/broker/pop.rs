@@ -140,6 +140,16 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
     if held_by_pop_maintenance(broker, request, deadline, &mut parked).await? {
         return paused();
     }
+    // A dense stream's pops start in the group's slots (`pop_spacing`).
+    if let (true, Some(group)) = (request.wait, &turn_key)
+        && let Some(slot) = broker.pop_spacing.start_at(group)
+    {
+        broker.metrics.pops_spaced.inc();
+        tokio::select! {
+            () = tokio::time::sleep_until(slot.min(deadline.into())) => {}
+            () = ClientConnection::closed(request.connection) => return Ok(Delivery::default()),
+        }
+    }
     // One lease for whatever the pop claims, on every queue.
     let lease_id = Uuid::now_v7();
     let mut queue_conflates = false;
@@ -219,6 +229,10 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
             let mut delivery = Delivery { conflation_conflict, ..Delivery::default() };
             for taken in taken {
                 hand_out(broker, request, lease_id, taken, &mut delivery);
+            }
+            if let (true, Some(group)) = (request.wait, &turn_key) {
+                let full = delivery.messages.len() >= request.batch as usize || left_work;
+                broker.pop_spacing.delivered(group, delivery.messages.len() as u32, request.batch, full);
             }
             return Ok(delivery);
         }

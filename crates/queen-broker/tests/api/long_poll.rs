@@ -318,3 +318,56 @@ pub async fn until_no_poll_is_parked(app: &TestApp) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Pushes `count` messages to `queue`/p in one request, their transaction ids `{prefix}-{i}`.
+async fn push_batch(app: &TestApp, queue: &str, prefix: &str, count: usize) {
+    let items: Vec<_> = (0..count)
+        .map(|i| json!({"queue": queue, "partition": "p", "transactionId": format!("{prefix}-{i}"), "payload": i}))
+        .collect();
+    app.push(json!(items)).await;
+}
+
+/// Pops (`wait=true`, `batch`) and acks what came; the transaction ids delivered.
+async fn pop_and_ack(app: &TestApp, queue: &str, batch: u32) -> Vec<String> {
+    let answer = app.pop(&format!("queue/{queue}"), &format!("batch={batch}&wait=true&timeout=5000")).await;
+    app.ack_all(&answer.messages(), "completed", None).await;
+    answer.transaction_ids()
+}
+
+#[actix_web::test]
+async fn while_a_groups_stream_is_dense_its_long_polls_start_an_interval_apart() {
+    let app = TestApp::spawn_with(|config| config.pop.dense_interval_ms = 800).await;
+    // 50 messages in a pop of 100: 50 a second makes 40 an interval, past a tenth of the batch.
+    push_batch(&app, "dense", "a", 50).await;
+    assert_eq!(pop_and_ack(&app, "dense", 100).await.len(), 50);
+    // The next pop takes the group's first slot at once; the one after it waits for the next.
+    push_batch(&app, "dense", "b", 5).await;
+    let second_sent = Instant::now();
+    assert_eq!(pop_and_ack(&app, "dense", 100).await.len(), 5);
+    assert_eq!(app.metric("queen_pops_spaced_total").await, 0.0);
+    push_batch(&app, "dense", "c", 5).await;
+    let third = pop_and_ack(&app, "dense", 100).await;
+    let since_second = second_sent.elapsed();
+    assert_eq!(third, (0..5).map(|i| format!("c-{i}")).collect::<Vec<_>>());
+    assert!(
+        since_second >= Duration::from_millis(800),
+        "the third pop was answered {since_second:?} after the second was sent"
+    );
+    assert_eq!(app.metric("queen_pops_spaced_total").await, 1.0);
+}
+
+#[actix_web::test]
+async fn a_light_stream_and_a_backlog_are_never_held() {
+    let app = TestApp::spawn_with(|config| config.pop.dense_interval_ms = 1000).await;
+    // One message a pop of 100, five in all: short of the tenth of the batch an interval needs.
+    for i in 0..5 {
+        push_batch(&app, "light", &format!("l{i}"), 1).await;
+        assert_eq!(pop_and_ack(&app, "light", 100).await, vec![format!("l{i}-0")]);
+    }
+    // A backlog: every pop comes back full.
+    push_batch(&app, "backlog", "b", 300).await;
+    for _ in 0..3 {
+        assert_eq!(pop_and_ack(&app, "backlog", 100).await.len(), 100);
+    }
+    assert_eq!(app.metric("queen_pops_spaced_total").await, 0.0, "no pop waited for a slot");
+}
