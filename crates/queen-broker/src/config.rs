@@ -228,12 +228,12 @@ pub struct PopConfig {
     /// Memory for decoded segments that pops took part of, so the next pops slice them instead
     /// of reading and decompressing them again; 0 turns the cache off.
     pub segment_cache_bytes: u64,
-    /// While a consumer group's stream on a queue is dense (an interval's worth of its recent
-    /// deliveries fills a tenth of a pop's batch, and its last pop took everything it could short
-    /// of its batch), its long-poll pops start at most this often on this broker, so that each
-    /// carries more and the group's cycles leave the producers more of the machine. A pop waits
-    /// an interval for each of the group's pops ahead of it, never past its `timeout`. 0 (the
-    /// default) never holds a pop.
+    /// While a consumer group's stream on a queue is dense, its long-poll pops start at most this
+    /// often on this broker (or once per batch's worth of the stream, when that arrives sooner),
+    /// so that each carries more and the group's cycles leave the producers more of the machine.
+    /// Dense: a slot's worth of its recent deliveries fills a tenth of a pop's batch, and its last
+    /// pop took everything it could short of its batch. A pop waits one slot for each of the
+    /// group's pops ahead of it, never past its `timeout`. 0 (the default) never holds a pop.
     pub dense_interval_ms: u64,
 }
 
