@@ -140,11 +140,15 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
     if held_by_pop_maintenance(broker, request, deadline, &mut parked).await? {
         return paused();
     }
-    // A dense stream's pops start in the group's slots (`pop_spacing`).
+    // A dense stream's pops start in the group's slots (`pop_spacing`), waiting as parked pops do.
     if let (true, Some(group)) = (request.wait, &turn_key)
         && let Some(slot) = broker.pop_spacing.start_at(group)
     {
         broker.metrics.pops_spaced.inc();
+        if parked.is_none() {
+            parked = Some(Parked::take(broker, request)?);
+        }
+        waiting.get_or_insert_with(|| GaugeHeld::count(&broker.metrics.long_poll_waiters));
         tokio::select! {
             () = tokio::time::sleep_until(slot.min(deadline.into())) => {}
             () = ClientConnection::closed(request.connection) => return Ok(Delivery::default()),
