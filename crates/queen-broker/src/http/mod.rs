@@ -2,6 +2,8 @@
 //! `queen-mq` client speaks; every error is a JSON body.
 
 mod ack;
+#[cfg(test)]
+mod arbitrary_bodies;
 pub mod authorize;
 mod binary_push;
 mod body;
