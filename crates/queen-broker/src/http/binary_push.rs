@@ -33,7 +33,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use uuid::Uuid;
 
-use super::body::{MAX_DATA_NESTING, nesting_depth};
+use super::body::{MAX_DATA_NESTING, nests_deeper_than};
 use crate::broker::push::{PushItem, PushResults, Pushed};
 use crate::broker::transaction::Applied;
 use crate::config::Config;
@@ -256,7 +256,7 @@ fn decode_group(z: &[u8], n: usize, budget: usize) -> Result<(DecodedSegment, us
 /// inside pop answers as it is).
 fn check_payload(payload: &[u8], field: impl Fn() -> String) -> Result<(), ApiError> {
     let text = std::str::from_utf8(payload).map_err(|_| bad(format!("{}: the payload is not UTF-8", field())))?;
-    if nesting_depth(payload) > MAX_DATA_NESTING {
+    if nests_deeper_than(payload, MAX_DATA_NESTING) {
         return Err(bad(format!(
             "{}: the payload nests arrays and objects more than {MAX_DATA_NESTING} levels deep",
             field()

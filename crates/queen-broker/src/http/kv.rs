@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use super::body::{JsonObject, MAX_NESTING, NoQuery, nesting_depth, read_body};
+use super::body::{JsonObject, MAX_NESTING, NoQuery, nests_deeper_than, read_body};
 use super::timestamp;
 use crate::broker::kv::{
     self, Batch, BatchRefusal, Change, Expiry, OpResult, Operation, Outcome, PrefixRead, Verdict, Write,
@@ -427,7 +427,7 @@ impl Fields<'_, '_> {
         }
         // Read back inside `{"results": [{"rows": [{"value": ...}]}]}`, five levels down: a value
         // no deeper than keeps that answer within what JSON readers take.
-        if nesting_depth(raw.get().as_bytes()) > MAX_VALUE_NESTING {
+        if nests_deeper_than(raw.get().as_bytes(), MAX_VALUE_NESTING) {
             return Err(Refusal::new(
                 "kv_value_too_deep",
                 field.clone(),

@@ -1,13 +1,16 @@
 //! `POST /api/v1/push`: a JSON body, or the binary QPB1 body (`super::binary_push`).
 
+use std::borrow::Cow;
+
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use queen_store::log::Appended;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use super::authorize::Caller;
 use super::binary_push::{self, BinaryPush, Limits, PushCounts};
-use super::body::{JsonObject, NoQuery, read_body};
+use super::body::{JsonObject, MAX_DATA_NESTING, NoQuery, nests_deeper_than, read_body};
 use crate::broker::Broker;
 use crate::broker::push::{PushItem, PushResults, Pushed, push};
 use crate::error::ApiError;
@@ -59,6 +62,14 @@ pub fn stamp(caller: &Caller, items: &mut [PushItem]) -> Result<(), ApiError> {
 /// written. An empty `items` is no items (the official JavaScript client's buffered producer
 /// flushes an empty batch when it closes). (Public for the push-path benchmark.)
 pub fn parse_items(body: &[u8], max_items: usize) -> Result<Vec<PushItem>, ApiError> {
+    match TypedPush::items(body, max_items) {
+        Some(items) => Ok(items),
+        None => items_by_member(body, max_items),
+    }
+}
+
+/// The items read member by member, each wrong one named in a 400.
+fn items_by_member(body: &[u8], max_items: usize) -> Result<Vec<PushItem>, ApiError> {
     let body = JsonObject::parse_body(body, false)?;
     body.takes_only(&["items"])?;
     let items = body.objects("items")?.ok_or_else(|| ApiError::bad_request("items is required"))?;
@@ -92,8 +103,8 @@ pub fn parse_item(item: &JsonObject<'_>) -> Result<PushItem, ApiError> {
         item.string("partition")?.unwrap_or_else(|| DEFAULT_PARTITION.into()),
     )?;
     let transaction_id = match item.string("transactionId")? {
-        Some(id) => checked(NameKind::TransactionId, "transactionId", id)?,
-        None => queen_log::new_message_id().to_string(),
+        Some(id) => Some(checked(NameKind::TransactionId, "transactionId", id)?),
+        None => None,
     };
     let trace_id = item
         .string("traceId")?
@@ -103,10 +114,84 @@ pub fn parse_item(item: &JsonObject<'_>) -> Result<PushItem, ApiError> {
             })
         })
         .transpose()?;
+    Ok(item_of(queue, partition, transaction_id, trace_id, item.raw_or_null("payload")))
+}
+
+/// A checked item, its transaction id minted when the producer gave none.
+fn item_of(
+    queue: String,
+    partition: String,
+    transaction_id: Option<String>,
+    trace_id: Option<Uuid>,
+    payload: Option<&RawValue>,
+) -> PushItem {
+    let transaction_id = transaction_id.unwrap_or_else(|| queen_log::new_message_id().to_string());
     // The payload is kept as the JSON text it was sent as; absent means null.
-    let payload = item.raw_or_null("payload").map_or("null", |raw| raw.get()).as_bytes().to_vec();
+    let payload = payload.map_or("null", RawValue::get).as_bytes().to_vec();
     let message_id = queen_log::new_message_id();
-    Ok(PushItem { queue, partition, transaction_id, trace_id, producer: None, message_id, payload, received: None })
+    PushItem { queue, partition, transaction_id, trace_id, producer: None, message_id, payload, received: None }
+}
+
+/// A push body as the clients send it, read in one pass into typed members borrowed from the
+/// body, as an ack batch is (`super::ack`): member by member passes over each item three times
+/// and builds a map of it. This form decides no answer: a body it does not take whole (an
+/// unknown or repeated member, `producerSub`, a value of another type or one the checks refuse,
+/// too many items, a payload too deep) is read again member by member, which accepts it the
+/// same way or names what is wrong.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TypedPush<'a> {
+    #[serde(borrow)]
+    items: Vec<TypedItem<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct TypedItem<'a> {
+    #[serde(borrow)]
+    queue: Cow<'a, str>,
+    #[serde(borrow)]
+    partition: Option<Cow<'a, str>>,
+    /// `null` reads as absent, which stores the same `null`.
+    #[serde(borrow)]
+    payload: Option<&'a RawValue>,
+    #[serde(borrow)]
+    transaction_id: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    trace_id: Option<&'a str>,
+}
+
+impl TypedPush<'_> {
+    /// The body's items, as [`items_by_member`] reads them; `None` when this form does not take it.
+    fn items(body: &[u8], max_items: usize) -> Option<Vec<PushItem>> {
+        let push: TypedPush<'_> = serde_json::from_slice(body).ok()?;
+        if push.items.len() > max_items {
+            return None;
+        }
+        push.items.into_iter().map(TypedItem::item).collect()
+    }
+}
+
+impl TypedItem<'_> {
+    fn item(self) -> Option<PushItem> {
+        let checked = |kind, value: Cow<'_, str>| names::check(kind, "", &value).ok().map(|()| value.into_owned());
+        let queue = checked(NameKind::Queue, self.queue)?;
+        let partition = checked(NameKind::Partition, self.partition.unwrap_or(Cow::Borrowed(DEFAULT_PARTITION)))?;
+        let transaction_id = match self.transaction_id {
+            Some(id) => Some(checked(NameKind::TransactionId, id)?),
+            None => None,
+        };
+        let trace_id = match self.trace_id {
+            Some(trace) => Some(Uuid::parse_str(trace).ok()?),
+            None => None,
+        };
+        // The body's bound on nesting, where a payload sits three levels in; only a payload can
+        // nest in a body this form takes, so only its bytes are scanned.
+        if self.payload.is_some_and(|payload| nests_deeper_than(payload.get().as_bytes(), MAX_DATA_NESTING)) {
+            return None;
+        }
+        Some(item_of(queue, partition, transaction_id, trace_id, self.payload))
+    }
 }
 
 /// One item's answer. Field names are the ones the official client reads.
@@ -164,7 +249,10 @@ impl<'a> BufferedResult<'a> {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+    use crate::http::arbitrary_bodies::{Member, object};
 
     fn error_of(body: &str) -> String {
         match parse_items(body.as_bytes(), 100) {
@@ -215,6 +303,70 @@ mod tests {
     #[test]
     fn an_empty_push_is_no_items() {
         assert_eq!(parse_items(br#"{"items":[]}"#, 10).unwrap(), Vec::new());
+    }
+
+    /// Both readings of a body, with what each item was given at random (its message id, and a
+    /// transaction id minted for it) taken out.
+    fn both_readings(body: &str, max_items: usize) -> (Option<Vec<PushItem>>, Result<Vec<PushItem>, String>) {
+        let fixed = |mut items: Vec<PushItem>| {
+            for item in &mut items {
+                item.message_id = Uuid::nil();
+                if Uuid::parse_str(&item.transaction_id).is_ok() {
+                    item.transaction_id = "minted".to_owned();
+                }
+            }
+            items
+        };
+        let typed = TypedPush::items(body.as_bytes(), max_items).map(fixed);
+        let members = items_by_member(body.as_bytes(), max_items).map(fixed).map_err(|e| e.to_string());
+        (typed, members)
+    }
+
+    #[test]
+    fn the_body_the_clients_send_is_read_in_one_pass_as_member_by_member() {
+        let body = r#"{"items":[{"queue":"q","partition":"p1","payload":{"a": [1, 2.50]},"transactionId":"t-1",
+            "traceId":"0193a8e0-7c4e-7000-8000-00000000000a"},{"queue":"q","payload":null},{"queue":"q"}]}"#;
+        let (typed, members) = both_readings(body, 10);
+        let typed = typed.expect("the one-pass form takes what the clients send");
+        assert_eq!(Ok(typed.clone()), members);
+        assert_eq!(typed[0].payload, br#"{"a": [1, 2.50]}"#);
+        assert_eq!((typed[1].payload.as_slice(), typed[1].partition.as_str()), (&b"null"[..], "Default"));
+        assert_eq!(typed[2].transaction_id, "minted");
+        let nested =
+            |depth| format!(r#"{{"items":[{{"queue":"q","payload":{}1{}}}]}}"#, "[".repeat(depth), "]".repeat(depth));
+        assert!(both_readings(&nested(MAX_DATA_NESTING), 10).0.is_some());
+        assert!(both_readings(&nested(MAX_DATA_NESTING + 1), 10).0.is_none());
+        assert!(error_of(&nested(MAX_DATA_NESTING + 1)).contains("levels deep"));
+    }
+
+    /// A value of the right type, mostly, or of another.
+    const WRONG: &[&str] = &["3", "null", "true", "{}", r#""""#, r#""a/b""#, r#""t\u002d2""#, "[1]"];
+
+    fn item() -> impl Strategy<Value = String> {
+        let members = vec![
+            Member::new("queue", 0.95, &[r#""q""#, r#""q\u0031""#]),
+            Member::new("partition", 0.5, &[r#""p1""#, r#""Default""#]),
+            Member::new("payload", 0.5, &["null", "7", r#"{"a": [1, 2.50]}"#, r#""x\ny""#, "[[[]]]"]),
+            Member::new("transactionId", 0.5, &[r#""t-1""#, r#""t-2""#]),
+            Member::new("traceId", 0.5, &[r#""0193a8e0-7c4e-7000-8000-00000000000a""#, "null"]),
+        ];
+        object(members, WRONG, &["producerSub", "data", "queue", r"transaction\u0049d", "payload"])
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+
+        /// The one-pass form never answers differently: what it takes, member by member reads the
+        /// same; and it takes every body without escapes that member by member accepts.
+        #[test]
+        fn both_readings_agree(items in prop::collection::vec(item(), 0..4), max_items in 2usize..4) {
+            let body = format!(r#"{{"items":[{}]}}"#, items.join(","));
+            let (typed, members) = both_readings(&body, max_items);
+            match typed {
+                Some(typed) => prop_assert_eq!(Ok(typed), members),
+                None => prop_assert!(members.is_err() || body.contains('\\'), "not taken in one pass: {}", body),
+            }
+        }
     }
 
     #[test]

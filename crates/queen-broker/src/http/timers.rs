@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use super::authorize::Caller;
 use super::body::{
-    JsonObject, MAX_DATA_NESTING, NoQuery, nesting_depth, path_name, path_param, read_body, strict_query,
+    JsonObject, MAX_DATA_NESTING, NoQuery, nests_deeper_than, path_name, path_param, read_body, strict_query,
 };
 use super::timestamp;
 use crate::broker::Broker;
@@ -260,7 +260,7 @@ fn payload_of(op: &JsonObject<'_>, max_payload: usize) -> Result<Vec<u8>, ApiErr
     };
     // The data becomes a message, which pops serve inside their answer: it must not nest deeper
     // than a push may (checked before parsing, which has no depth limit of its own here).
-    if nesting_depth(&json) > MAX_DATA_NESTING {
+    if nests_deeper_than(&json, MAX_DATA_NESTING) {
         return Err(ApiError::bad_request(format!(
             "{field} nests arrays and objects more than {MAX_DATA_NESTING} levels deep"
         )));

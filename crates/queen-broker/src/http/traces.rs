@@ -15,7 +15,7 @@ use serde_json::value::RawValue;
 use super::ack::partition_id as body_partition_id;
 use super::authorize::Caller;
 use super::body::{
-    JsonObject, MAX_DATA_NESTING, NoQuery, nesting_depth, path_param, query_int, read_body, strict_query,
+    JsonObject, MAX_DATA_NESTING, NoQuery, nests_deeper_than, path_param, query_int, read_body, strict_query,
 };
 use super::dlq::time_filter;
 use super::messages::partition_id as path_partition_id;
@@ -82,7 +82,7 @@ fn data<'a>(body: &JsonObject<'a>) -> Result<&'a RawValue, ApiError> {
         return Err(ApiError::bad_request("data must be a JSON object"));
     }
     // Read back inside `{"traces": [{"data": ...}]}`, as deep as a message's data in a pop answer.
-    if nesting_depth(data.get().as_bytes()) > MAX_DATA_NESTING {
+    if nests_deeper_than(data.get().as_bytes(), MAX_DATA_NESTING) {
         return Err(ApiError::bad_request(format!(
             "data nests arrays and objects more than {MAX_DATA_NESTING} levels deep"
         )));
