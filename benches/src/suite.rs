@@ -25,6 +25,11 @@ pub enum SuiteError {
     Sql(#[from] tokio_postgres::Error),
     #[error("{0}: {1}")]
     Io(String, std::io::Error),
+    #[error(
+        "another queen-bench suite is running on the PostgreSQL in {0} (it holds {1}); wait for it, or give this one \
+         its own --pg-dir"
+    )]
+    Busy(PathBuf, PathBuf),
 }
 
 /// Runs the suite and returns its report; the caller writes and prints it.
@@ -39,6 +44,7 @@ pub async fn run(args: SuiteArgs) -> Result<Report, SuiteError> {
     let logs = args.out.join("logs");
     std::fs::create_dir_all(&logs).map_err(|e| SuiteError::Io(format!("creating {}", logs.display()), e))?;
     let pg_dir = args.pg_dir.clone().unwrap_or_else(|| target_dir.join("bench-pg"));
+    let _one_at_a_time = lock(&pg_dir)?;
     tracing::info!(data_dir = %pg_dir.display(), "starting the suite's PostgreSQL");
     let postgres = EmbeddedPostgres::start(EmbeddedOptions {
         data_dir: pg_dir,
@@ -54,6 +60,25 @@ pub async fn run(args: SuiteArgs) -> Result<Report, SuiteError> {
         tracing::error!("stopping the suite's PostgreSQL: {e}");
     }
     report
+}
+
+/// Holds the suite's PostgreSQL directory for this run (until the returned file is dropped). A
+/// second suite on the same directory would adopt the running server, create and drop its
+/// databases under the first one's brokers, start its brokers on the same push journal, and stop
+/// the server when it is done: both runs would report errors and lost messages that no build made.
+fn lock(pg_dir: &Path) -> Result<std::fs::File, SuiteError> {
+    let path = pg_dir.with_extension("lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| SuiteError::Io(format!("opening {}", path.display()), e))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(SuiteError::Busy(pg_dir.to_owned(), path)),
+        Err(std::fs::TryLockError::Error(e)) => Err(SuiteError::Io(format!("locking {}", path.display()), e)),
+    }
 }
 
 /// The target directory: this binary lives in `<target>/release`.
@@ -241,4 +266,25 @@ pub async fn recreate_database(admin: &tokio_postgres::Client, name: &str) -> Re
 
 async fn drop_database(admin: &tokio_postgres::Client, name: &str) -> Result<(), tokio_postgres::Error> {
     admin.batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_suite_at_a_time_on_a_postgres_directory() {
+        let dir = std::env::temp_dir().join(format!("queen-bench-lock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pg_dir = dir.join("bench-pg");
+        let first = lock(&pg_dir).expect("the first suite takes the directory");
+        match lock(&pg_dir) {
+            Err(SuiteError::Busy(busy, _)) => assert_eq!(busy, pg_dir),
+            other => panic!("a second suite on the same directory must be refused, got {other:?}"),
+        }
+        assert!(lock(&dir.join("other-pg")).is_ok(), "another directory is free");
+        drop(first);
+        assert!(lock(&pg_dir).is_ok(), "free again once the first suite is done");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
