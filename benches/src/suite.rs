@@ -67,7 +67,7 @@ pub async fn run(args: SuiteArgs) -> Result<Report, SuiteError> {
 /// databases under the first one's brokers, start its brokers on the same push journal, and stop
 /// the server when it is done: both runs would report errors and lost messages that no build made.
 fn lock(pg_dir: &Path) -> Result<std::fs::File, SuiteError> {
-    let path = pg_dir.with_extension("lock");
+    let path = suite_lock(pg_dir);
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -79,6 +79,14 @@ fn lock(pg_dir: &Path) -> Result<std::fs::File, SuiteError> {
         Err(std::fs::TryLockError::WouldBlock) => Err(SuiteError::Busy(pg_dir.to_owned(), path)),
         Err(std::fs::TryLockError::Error(e)) => Err(SuiteError::Io(format!("locking {}", path.display()), e)),
     }
+}
+
+/// `<pg-dir>.suite.lock`: not `<pg-dir>.lock`, which `queen_store::embedded` takes to start and
+/// stop the server, and would wait for forever while the suite holds it.
+fn suite_lock(pg_dir: &Path) -> PathBuf {
+    let mut name = pg_dir.file_name().unwrap_or_default().to_owned();
+    name.push(".suite.lock");
+    pg_dir.with_file_name(name)
 }
 
 /// The target directory: this binary lives in `<target>/release`.
@@ -283,6 +291,9 @@ mod tests {
             other => panic!("a second suite on the same directory must be refused, got {other:?}"),
         }
         assert!(lock(&dir.join("other-pg")).is_ok(), "another directory is free");
+        // The embedded server's own start lock stays free, or starting it would wait forever.
+        let start_lock = std::fs::File::create(dir.join("bench-pg.lock")).unwrap();
+        assert!(start_lock.try_lock().is_ok(), "the suite holds {}, not the start lock", suite_lock(&pg_dir).display());
         drop(first);
         assert!(lock(&pg_dir).is_ok(), "free again once the first suite is done");
         std::fs::remove_dir_all(&dir).unwrap();
