@@ -104,9 +104,9 @@ pub const MAX_DATA_NESTING: usize = MAX_NESTING - 3;
 /// Whether arrays and objects nest in JSON text more than `limit` levels deep, strings skipped
 /// (the syntax is not checked).
 pub fn nests_deeper_than(text: &[u8], limit: usize) -> bool {
-    // Nesting past `limit` takes more than `limit` opening brackets. Counting them is a pass the
-    // compiler vectorises, and settles nearly every body; the walk that follows strings is a
-    // branch per byte.
+    // Nesting past `limit` takes more than `limit` opening brackets. Counting them is a
+    // branch-free pass that settles nearly every body; the walk that follows strings branches on
+    // every byte.
     let openers = text.iter().filter(|&&byte| byte == b'[' || byte == b'{').count();
     openers > limit && deepest_exceeds(text, limit)
 }
