@@ -41,10 +41,10 @@ pub async fn run(args: SuiteArgs) -> Result<Report, SuiteError> {
             return Err(BrokerError::Missing(bin.clone()).into());
         }
     }
-    let logs = args.out.join("logs");
-    std::fs::create_dir_all(&logs).map_err(|e| SuiteError::Io(format!("creating {}", logs.display()), e))?;
     let pg_dir = args.pg_dir.clone().unwrap_or_else(|| target_dir.join("bench-pg"));
     let _one_at_a_time = lock(&pg_dir)?;
+    let logs = args.out.join("logs");
+    std::fs::create_dir_all(&logs).map_err(|e| SuiteError::Io(format!("creating {}", logs.display()), e))?;
     tracing::info!(data_dir = %pg_dir.display(), "starting the suite's PostgreSQL");
     let postgres = EmbeddedPostgres::start(EmbeddedOptions {
         data_dir: pg_dir,
