@@ -79,6 +79,7 @@ pub struct Metrics {
     pub maintenance_passes: IntCounterVec,
     pub segments_retained_away: IntCounter,
     pub partitions_cleaned_up: IntCounter,
+    pub kv_rows_pruned: IntCounter,
     // Timers.
     pub timers_delivered: IntCounter,
     pub timer_delivery_failures: IntCounter,
@@ -322,6 +323,11 @@ impl Metrics {
                 "Segments deleted by retention.",
             ),
             partitions_cleaned_up: counter(&r, "queen_partitions_cleaned_up_total", "Empty idle partitions deleted."),
+            kv_rows_pruned: counter(
+                &r,
+                "queen_kv_rows_pruned_total",
+                "Dead key/value rows (expired, deleted, or left by a refused write) deleted by maintenance.",
+            ),
             timers_delivered: counter(
                 &r,
                 "queen_timers_delivered_total",

@@ -82,6 +82,7 @@ impl Maintenance {
                     Ok(Some((report, removed))) => {
                         service.metrics.segments_retained_away.inc_by(report.trimmed.segments);
                         service.metrics.partitions_cleaned_up.inc_by(report.partitions_deleted);
+                        service.metrics.kv_rows_pruned.inc_by(report.kv_rows_deleted);
                         for partition in removed {
                             service.names.forget_partition(partition.queue_id, &partition.partition);
                         }
