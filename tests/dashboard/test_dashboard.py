@@ -144,12 +144,16 @@ def test_overview_shows_totals_history_queues_and_the_fleet(browser, queen_url, 
     """
     # Wait for every count at once: the pushes and the pops above can fall in different samples.
     delivered = 2 + 1 + 1 + 1 + 2
+    seen = {}
 
     def charted(d):
-        c = d.execute_script(totals_js)
-        return c["pushed"] >= pushed and c["delivered"] >= delivered and c["acked"] > 0 and c["throughput"] > 0 and c["lag"] > 0 and c["age"] > 0
+        seen.update(d.execute_script(totals_js))
+        return seen["pushed"] >= pushed and seen["delivered"] >= delivered and all(seen[k] > 0 for k in ("acked", "throughput", "lag", "age"))
 
-    wait_for(browser, charted, "the charts show the traffic and the lag")
+    try:
+        wait_for(browser, charted, "the charts show the traffic and the lag")
+    except TimeoutException:
+        raise AssertionError(f"the charts never showed the traffic and the lag; last seen: {seen}") from None
 
     screenshot(browser, screenshots, "overview")
 
