@@ -288,3 +288,24 @@ def test_an_encrypted_queue_gives_its_messages_back_as_pushed(queen_url):
             assert [m["data"] for m in letters["messages"]] == [{"card": "4111 1111"}], letters
 
     run(body())
+
+
+def test_admin_lists_the_namespaces_and_tasks_queues_carry(queen_url):
+    """§2.6: admin.get_namespaces() and admin.get_tasks() answer, each naming what a dotted queue
+    name carries, with its queues counted."""
+
+    async def body():
+        namespace, task = unique("ns"), unique("task")
+        async with client(queen_url) as q:
+            await q.queue(f"{namespace}.{task}").push([{"data": {"n": 1}}, {"data": {"n": 2}}])
+            await q.queue(f"{namespace}.other").create()
+
+            namespaces = (await q.admin.get_namespaces())["namespaces"]
+            ours = [n for n in namespaces if n["namespace"] == namespace]
+            assert len(ours) == 1, namespaces
+            assert ours[0]["queues"] == 2 and ours[0]["messages"]["pushed"] == 2, ours
+
+            tasks = (await q.admin.get_tasks())["tasks"]
+            assert [t["queues"] for t in tasks if t["task"] == task] == [1], tasks
+
+    run(body())

@@ -94,6 +94,61 @@ pub async fn queues(
         .collect())
 }
 
+/// A label queues can carry, to group them by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueLabel {
+    Namespace,
+    Task,
+}
+
+/// The queues that carry one value of a label, with their sizes summed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LabelStats {
+    pub value: String,
+    pub queues: i64,
+    pub partitions: i64,
+    pub messages_pushed: i64,
+    pub messages_stored: i64,
+    pub last_push_at: Option<DateTime<Utc>>,
+}
+
+/// Every value of `label` some queue carries, by value, paged; queues without it are left out.
+pub async fn queues_by_label(
+    client: &impl GenericClient,
+    label: QueueLabel,
+    limit: i64,
+    offset: i64,
+) -> Result<Vec<LabelStats>, StoreError> {
+    // The column comes from the enum, never from a caller's text.
+    let column = match label {
+        QueueLabel::Namespace => "namespace",
+        QueueLabel::Task => "task",
+    };
+    let sql = format!(
+        "SELECT q.{column}, count(DISTINCT q.id), count(p.id),
+                COALESCE(sum(p.last_offset), 0)::bigint,
+                COALESCE(sum(GREATEST(p.last_offset - p.retained_from + 1, 0)), 0)::bigint,
+                max(p.last_segment_at)
+           FROM queen.queues q LEFT JOIN queen.partitions p ON p.queue_id = q.id
+          WHERE q.{column} IS NOT NULL
+          GROUP BY q.{column}
+          ORDER BY q.{column}
+          LIMIT $1 OFFSET $2"
+    );
+    let rows = client.query(&sql, &[&limit, &offset]).await?;
+    Ok(rows
+        .iter()
+        .map(|row| LabelStats {
+            value: row.get(0),
+            queues: row.get(1),
+            partitions: row.get(2),
+            messages_pushed: row.get(3),
+            messages_stored: row.get(4),
+            last_push_at: row.get(5),
+        })
+        .collect())
+}
+
 /// A partition with its offsets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PartitionStats {

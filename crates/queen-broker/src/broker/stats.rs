@@ -3,7 +3,7 @@
 
 use queen_store::StoreError;
 use queen_store::groups::{self, CursorLag};
-use queen_store::stats::{self, MaintenanceSummary, Overview, PartitionStats, QueueStats};
+use queen_store::stats::{self, LabelStats, MaintenanceSummary, Overview, PartitionStats, QueueLabel, QueueStats};
 
 use super::Broker;
 use super::BrokerError;
@@ -36,6 +36,16 @@ pub async fn overview(broker: &Broker) -> Result<Overview, BrokerError> {
 pub async fn queues(broker: &Broker, filter: &QueueFilter<'_>) -> Result<Vec<QueueStats>, BrokerError> {
     let client = client(broker).await?;
     Ok(stats::queues(&client, None, filter.namespace, filter.task, filter.limit, filter.offset).await?)
+}
+
+/// A page of the namespaces (or tasks) queues carry, with their queues' sizes summed.
+pub async fn queues_by_label(
+    broker: &Broker,
+    label: QueueLabel,
+    limit: i64,
+    offset: i64,
+) -> Result<Vec<LabelStats>, BrokerError> {
+    Ok(stats::queues_by_label(&client(broker).await?, label, limit, offset).await?)
 }
 
 /// A page of queues, and the lag of every group's cursors (on every queue).

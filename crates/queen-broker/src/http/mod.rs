@@ -191,6 +191,8 @@ api! {
     "/api/v1/partitions/changed" { post => offset_reads::changed, read_only(Scope::Body); }
     "/api/v1/resources/overview" { get => status::overview, read_only(Scope::Fleet); }
     "/api/v1/resources/queues" { get => status::queues, read_only(Scope::Fleet); }
+    "/api/v1/resources/namespaces" { get => status::namespaces, read_only(Scope::Fleet); }
+    "/api/v1/resources/tasks" { get => status::tasks, read_only(Scope::Fleet); }
     "/api/v1/resources/partitions" { get => status::partitions, read_only(Scope::QueryQueue); }
     "/api/v1/status" { get => status::status, read_only(Scope::Fleet); }
     "/api/v1/status/queues" { get => status::queue_statuses, read_only(Scope::Fleet); }

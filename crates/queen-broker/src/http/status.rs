@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use queen_store::groups::CursorLag;
-use queen_store::stats::{Overview, PartitionStats, QueueStats};
+use queen_store::stats::{LabelStats, Overview, PartitionStats, QueueLabel, QueueStats};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -119,6 +119,53 @@ pub async fn queues(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpR
     let found = stats::queues(&broker, &queue_filter(&query, limit, offset)).await?;
     let queues: Vec<QueueJson> = found.into_iter().map(QueueJson::from).collect();
     Ok(HttpResponse::Ok().json(serde_json::json!({ "queues": queues, "limit": limit, "offset": offset })))
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct LabelJson {
+    queues: i64,
+    partitions: i64,
+    messages: MessagesJson,
+    last_push_at: Option<String>,
+}
+
+/// A page of one label's values, each with its queues' sizes: `{<key>: [{<field>, queues, ...}]}`.
+async fn label_page(
+    broker: &Broker,
+    req: &HttpRequest,
+    label: QueueLabel,
+    (key, field): (&str, &str),
+) -> Result<HttpResponse, ApiError> {
+    let (_, limit, offset) = page(req, 100, &[])?;
+    let found = stats::queues_by_label(broker, label, limit, offset).await?;
+    let values: Vec<Value> = found
+        .into_iter()
+        .map(|LabelStats { value, queues, partitions, messages_pushed, messages_stored, last_push_at }| {
+            let sizes = LabelJson {
+                queues,
+                partitions,
+                messages: MessagesJson { pushed: messages_pushed, stored: messages_stored },
+                last_push_at: last_push_at.map(timestamp),
+            };
+            let mut entry = Map::from_iter([(field.to_owned(), Value::String(value))]);
+            if let Ok(Value::Object(sizes)) = serde_json::to_value(sizes) {
+                entry.extend(sizes);
+            }
+            Value::Object(entry)
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(serde_json::json!({ key: values, "limit": limit, "offset": offset })))
+}
+
+/// `GET /resources/namespaces?limit=&offset=`: every namespace a queue carries, by name.
+pub async fn namespaces(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    label_page(&broker, &req, QueueLabel::Namespace, ("namespaces", "namespace")).await
+}
+
+/// `GET /resources/tasks?limit=&offset=`: every task a queue carries, by name.
+pub async fn tasks(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    label_page(&broker, &req, QueueLabel::Task, ("tasks", "task")).await
 }
 
 #[derive(Serialize)]

@@ -144,6 +144,45 @@ async fn consumer_lag_is_a_groups_unread_messages_over_every_partition_of_the_qu
 }
 
 #[actix_web::test]
+async fn namespaces_and_tasks_list_what_queues_carry_with_their_sizes() {
+    let app = TestApp::spawn().await;
+    // Dotted names carry a namespace and a task; `ops` carries neither and is listed under none.
+    app.post("/api/v1/configure", &json!({"queue": "billing.invoices", "options": {}})).await;
+    app.push(json!([{"queue": "billing.refunds", "partition": "a", "payload": 1},
+                    {"queue": "billing.refunds", "partition": "b", "payload": 2},
+                    {"queue": "shop.invoices", "payload": 3},
+                    {"queue": "ops", "payload": 4}]))
+        .await;
+
+    let namespaces = app.get("/api/v1/resources/namespaces").await;
+    assert_eq!(namespaces.status, StatusCode::OK, "{namespaces:?}");
+    let listed = namespaces.body["namespaces"].as_array().expect("namespaces");
+    let names: Vec<&str> = listed.iter().map(|n| n["namespace"].as_str().unwrap_or("")).collect();
+    assert_eq!(names, vec!["billing", "shop"]);
+    assert_eq!((&listed[0]["queues"], &listed[0]["partitions"]), (&json!(2), &json!(2)), "{listed:?}");
+    assert_eq!((&listed[0]["messages"]["pushed"], &listed[0]["messages"]["stored"]), (&json!(2), &json!(2)));
+    assert!(listed[0]["lastPushAt"].is_string(), "{listed:?}");
+    assert_eq!((&listed[1]["queues"], &listed[1]["messages"]["pushed"]), (&json!(1), &json!(1)));
+
+    let tasks = app.get("/api/v1/resources/tasks").await;
+    let listed = tasks.body["tasks"].as_array().expect("tasks");
+    let names: Vec<(&str, i64)> =
+        listed.iter().map(|t| (t["task"].as_str().unwrap_or(""), t["queues"].as_i64().unwrap_or(-1))).collect();
+    assert_eq!(names, vec![("invoices", 2), ("refunds", 1)]);
+    assert_eq!(listed[0]["messages"]["pushed"], 1, "a configured queue without messages adds none");
+
+    let second = app.get("/api/v1/resources/tasks?limit=1&offset=1").await;
+    assert_eq!(
+        second.body["tasks"].as_array().map(|t| t.iter().map(|t| t["task"].clone()).collect::<Vec<_>>()),
+        Some(vec![json!("refunds")])
+    );
+    assert_eq!((&second.body["limit"], &second.body["offset"]), (&json!(1), &json!(1)));
+    let filtered = app.get("/api/v1/resources/namespaces?task=invoices").await;
+    assert_eq!(filtered.status, StatusCode::BAD_REQUEST, "{filtered:?}");
+    assert!(filtered.body["error"].as_str().is_some_and(|e| e.contains("task")), "{filtered:?}");
+}
+
+#[actix_web::test]
 async fn status_and_resource_routes_report_the_data() {
     let app = TestApp::spawn().await;
     app.post("/api/v1/configure", &json!({"queue": "billing.invoices", "options": {"leaseTime": 60}})).await;
