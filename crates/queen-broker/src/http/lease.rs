@@ -63,6 +63,8 @@ pub async fn extend(
             None,
             Some("lease expired or was released; it cannot be extended"),
         ))),
-        LeaseExtension::Unknown => Err(ApiError::NotFound(format!("lease {lease_id} not found"))),
+        LeaseExtension::Unknown => Err(ApiError::NotFound(format!(
+            "lease {lease_id} not found: no cursor holds it (it never existed, or it expired and its partition was leased again)"
+        ))),
     }
 }

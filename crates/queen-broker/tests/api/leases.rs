@@ -50,4 +50,7 @@ async fn a_consumer_that_dies_mid_batch_loses_it_to_another_and_the_expiry_count
     let expired =
         app.post(&format!("/api/v1/lease/{}/extend", dead[0]["leaseId"].as_str().expect("lease")), &json!({})).await;
     assert_eq!(expired.body["success"], false, "an expired lease cannot be revived");
+    // Its partition is leased again, so no cursor records the old lease: 404, saying why.
+    assert_eq!(expired.status, StatusCode::NOT_FOUND, "{expired:?}");
+    assert!(expired.body["error"].as_str().is_some_and(|e| e.contains("leased again")), "{expired:?}");
 }
