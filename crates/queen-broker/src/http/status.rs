@@ -121,15 +121,6 @@ pub async fn queues(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpR
     Ok(HttpResponse::Ok().json(serde_json::json!({ "queues": queues, "limit": limit, "offset": offset })))
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct LabelJson {
-    queues: i64,
-    partitions: i64,
-    messages: MessagesJson,
-    last_push_at: Option<String>,
-}
-
 /// A page of one label's values, each with its queues' sizes: `{<key>: [{<field>, queues, ...}]}`.
 async fn label_page(
     broker: &Broker,
@@ -142,17 +133,13 @@ async fn label_page(
     let values: Vec<Value> = found
         .into_iter()
         .map(|LabelStats { value, queues, partitions, messages_pushed, messages_stored, last_push_at }| {
-            let sizes = LabelJson {
-                queues,
-                partitions,
-                messages: MessagesJson { pushed: messages_pushed, stored: messages_stored },
-                last_push_at: last_push_at.map(timestamp),
-            };
-            let mut entry = Map::from_iter([(field.to_owned(), Value::String(value))]);
-            if let Ok(Value::Object(sizes)) = serde_json::to_value(sizes) {
-                entry.extend(sizes);
-            }
-            Value::Object(entry)
+            serde_json::json!({
+                field: value,
+                "queues": queues,
+                "partitions": partitions,
+                "messages": MessagesJson { pushed: messages_pushed, stored: messages_stored },
+                "lastPushAt": last_push_at.map(timestamp),
+            })
         })
         .collect();
     Ok(HttpResponse::Ok().json(serde_json::json!({ key: values, "limit": limit, "offset": offset })))
