@@ -11,6 +11,7 @@ use actix_web::dev::{Path, Url};
 use actix_web::error::PayloadError;
 use actix_web::web::{Bytes, BytesMut, Payload};
 use actix_web::{FromRequest, HttpRequest};
+use chrono::{DateTime, NaiveDate, NaiveDateTime, NaiveTime, Utc};
 use futures::future::{Ready, ready};
 use futures::{Stream, StreamExt};
 use serde::Deserialize;
@@ -464,6 +465,18 @@ pub fn query_int(query: &BTreeMap<String, String>, key: &str, min: u64, max: u64
         .transpose()
 }
 
+/// A time a client sent as `field`, in ISO-8601: with an offset; without one, taken as UTC (what
+/// Python's `datetime.utcnow().isoformat()` gives), with `T` or a space between date and time; or
+/// a date alone, its midnight UTC.
+pub fn iso_time(field: &str, text: &str) -> Result<DateTime<Utc>, ApiError> {
+    DateTime::parse_from_rfc3339(text)
+        .map(|at| at.with_timezone(&Utc))
+        .or_else(|_| NaiveDateTime::parse_from_str(text, "%Y-%m-%dT%H:%M:%S%.f").map(|at| at.and_utc()))
+        .or_else(|_| NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f").map(|at| at.and_utc()))
+        .or_else(|_| NaiveDate::parse_from_str(text, "%Y-%m-%d").map(|day| day.and_time(NaiveTime::MIN).and_utc()))
+        .map_err(|_| ApiError::bad_request(format!("{field} must be an ISO-8601 timestamp, not {text:?}")))
+}
+
 /// Path parameter `name` as the client meant it. actix decodes a matched path except `%25`,
 /// `%2B` and `%2F` (so that they cannot change how it splits); they are decoded here, so that a
 /// name holding `%`, `+` or `/` is the same in a path as in a body.
@@ -490,6 +503,20 @@ mod tests {
     use super::*;
     use crate::metrics::Metrics;
     use crate::pressure::Limited;
+
+    #[test]
+    fn times_without_an_offset_are_utc_and_a_date_is_its_midnight() {
+        let utc: DateTime<Utc> = "2026-01-02T03:04:05.5Z".parse().unwrap();
+        assert_eq!(iso_time("since", "2026-01-02T03:04:05.500000Z").unwrap(), utc);
+        assert_eq!(iso_time("since", "2026-01-02T04:04:05.5+01:00").unwrap(), utc);
+        assert_eq!(iso_time("since", "2026-01-02T03:04:05.5").unwrap(), utc);
+        assert_eq!(iso_time("since", "2026-01-02 03:04:05.5").unwrap(), utc);
+        let midnight: DateTime<Utc> = "2026-01-02T00:00:00Z".parse().unwrap();
+        assert_eq!(iso_time("since", "2026-01-02").unwrap(), midnight);
+        for bad in ["yesterday", "2026-13-02", "2026-01-02T25:00:00", "1767323045", ""] {
+            assert!(iso_time("since", bad).unwrap_err().to_string().starts_with("since"), "{bad:?}");
+        }
+    }
 
     fn in_flight(limit: usize) -> Arc<Bound> {
         Bound::new(Limited::BodyBytes, limit, &Metrics::new(10))

@@ -3,21 +3,16 @@
 use std::collections::BTreeMap;
 
 use actix_web::{HttpRequest, HttpResponse, web};
-use chrono::{DateTime, Utc};
 use queen_store::groups::{CursorLag, Registration, SeekTarget};
 use serde::Serialize;
 
-use super::body::{JsonObject, NoQuery, no_members, path_name, query_bool, query_int, read_body, strict_query};
+use super::body::{
+    JsonObject, NoQuery, iso_time, no_members, path_name, query_bool, query_int, read_body, strict_query,
+};
 use super::timestamp;
 use crate::broker::{Broker, groups};
 use crate::error::ApiError;
 use crate::names::NameKind;
-
-fn parse_time(field: &str, text: &str) -> Result<DateTime<Utc>, ApiError> {
-    DateTime::parse_from_rfc3339(text)
-        .map(|at| at.with_timezone(&Utc))
-        .map_err(|_| ApiError::bad_request(format!("{field} must be an ISO-8601 timestamp, not {text:?}")))
-}
 
 /// `{"toEnd": true}` or `{"timestamp": T}`; an empty body means `toEnd` where `empty_is_end`.
 fn seek_target(body: &[u8], empty_is_end: bool) -> Result<SeekTarget, ApiError> {
@@ -28,7 +23,7 @@ fn seek_target(body: &[u8], empty_is_end: bool) -> Result<SeekTarget, ApiError> 
     match (to_end, timestamp) {
         (Some(true), Some(_)) => Err(ApiError::bad_request("Specify either toEnd=true or a timestamp, not both")),
         (Some(true), None) => Ok(SeekTarget::End),
-        (_, Some(at)) => Ok(SeekTarget::Time(parse_time("timestamp", &at)?)),
+        (_, Some(at)) => Ok(SeekTarget::Time(iso_time("timestamp", &at)?)),
         (None, None) if empty_is_end && body.is_empty() => Ok(SeekTarget::End),
         _ => Err(ApiError::bad_request("Must specify toEnd=true or a timestamp")),
     }
@@ -136,7 +131,7 @@ pub async fn update_subscription(
     let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
     let body = JsonObject::parse_body(&body, false)?;
     body.takes_only(&["subscriptionTimestamp"])?;
-    let at = parse_time("subscriptionTimestamp", &body.required_string("subscriptionTimestamp")?)?;
+    let at = iso_time("subscriptionTimestamp", &body.required_string("subscriptionTimestamp")?)?;
     let queues = groups::update_subscription(&broker, &group, at).await?;
     if queues.is_empty() {
         return Err(ApiError::NotFound(format!("consumer group {group:?} is not registered on any queue")));

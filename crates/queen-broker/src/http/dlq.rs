@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use uuid::Uuid;
 
-use super::body::{NoQuery, no_members, path_param, query_int, strict_query};
+use super::body::{NoQuery, iso_time, no_members, path_param, query_int, strict_query};
 use super::messages::partition_id;
 use super::timestamp;
 use crate::broker::{Broker, messages};
@@ -80,19 +80,14 @@ struct Page {
     offset: i64,
 }
 
-/// A time of the query string (`from`, `to`): ISO-8601, refused (400) otherwise.
+/// A time of the query string (`from`, `to`), read by [`iso_time`].
 pub(super) fn time_filter(value: Option<&String>, key: &str) -> Result<Option<DateTime<Utc>>, ApiError> {
-    value
-        .map(|text| {
-            DateTime::parse_from_rfc3339(text)
-                .map(|at| at.with_timezone(&Utc))
-                .map_err(|_| ApiError::bad_request(format!("{key} must be an ISO-8601 timestamp, not {text:?}")))
-        })
-        .transpose()
+    value.map(|text| iso_time(key, text)).transpose()
 }
 
 /// Dead letters, newest first, filtered by `queue`, `consumerGroup`, `partition` (name) and
-/// `from`/`to` (when they failed), paged with `limit` (1 to 1000, default 100) and `offset`.
+/// `from`/`to` (when they failed), paged with `limit` (default 100; above 1000, 1000, as the C++
+/// Queen caps it: the official client shows any refusal here as an empty list) and `offset`.
 pub async fn list(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let query = strict_query(&req, &["queue", "consumerGroup", "partition", "from", "to", "limit", "offset"])?;
     let filter = DeadLetterFilter {
@@ -101,7 +96,7 @@ pub async fn list(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpRes
         partition: query.get("partition").cloned(),
         from: time_filter(query.get("from"), "from")?,
         to: time_filter(query.get("to"), "to")?,
-        limit: query_int(&query, "limit", 1, MAX_PAGE)?.unwrap_or(100) as i64,
+        limit: query_int(&query, "limit", 1, u64::MAX)?.map_or(100, |limit| limit.min(MAX_PAGE)) as i64,
         offset: query_int(&query, "offset", 0, i64::MAX as u64)?.unwrap_or(0) as i64,
     };
     let (letters, total) = messages::dead_letters(&broker, &filter).await?;

@@ -6,12 +6,11 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use actix_web::{HttpRequest, HttpResponse, web};
-use chrono::{DateTime, Utc};
 use queen_store::cursors::CursorSeed;
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::body::{path_name, query_bool, query_int, strict_query};
+use super::body::{iso_time, path_name, query_bool, query_int, strict_query};
 use super::{StoredMessageJson, Timestamp, framed_pop};
 use crate::broker::Broker;
 use crate::broker::pop::{Delivery, PopRequest, PopSource, pop};
@@ -186,10 +185,10 @@ fn subscription_seed(mode: Option<&str>, from: Option<&str>) -> Result<CursorSee
         if from.eq_ignore_ascii_case("now") {
             return Ok(CursorSeed::End);
         }
-        let at = DateTime::parse_from_rfc3339(from).map_err(|_| {
+        let at = iso_time("subscriptionFrom", from).map_err(|_| {
             ApiError::bad_request(format!("subscriptionFrom must be `now` or an ISO-8601 timestamp, not {from:?}"))
         })?;
-        return Ok(CursorSeed::From(at.with_timezone(&Utc)));
+        return Ok(CursorSeed::From(at));
     }
     match mode {
         None | Some("all" | "from_beginning") => Ok(CursorSeed::Oldest),

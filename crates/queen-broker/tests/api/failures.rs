@@ -152,12 +152,21 @@ async fn dead_letters_can_be_filtered_and_paged() {
     assert_eq!(total("/api/v1/dlq?queue=a&partition=p1").await, 2);
     assert_eq!(total("/api/v1/dlq?to=2001-01-01T00:00:00Z").await, 0);
     assert_eq!(total("/api/v1/dlq?from=2001-01-01T00:00:00Z").await, 4);
+    // Times as Python writes them without a zone are UTC; a date alone is its midnight.
+    assert_eq!(total("/api/v1/dlq?from=2001-01-01T00:00:00.250000").await, 4);
+    assert_eq!(total("/api/v1/dlq?to=2001-01-01").await, 0);
     let first = app.get("/api/v1/dlq?limit=3").await;
     let second = app.get("/api/v1/dlq?limit=3&offset=3").await;
     assert_eq!(first.body["messages"].as_array().map(Vec::len), Some(3));
     assert_eq!(second.body["messages"].as_array().map(Vec::len), Some(1));
     assert_eq!(second.body["total"], 4);
     assert_eq!(app.get("/api/v1/dlq?limit=0").await.status, StatusCode::BAD_REQUEST);
+    // Past the page's bound the page is capped, and the answer says so.
+    let capped = app.get("/api/v1/dlq?limit=5000").await;
+    assert_eq!(
+        (capped.status, &capped.body["limit"], &capped.body["total"]),
+        (StatusCode::OK, &json!(1000), &json!(4))
+    );
     assert_eq!(app.get("/api/v1/dlq?from=yesterday").await.status, StatusCode::BAD_REQUEST);
 }
 
