@@ -6,6 +6,12 @@ use crate::queues::{QUEUE_COLUMNS, Queue, queue_from_row};
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
 
+/// The sizes of a set of partitions `p`, in this order: how many, messages ever pushed, messages
+/// still stored, and the last push.
+const PARTITION_SIZES: &str = "count(p.id), COALESCE(sum(p.last_offset), 0)::bigint,
+        COALESCE(sum(GREATEST(p.last_offset - p.retained_from + 1, 0)), 0)::bigint,
+        max(p.last_segment_at)";
+
 /// The whole broker's data at a glance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Overview {
@@ -74,10 +80,7 @@ pub async fn queues(
               ORDER BY name
               LIMIT $4 OFFSET $5) q
          CROSS JOIN LATERAL (
-             SELECT count(*), COALESCE(sum(p.last_offset), 0)::bigint,
-                    COALESCE(sum(GREATEST(p.last_offset - p.retained_from + 1, 0)), 0)::bigint,
-                    max(p.last_segment_at)
-               FROM queen.partitions p WHERE p.queue_id = q.id) s
+             SELECT {PARTITION_SIZES} FROM queen.partitions p WHERE p.queue_id = q.id) s
          ORDER BY q.name"
     );
     let rows = client.query(&sql, &[&name, &namespace, &task, &limit, &offset]).await?;
@@ -125,10 +128,7 @@ pub async fn queues_by_label(
         QueueLabel::Task => "task",
     };
     let sql = format!(
-        "SELECT q.{column}, count(DISTINCT q.id), count(p.id),
-                COALESCE(sum(p.last_offset), 0)::bigint,
-                COALESCE(sum(GREATEST(p.last_offset - p.retained_from + 1, 0)), 0)::bigint,
-                max(p.last_segment_at)
+        "SELECT q.{column}, count(DISTINCT q.id), {PARTITION_SIZES}
            FROM queen.queues q LEFT JOIN queen.partitions p ON p.queue_id = q.id
           WHERE q.{column} IS NOT NULL
           GROUP BY q.{column}
