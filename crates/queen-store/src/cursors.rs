@@ -571,14 +571,52 @@ pub async fn give_back_claims(
             &[&lease_id, &partition_ids],
         )
         .await?;
-    for row in &rows {
+    announce_available(client, &rows).await?;
+    Ok(rows.len() as u64)
+}
+
+/// Moves back the cursors an `autoAck` claim committed at delivery when its messages could not be
+/// handed out after all (their segments could not be read): without it they would be lost for
+/// the group without having been delivered, which at-most-once does not allow. `claims` are
+/// `(partition, first, last)` of the claim; a cursor that moved on since (another pop of the
+/// group) is left where it is. Partitions moved back are announced. How many were moved back.
+///
+/// The claim's other changes stay: the head's failure counts it reset, and `delivered_until`,
+/// which only widens what an ack without a lease may commit to messages of this span.
+pub async fn undo_auto_acked_claims(
+    client: &impl GenericClient,
+    group: &str,
+    claims: &[(i64, i64, i64)],
+) -> Result<u64, StoreError> {
+    let partition_ids: Vec<i64> = claims.iter().map(|c| c.0).collect();
+    let firsts: Vec<i64> = claims.iter().map(|c| c.1).collect();
+    let lasts: Vec<i64> = claims.iter().map(|c| c.2).collect();
+    let rows = client
+        .query(
+            "UPDATE queen.log_consumers c
+                SET committed = x.first - 1, total_consumed = c.total_consumed - (x.last - x.first + 1)
+               FROM unnest($2::bigint[], $3::bigint[], $4::bigint[]) AS x(partition_id, first, last),
+                    queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+              WHERE c.partition_id = x.partition_id AND c.consumer_group = $1 AND c.committed = x.last
+                AND p.id = c.partition_id
+          RETURNING q.id, p.id, q.name",
+            &[&group, &partition_ids, &firsts, &lasts],
+        )
+        .await?;
+    announce_available(client, &rows).await?;
+    Ok(rows.len() as u64)
+}
+
+/// Announces the partitions of `rows` (queue id, partition id, queue name) as having messages.
+async fn announce_available(client: &impl GenericClient, rows: &[tokio_postgres::Row]) -> Result<(), StoreError> {
+    for row in rows {
         events::publish(
             client,
             &Event::Available { queue_id: row.get(0), partition_id: row.get(1), queue: row.get(2) },
         )
         .await?;
     }
-    Ok(rows.len() as u64)
+    Ok(())
 }
 
 /// Result of extending a lease.

@@ -208,14 +208,13 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
         // The client may have left while the pop looked: a long poll's after the check at the top
         // of the loop, any pop's when it gave up waiting for the answer (its own timeout). What
         // was claimed for it, on every queue, goes back at once rather than stay leased to nobody
-        // (an auto-acked claim is committed already).
-        let claimed_for_nobody =
-            !taken.is_empty() && !request.auto_ack && request.connection.is_some_and(ClientConnection::is_closed);
+        // or, auto-acked, committed for nobody.
+        let claimed_for_nobody = !taken.is_empty() && request.connection.is_some_and(ClientConnection::is_closed);
         if claimed_for_nobody {
-            let claimed: Vec<i64> = taken.iter().flat_map(|t| t.claims.iter().map(|c| c.partition_id)).collect();
+            let claims: Vec<cursors::Claim> = taken.iter().flat_map(|t| t.claims.iter().cloned()).collect();
             match broker.pool.get().await {
-                Ok(client) => give_back(broker, client, lease_id, &claimed).await,
-                Err(e) => tracing::warn!(error = %e, "could not give back the claims of a pop whose client left"),
+                Ok(client) => Unhanded::of(request, lease_id, &claims).take_back(broker, client).await,
+                Err(e) => tracing::warn!(error = %e, "could not take back the claims of a pop whose client left"),
             }
         }
         // The pop has looked: a turn it held is done with, and work it left is for the group's
@@ -453,12 +452,9 @@ async fn pop_queue(
     let (messages, segments) = match read_claimed(broker, &client, queue, &names_by_id, &claims).await {
         Ok(read) => read,
         Err(e) => {
-            // Handed to nobody: give the leases back now rather than let them run out, which
-            // would count against the messages as a failed delivery.
-            if !request.auto_ack {
-                let claimed: Vec<i64> = claims.iter().map(|c| c.partition_id).collect();
-                give_back(broker, client, lease_id, &claimed).await;
-            }
+            // Handed to nobody: taken back now rather than left to a lease running out (a failed
+            // delivery of the messages) or committed (their loss).
+            Unhanded::of(request, lease_id, &claims).take_back(broker, client).await;
             return Err(e);
         }
     };
@@ -538,22 +534,47 @@ fn enough_to_fill(free: &[&cursors::Candidate], messages: u32, conflates: bool, 
     filled_by.map_or(every, |last| last as i64 + 1)
 }
 
-/// Gives back what a pop claimed and could not hand out ([`cursors::give_back_claims`]): its
-/// segments could not be read, or its client left. On `client`, or on another when that one was
-/// lost (its backend terminated while the pop read the segments): the claim committed
-/// already, so its leases would otherwise stand until they run out, and count against messages
-/// nobody was given.
-async fn give_back(broker: &Broker, client: deadpool_postgres::Object, lease_id: Uuid, claimed: &[i64]) {
-    let mut result = cursors::give_back_claims(&client, lease_id, claimed).await;
-    if let Err(queen_store::StoreError::Unavailable(_)) = result {
-        drop(client);
-        result = match broker.pool.get().await {
-            Ok(other) => cursors::give_back_claims(&other, lease_id, claimed).await,
-            Err(e) => Err(e.into()),
-        };
+/// What a pop claimed and could not hand out: its segments could not be read, or its client left.
+enum Unhanded<'a> {
+    /// Leases, given back ([`cursors::give_back_claims`]): they would otherwise stand until they
+    /// run out, and count against messages nobody was given.
+    Leases { lease_id: Uuid, partitions: Vec<i64> },
+    /// An `autoAck` claim's cursors, committed at delivery, moved back
+    /// ([`cursors::undo_auto_acked_claims`]): the messages would otherwise be lost for the group.
+    AutoAcked { group: &'a str, spans: Vec<(i64, i64, i64)> },
+}
+
+impl<'a> Unhanded<'a> {
+    fn of(request: &'a PopRequest, lease_id: Uuid, claims: &[cursors::Claim]) -> Self {
+        if request.auto_ack {
+            let spans = claims.iter().map(|c| (c.partition_id, c.first, c.last)).collect();
+            Unhanded::AutoAcked { group: &request.group, spans }
+        } else {
+            Unhanded::Leases { lease_id, partitions: claims.iter().map(|c| c.partition_id).collect() }
+        }
     }
-    if let Err(back) = result {
-        tracing::warn!(error = %back, "could not give back the claims of a pop that handed nothing out");
+
+    async fn take_back_on(&self, client: &deadpool_postgres::Object) -> Result<u64, queen_store::StoreError> {
+        match self {
+            Unhanded::Leases { lease_id, partitions } => cursors::give_back_claims(client, *lease_id, partitions).await,
+            Unhanded::AutoAcked { group, spans } => cursors::undo_auto_acked_claims(client, group, spans).await,
+        }
+    }
+
+    /// On `client`, or on another when that one was lost (its backend terminated while the pop
+    /// read the segments): the claim committed already.
+    async fn take_back(&self, broker: &Broker, client: deadpool_postgres::Object) {
+        let mut result = self.take_back_on(&client).await;
+        if let Err(queen_store::StoreError::Unavailable(_)) = result {
+            drop(client);
+            result = match broker.pool.get().await {
+                Ok(other) => self.take_back_on(&other).await,
+                Err(e) => Err(e.into()),
+            };
+        }
+        if let Err(back) = result {
+            tracing::warn!(error = %back, "could not take back the claims of a pop that handed nothing out");
+        }
     }
 }
 

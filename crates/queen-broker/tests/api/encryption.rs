@@ -81,6 +81,15 @@ async fn without_a_key_encryption_is_refused_and_never_silently_plain() {
     let unreadable = app.pop("queue/shared-vault", "batch=1").await;
     assert_eq!(unreadable.status, StatusCode::SERVICE_UNAVAILABLE, "{unreadable:?}");
     assert!(!stored_in_plain_text(&app, "SELECT body FROM queen.log_segments").await);
+
+    // Nor does an `autoAck` pop lose the message, though its claim committed the group's cursor:
+    // the cursor moves back, and the broker with the key delivers it.
+    let auto = "batch=1&consumerGroup=auto&autoAck=true";
+    let unread = app.pop("queue/shared-vault", auto).await;
+    assert_eq!(unread.status, StatusCode::SERVICE_UNAVAILABLE, "{unread:?}");
+    let url = format!("{keyed}/api/v1/pop/queue/shared-vault?{auto}");
+    let delivered: Value = app.http.get(url).send().await.unwrap().json().await.unwrap();
+    assert_eq!(delivered["messages"][0]["data"], secret(9), "{delivered}");
 }
 
 #[actix_web::test]

@@ -233,13 +233,7 @@ async fn a_pop_whose_client_leaves_while_it_claims_gives_the_claim_back(query: &
     app.ack_all(&first, "completed", None).await;
     app.push_one("held", "p", "second", json!(1)).await;
 
-    let mut locker = app.db.connect().await;
-    let lock = locker.transaction().await.expect("a transaction");
-    lock.batch_execute("LOCK TABLE queen.log_consumers IN ACCESS EXCLUSIVE MODE").await.expect("the lock");
-    let socket = send_a_pop(&app, &format!("/queue/held?batch=1&{query}")).await;
-    app.until_waiting_for_a_lock("AS not_before", "the pop's look never waited for the lock").await;
-    close_and_wait_for_the_broker(socket).await;
-    lock.rollback().await.expect("the lock released");
+    leave_while_the_pop_looks(&app, &format!("/queue/held?batch=1&{query}")).await;
 
     // The look claims the message (the cursor's lease reaches it) and gives it back at once.
     let given_back = "SELECT count(*) FROM queen.log_consumers WHERE leased_until = 2 AND lease_expires_at IS NULL";
@@ -252,6 +246,40 @@ async fn a_pop_whose_client_leaves_while_it_claims_gives_the_claim_back(query: &
     let popped = app.pop("queue/held", "batch=1&wait=true&timeout=5000").await;
     assert_eq!(popped.transaction_ids(), vec!["second"], "delivered to a consumer that is there");
     assert_eq!(popped.messages()[0]["deliveryAttempt"], 1, "the claim given back is not counted as a delivery");
+}
+
+/// Sends the pop at `path` while its look for messages waits behind a lock on the cursors, and
+/// leaves (the client closes) before the lock is released.
+async fn leave_while_the_pop_looks(app: &TestApp, path: &str) {
+    let mut locker = app.db.connect().await;
+    let lock = locker.transaction().await.expect("a transaction");
+    lock.batch_execute("LOCK TABLE queen.log_consumers IN ACCESS EXCLUSIVE MODE").await.expect("the lock");
+    let socket = send_a_pop(app, path).await;
+    app.until_waiting_for_a_lock("AS not_before", "the pop's look never waited for the lock").await;
+    close_and_wait_for_the_broker(socket).await;
+    lock.rollback().await.expect("the lock released");
+}
+
+/// The same with `autoAck`, whose claim commits the cursor at delivery: the cursor moves back, and
+/// the message goes to the next consumer rather than to nobody.
+#[actix_web::test]
+async fn an_auto_ack_pop_whose_client_leaves_while_it_claims_moves_the_cursor_back() {
+    let app = TestApp::spawn().await;
+    app.push_one("held", "p", "first", json!(0)).await;
+    assert_eq!(app.pop("queue/held", "batch=1&autoAck=true").await.transaction_ids(), vec!["first"]);
+    app.push_one("held", "p", "second", json!(1)).await;
+
+    leave_while_the_pop_looks(&app, "/queue/held?batch=1&autoAck=true&wait=false").await;
+
+    // The claim reached the message (delivered_until, which stays) and the cursor came back.
+    let moved_back = "SELECT count(*) FROM queen.log_consumers WHERE delivered_until = 2 AND committed = 1";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.count(moved_back).await < 1 {
+        assert!(Instant::now() < deadline, "the autoAck claim's cursor was not moved back");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let popped = app.pop("queue/held", "batch=1&autoAck=true").await;
+    assert_eq!(popped.transaction_ids(), vec!["second"], "delivered to a consumer that is there");
 }
 
 /// A namespace pop whose client leaves after it claimed on its first queue, while its look at the
