@@ -10,6 +10,11 @@
 //! (at or below the cursor) is a no-op, a late `failed` is refused, an ack under a lease that is
 //! not the live one is refused, and so is an ack of a message the group was never delivered, with
 //! or without a lease: an ack can never commit past a message the group did not receive.
+//!
+//! In a transaction, a late `completed` under a lease is a no-op only while that lease is still
+//! the live one: the bundle's pushes rest on its acks, and a message committed after its lease
+//! ran out may have been processed by the consumer that took the partition over. The bundle is
+//! then refused whole rather than applied on work it no longer owns.
 
 use uuid::Uuid;
 
@@ -58,6 +63,8 @@ pub struct AckItem<'a> {
     pub status: AckStatus,
     pub fence: &'a LeaseFence,
     pub error: Option<&'a str>,
+    /// Part of a transaction's bundle (see the module's comment on late acks).
+    pub bundled: bool,
 }
 
 /// Why an ack was refused. Nothing changes for a refused item.
@@ -154,18 +161,15 @@ impl CursorChange {
 fn validate(state: &CursorState, item: &AckItem<'_>) -> Result<(), AckVerdict> {
     if item.offset <= state.committed {
         return Err(match item.status {
+            AckStatus::Completed if item.bundled && *item.fence != LeaseFence::Unfenced => {
+                fence_refusal(state, item.fence).map_or(AckVerdict::Noop, AckVerdict::Refused)
+            }
             AckStatus::Completed => AckVerdict::Noop,
             _ => AckVerdict::Refused(Refusal::AlreadyCommitted),
         });
     }
-    let live = state.lease_id.filter(|_| state.lease_live);
-    match item.fence {
-        LeaseFence::Lease(lease) if live != Some(*lease) => return Err(AckVerdict::Refused(Refusal::InvalidLease)),
-        LeaseFence::AnyOf(leases) if !live.is_some_and(|live| leases.contains(&live)) => {
-            return Err(AckVerdict::Refused(Refusal::OutsideRequiredLeases));
-        }
-        LeaseFence::Unfenced if live.is_some() => return Err(AckVerdict::Refused(Refusal::LeasedByAnother)),
-        _ => {}
+    if let Some(refusal) = fence_refusal(state, item.fence) {
+        return Err(AckVerdict::Refused(refusal));
     }
     if state.lease_live && state.leased_until.is_some_and(|until| item.offset > until) {
         return Err(AckVerdict::Refused(Refusal::NotDelivered));
@@ -174,6 +178,19 @@ fn validate(state: &CursorState, item: &AckItem<'_>) -> Result<(), AckVerdict> {
         return Err(AckVerdict::Refused(Refusal::NeverReceived));
     }
     Ok(())
+}
+
+/// Why the cursor's live lease does not let an ack with this fence act, if it does not.
+fn fence_refusal(state: &CursorState, fence: &LeaseFence) -> Option<Refusal> {
+    let live = state.lease_id.filter(|_| state.lease_live);
+    match fence {
+        LeaseFence::Lease(lease) if live != Some(*lease) => Some(Refusal::InvalidLease),
+        LeaseFence::AnyOf(leases) if !live.is_some_and(|live| leases.contains(&live)) => {
+            Some(Refusal::OutsideRequiredLeases)
+        }
+        LeaseFence::Unfenced if live.is_some() => Some(Refusal::LeasedByAnother),
+        _ => None,
+    }
 }
 
 /// How many times the message after `committed` has been delivered when the cursor moves there:
@@ -303,7 +320,7 @@ mod tests {
     }
 
     fn ack(offset: i64, status: AckStatus) -> AckItem<'static> {
-        AckItem { offset, status, fence: &FENCED, error: None }
+        AckItem { offset, status, fence: &FENCED, error: None, bundled: false }
     }
 
     #[test]
@@ -370,7 +387,7 @@ mod tests {
         let mut state = leased(4, 6);
         state.retry_limit = 1;
         state.retry_count = 1;
-        let item = AckItem { offset: 5, status: AckStatus::Failed, fence: &FENCED, error: Some("boom") };
+        let item = AckItem { error: Some("boom"), ..ack(5, AckStatus::Failed) };
         let (change, verdicts) = apply(&state, &[item]);
         assert_eq!(change.after.committed, 5);
         assert_eq!(change.after.retry_count, 0);
@@ -424,6 +441,26 @@ mod tests {
         let other = AckItem { fence: &foreign, ..ack(1, AckStatus::Completed) };
         let (_, verdicts) = apply(&leased(0, 2), &[other]);
         assert_eq!(verdicts, vec![AckVerdict::Refused(Refusal::InvalidLease)]);
+    }
+
+    #[test]
+    fn in_a_bundle_a_late_ack_needs_its_lease_still_live() {
+        // Committed up to 2 by the consumer that took the partition over under another lease.
+        let mut taken_over = leased(2, 4);
+        taken_over.lease_id = Some(Uuid::from_u128(7));
+        let bundled = AckItem { bundled: true, ..ack(1, AckStatus::Completed) };
+        let (change, verdicts) = apply(&taken_over, &[bundled]);
+        assert!(!change.is_change(&taken_over));
+        assert_eq!(verdicts, vec![AckVerdict::Refused(Refusal::InvalidLease)]);
+        let required = LeaseFence::AnyOf(vec![LEASE]);
+        let (_, verdicts) = apply(&taken_over, &[AckItem { fence: &required, ..bundled }]);
+        assert_eq!(verdicts, vec![AckVerdict::Refused(Refusal::OutsideRequiredLeases)]);
+        // Outside a bundle the same ack is a no-op, as is a bundled one under the live lease
+        // (a retried bundle whose lease still holds) or under none.
+        assert_eq!(apply(&taken_over, &[ack(1, AckStatus::Completed)]).1, vec![AckVerdict::Noop]);
+        assert_eq!(apply(&leased(2, 4), &[bundled]).1, vec![AckVerdict::Noop]);
+        let unfenced = AckItem { fence: &UNFENCED, ..bundled };
+        assert_eq!(apply(&taken_over, &[unfenced]).1, vec![AckVerdict::Noop]);
     }
 
     #[test]

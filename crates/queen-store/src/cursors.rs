@@ -782,13 +782,14 @@ struct CursorTrack {
 }
 
 /// Applies acknowledgement calls (each one request's acks) inside the caller's transaction (a
-/// bundle's), one call after the other, with the rules of [`ack_rules`] ([`apply_rules`]).
+/// bundle's), one call after the other, with the rules of [`ack_rules`] for bundled acks
+/// ([`apply_rules`]).
 pub async fn acknowledge(
     tx: &deadpool_postgres::Transaction<'_>,
     calls: &[Vec<AckRequest>],
     keys: Option<&Cipher>,
 ) -> Result<AckBatch, StoreError> {
-    apply_rules(tx, calls, keys).await
+    apply_rules(tx, calls, keys, true).await
 }
 
 /// A batch of acknowledgement calls that failed, with what it committed before it failed: the
@@ -844,7 +845,7 @@ async fn rules_transaction(
     keys: Option<&Cipher>,
 ) -> Result<AckBatch, StoreError> {
     let tx = client.transaction().await?;
-    let by_rules = apply_rules(&tx, calls, keys).await?;
+    let by_rules = apply_rules(&tx, calls, keys, false).await?;
     tx.commit().await?;
     Ok(by_rules)
 }
@@ -894,10 +895,12 @@ fn merge(completed: completed_spans::Completed, by_rules: AckBatch, places: &[Ve
 /// are resolved, the cursors involved are locked in a fixed order (so concurrent batches cannot
 /// deadlock), each call's acks of one cursor are applied together, the cursors are written once,
 /// and dead letters are copied into `queen.log_dlq` (read from their segments with `keys`).
+/// `bundled`: the calls are a transaction's ([`ack_rules::AckItem::bundled`]).
 async fn apply_rules(
     tx: &deadpool_postgres::Transaction<'_>,
     calls: &[Vec<AckRequest>],
     keys: Option<&Cipher>,
+    bundled: bool,
 ) -> Result<AckBatch, StoreError> {
     let requests: Vec<&AckRequest> = calls.iter().flatten().collect();
     if requests.is_empty() {
@@ -988,7 +991,7 @@ async fn apply_rules(
     for call in calls {
         let call_offsets = &offsets[first..first + call.len()];
         first += call.len();
-        outcomes.push(apply_call(call, call_offsets, &mut tracks, &partition_heads));
+        outcomes.push(apply_call(call, call_offsets, &mut tracks, &partition_heads, bundled));
     }
 
     let changed: Vec<(&CursorKey, &CursorTrack)> = tracks.iter().filter(|(_, t)| t.now != t.before).collect();
@@ -1021,6 +1024,7 @@ fn apply_call(
     offsets: &[Option<i64>],
     tracks: &mut HashMap<CursorKey, CursorTrack>,
     partition_heads: &HashMap<i64, (i64, String, i64)>,
+    bundled: bool,
 ) -> Vec<AckOutcome> {
     let queue_of = |partition_id: i64| partition_heads.get(&partition_id).map(|(_, queue, _)| queue.clone());
     let mut outcomes: Vec<Option<AckOutcome>> = vec![None; call.len()];
@@ -1049,6 +1053,7 @@ fn apply_call(
                 status: call[i].status,
                 fence: &call[i].fence,
                 error: call[i].error.as_deref(),
+                bundled,
             })
             .collect();
         let (change, verdicts) = ack_rules::apply(&track.now, &items);

@@ -24,6 +24,14 @@ async fn committed(app: &TestApp, queue: &str, partition: &str) -> i64 {
     .await
 }
 
+async fn segments_of(app: &TestApp, queue: &str) -> i64 {
+    app.count(&format!(
+        "SELECT count(*) FROM queen.log_segments s JOIN queen.partitions p ON p.id = s.partition_id
+           JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = '{queue}'"
+    ))
+    .await
+}
+
 #[actix_web::test]
 async fn a_committed_transaction_acks_stage_one_and_pushes_stage_two_together() {
     let app = TestApp::spawn().await;
@@ -77,17 +85,40 @@ async fn a_transaction_with_an_ack_under_an_expired_lease_rolls_back_whole() {
     assert!(answer.body["error"].as_str().is_some_and(|e| e.contains("rolled back")), "{answer:?}");
 
     assert_eq!(committed(&app, "long", "p").await, 0, "b's ack did not happen");
-    assert_eq!(
-        app.count(
-            "SELECT count(*) FROM queen.log_segments s JOIN queen.partitions p ON p.id = s.partition_id
-                     JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = 'next'"
-        )
-        .await,
-        0,
-        "the push did not happen"
-    );
+    assert_eq!(segments_of(&app, "next").await, 0, "the push did not happen");
     let alone = app.ack_all(&[b], "completed", None).await;
     assert_eq!(alone[0]["success"], true, "b's lease is still good");
+}
+
+/// A consumer whose lease ran out while another consumer took its message over and acknowledged
+/// it: its bundle must not push on that work. As a single ack the late ack is a no-op; in a
+/// bundle it rolls the bundle back, though no `requiredLeases` names the dead lease.
+#[actix_web::test]
+async fn a_bundle_acking_a_message_another_consumer_committed_after_its_lease_ran_out_rolls_back() {
+    let app = TestApp::spawn().await;
+    app.post("/api/v1/configure", &json!({"queue": "handoff", "options": {"leaseTime": 1}})).await;
+    app.push_one("handoff", "p", "job", json!("job")).await;
+    let stalled = app.pop("queue/handoff", "batch=1").await.messages().remove(0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let taken_over = loop {
+        let answer = app.pop("queue/handoff", "batch=1&wait=true&timeout=500").await;
+        if answer.status == StatusCode::OK {
+            break answer.messages().remove(0);
+        }
+        assert!(Instant::now() < deadline, "the job was never delivered again");
+    };
+    assert_eq!(app.ack_all(&[taken_over], "completed", None).await[0]["success"], true);
+    assert_eq!(committed(&app, "handoff", "p").await, 1);
+
+    let bundle = json!({
+        "operations": [ack_op(&stalled, None),
+                       {"type": "push", "items": [{"queue": "handoff-done", "transactionId": "job-done", "payload": 1}]}],
+    });
+    let answer = app.post("/api/v1/transaction", &bundle).await;
+    assert_eq!(answer.status, StatusCode::CONFLICT, "{answer:?}");
+    let error = answer.body["error"].as_str().unwrap_or_default();
+    assert!(error.contains("rolled back") && error.contains("expired lease"), "{error}");
+    assert_eq!(segments_of(&app, "handoff-done").await, 0, "the push did not happen");
 }
 
 #[actix_web::test]
