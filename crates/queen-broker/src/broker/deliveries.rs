@@ -12,7 +12,10 @@
 //! acked, until the bound or the time limit evicts them); an ack sent again after that is looked
 //! up like one from another broker. An offset from here is the one the consumer was given; a
 //! lookup finds the id's latest message, which differs only when the id was pushed again after
-//! its dedup window (and then the delivered one is the one meant).
+//! its dedup window (and then the delivered one is the one meant). When one delivery holds an id
+//! twice (pushed again after its window, both messages unconsumed), its ack resolves to the
+//! earlier: an ack commits everything up to its message, and the later would commit the messages
+//! between the two, unprocessed. The later one is then delivered again once the lease runs out.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -102,7 +105,10 @@ impl Deliveries {
         let mut by_partition: HashMap<i64, HashMap<Arc<str>, i64>> = HashMap::new();
         for message in messages {
             let offsets = by_partition.entry(message.partition_id).or_default();
-            offsets.insert(Arc::clone(&message.transaction_id), message.offset);
+            offsets
+                .entry(Arc::clone(&message.transaction_id))
+                .and_modify(|offset| *offset = (*offset).min(message.offset))
+                .or_insert(message.offset);
         }
         for (partition_id, offsets) in by_partition {
             let unresolved = AtomicUsize::new(offsets.len());
@@ -216,6 +222,18 @@ mod tests {
         // Acks of another lease say nothing of this one.
         let mut stranger = vec![ack_of(Uuid::now_v7(), &messages[0])];
         assert!(deliveries.resolve(&mut stranger).is_empty());
+    }
+
+    #[test]
+    fn an_id_delivered_twice_resolves_to_its_earlier_message() {
+        let deliveries = Deliveries::default();
+        let lease_id = Uuid::now_v7();
+        let mut messages: Vec<DeliveredMessage> = (1..=10).map(|offset| delivered(5, offset)).collect();
+        messages[9].transaction_id = Arc::clone(&messages[2].transaction_id);
+        deliveries.record(lease_id, &[(5, None)], &messages);
+        let mut acks = vec![ack_of(lease_id, &messages[9])];
+        deliveries.resolve(&mut acks);
+        assert_eq!(acks[0].offset, Some(3), "not 10, which would commit 4 to 9 unprocessed");
     }
 
     #[test]
