@@ -94,10 +94,10 @@ impl Ledger {
         self.state().acknowledged.keys().cloned().collect()
     }
 
-    /// How many pushes were acknowledged by a request sent at `since` or later. A request sent
-    /// earlier may be answered later, and its transaction may have begun before a fault did.
-    pub fn acknowledged_sent_since(&self, since: Instant) -> usize {
-        self.state().acknowledged.values().filter(|sent| **sent >= since).count()
+    /// The pushes acknowledged by a request sent at `since` or later. A request sent earlier may
+    /// be answered later, and its transaction may have begun before a fault did.
+    pub fn acknowledged_ids_sent_since(&self, since: Instant) -> HashSet<String> {
+        self.state().acknowledged.iter().filter(|(_, sent)| **sent >= since).map(|(id, _)| id.clone()).collect()
     }
 
     pub fn acknowledged_count(&self) -> usize {

@@ -285,7 +285,7 @@ async fn refuse_writes_under_load(pg: &Single, database: &str, fault: Fault<'_>)
     let gone: Vec<_> = pooled_before.iter().filter(|pid| !pooled_now.contains(pid)).collect();
     assert!(gone.is_empty(), "pooled sessions {gone:?} ended during the fault");
     println!("{} sessions pooled before the fault, all still there; {} now", pooled_before.len(), pooled_now.len());
-    let acknowledged_during_fault = workload.ledger().acknowledged_sent_since(refusing_since);
+    let acknowledged_during_fault = workload.ledger().acknowledged_ids_sent_since(refusing_since).len();
     if !disk_full {
         assert_eq!(acknowledged_during_fault, 0, "pushes were acknowledged while PostgreSQL was read-only");
     }

@@ -57,6 +57,14 @@ impl FleetListeners {
         });
     }
 
+    /// LISTEN was lost, often with the database (a failover): the pool's next connection may reach
+    /// another one, whose partitions hold other messages at offsets the cache knows, before LISTEN
+    /// is back to clear it.
+    fn lost(&self) {
+        self.segments.clear();
+        self.coordinator.listen_lost();
+    }
+
     /// LISTEN is in effect again: whatever was announced while it was down may have been missed,
     /// and the database may not be the one it was (restored from a backup, its identities
     /// restarted), so no segment read before is trusted.
@@ -85,7 +93,7 @@ pub async fn keep_listening(pg: queen_store::tls::PgTarget, listeners: FleetList
                     }
                 }
                 tracing::warn!("lost the LISTEN connection; reconnecting");
-                listeners.coordinator.listen_lost();
+                listeners.lost();
             }
             Err(e) => tracing::warn!(error = %e, "cannot open the LISTEN connection; retrying"),
         }
