@@ -50,6 +50,19 @@ pub fn check(kind: NameKind, field: impl std::fmt::Display, value: &str) -> Resu
     Ok(())
 }
 
+/// Checks a label: a queue's namespace or task, or a trace's names. It is at most
+/// [`MAX_NAME_BYTES`] without control characters but may hold `/`, as it travels in bodies and
+/// query strings; the error names `field`.
+pub fn check_label(field: impl std::fmt::Display, value: &str) -> Result<(), String> {
+    if value.len() > MAX_NAME_BYTES {
+        return Err(format!("{field} is {} bytes long; at most {MAX_NAME_BYTES} are allowed", value.len()));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(format!("{field} must not contain control characters"));
+    }
+    Ok(())
+}
+
 /// The longest part of a member's name an error quotes.
 pub const QUOTED_MEMBER_CHARS: usize = 64;
 

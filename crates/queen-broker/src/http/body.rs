@@ -424,6 +424,9 @@ pub fn query_pairs(query: &str) -> Result<BTreeMap<String, String>, ApiError> {
         .map_err(|e| ApiError::bad_request(format!("malformed query string: {e}")))?;
     let mut query = BTreeMap::new();
     for (key, value) in pairs {
+        if key.contains('\0') || value.contains('\0') {
+            return Err(nul_refused(&format!("query parameter \"{}\"", names::quoted_member(&key))));
+        }
         // Which of two values would act is a guess the client did not ask for, as with a
         // duplicate member of a JSON body.
         match query.entry(key) {
@@ -482,10 +485,20 @@ pub fn iso_time(field: &str, text: &str) -> Result<DateTime<Utc>, ApiError> {
 /// name holding `%`, `+` or `/` is the same in a path as in a body.
 pub fn path_param(path: &Path<Url>, name: &str) -> Result<String, ApiError> {
     let raw = path.get(name).unwrap_or_default();
-    percent_encoding::percent_decode_str(raw)
+    let value = percent_encoding::percent_decode_str(raw)
         .decode_utf8()
         .map(Cow::into_owned)
-        .map_err(|_| ApiError::bad_request(format!("{name} in the path is not UTF-8 once decoded")))
+        .map_err(|_| ApiError::bad_request(format!("{name} in the path is not UTF-8 once decoded")))?;
+    if value.contains('\0') {
+        return Err(nul_refused(&format!("{name} in the path")));
+    }
+    Ok(value)
+}
+
+/// PostgreSQL's text holds no NUL character, so a name or filter holding one could match nothing
+/// and would fail the statement that carried it.
+fn nul_refused(what: &str) -> ApiError {
+    ApiError::bad_request(format!("{what} holds a NUL character, which no name or value may hold"))
 }
 
 /// A queue, partition or group name from the request's path, decoded ([`path_param`]) and

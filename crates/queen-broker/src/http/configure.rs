@@ -39,13 +39,8 @@ pub async fn handle(
 
 fn label(body: &JsonObject<'_>, key: &str) -> Result<Option<String>, ApiError> {
     let value = body.string(key)?;
-    if let Some(value) = &value
-        && (value.len() > names::MAX_NAME_BYTES || value.chars().any(char::is_control))
-    {
-        return Err(ApiError::bad_request(format!(
-            "{key} must be at most {} bytes without control characters",
-            names::MAX_NAME_BYTES
-        )));
+    if let Some(value) = &value {
+        names::check_label(key, value).map_err(ApiError::BadRequest)?;
     }
     Ok(value)
 }

@@ -18,7 +18,7 @@ use crate::names::NameKind;
 fn seek_target(body: &[u8], empty_is_end: bool) -> Result<SeekTarget, ApiError> {
     let body = JsonObject::parse_body(body, true)?;
     body.takes_only(&["toEnd", "timestamp"])?;
-    let to_end = body.raw("toEnd").map(|raw| raw.get() == "true");
+    let to_end = body.boolean("toEnd")?;
     let timestamp = body.string("timestamp")?;
     match (to_end, timestamp) {
         (Some(true), Some(_)) => Err(ApiError::bad_request("Specify either toEnd=true or a timestamp, not both")),

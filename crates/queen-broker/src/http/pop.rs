@@ -56,7 +56,8 @@ pub async fn pop_namespace(broker: web::Data<Broker>, req: HttpRequest) -> Resul
     let label = |key: &str| -> Result<Option<String>, ApiError> {
         let value = query.get(key).filter(|v| !v.is_empty()).cloned();
         if let Some(value) = &value {
-            names::check(NameKind::Queue, key, value).map_err(ApiError::BadRequest)?;
+            // What configure lets a queue carry, a pop may ask for.
+            names::check_label(key, value).map_err(ApiError::BadRequest)?;
         }
         Ok(value)
     };
@@ -179,24 +180,26 @@ fn parse_address(text: &str) -> Option<IpAddr> {
     text.parse::<IpAddr>().ok().or_else(|| text.parse::<SocketAddr>().ok().map(|address| address.ip()))
 }
 
-/// Where a new group starts, from `subscriptionMode` and `subscriptionFrom` (which wins).
+/// Where a new group starts, from `subscriptionMode` and `subscriptionFrom` (which wins; the mode
+/// is checked all the same).
 fn subscription_seed(mode: Option<&str>, from: Option<&str>) -> Result<CursorSeed, ApiError> {
-    if let Some(from) = from {
-        if from.eq_ignore_ascii_case("now") {
-            return Ok(CursorSeed::End);
+    let by_mode = match mode {
+        None | Some("all" | "from_beginning") => CursorSeed::Oldest,
+        Some("new" | "new-only") => CursorSeed::End,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "subscriptionMode must be one of all, from_beginning, new, new-only; not {other:?}"
+            )));
         }
-        let at = iso_time("subscriptionFrom", from).map_err(|_| {
-            ApiError::bad_request(format!("subscriptionFrom must be `now` or an ISO-8601 timestamp, not {from:?}"))
-        })?;
-        return Ok(CursorSeed::From(at));
+    };
+    let Some(from) = from else { return Ok(by_mode) };
+    if from.eq_ignore_ascii_case("now") {
+        return Ok(CursorSeed::End);
     }
-    match mode {
-        None | Some("all" | "from_beginning") => Ok(CursorSeed::Oldest),
-        Some("new" | "new-only") => Ok(CursorSeed::End),
-        Some(other) => Err(ApiError::bad_request(format!(
-            "subscriptionMode must be one of all, from_beginning, new, new-only; not {other:?}"
-        ))),
-    }
+    let at = iso_time("subscriptionFrom", from).map_err(|_| {
+        ApiError::bad_request(format!("subscriptionFrom must be `now` or an ISO-8601 timestamp, not {from:?}"))
+    })?;
+    Ok(CursorSeed::From(at))
 }
 
 #[derive(Serialize)]

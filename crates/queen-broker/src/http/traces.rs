@@ -22,7 +22,7 @@ use super::messages::partition_id as path_partition_id;
 use super::timestamp;
 use crate::broker::{Broker, traces};
 use crate::error::ApiError;
-use crate::names::{self, MAX_NAME_BYTES, NameKind};
+use crate::names::{self, NameKind};
 
 /// Most names one event carries.
 const MAX_TRACE_NAMES: usize = 32;
@@ -38,16 +38,7 @@ fn check_label(field: &str, value: &str) -> Result<(), ApiError> {
     if value.is_empty() {
         return Err(ApiError::bad_request(format!("{field} must not be empty")));
     }
-    if value.len() > MAX_NAME_BYTES {
-        return Err(ApiError::bad_request(format!(
-            "{field} is {} bytes long; at most {MAX_NAME_BYTES} are allowed",
-            value.len()
-        )));
-    }
-    if value.chars().any(char::is_control) {
-        return Err(ApiError::bad_request(format!("{field} must not contain control characters")));
-    }
-    Ok(())
+    names::check_label(field, value).map_err(ApiError::BadRequest)
 }
 
 /// `traceNames`: absent or `null` for none, else an array of names; repeats count once.

@@ -117,6 +117,8 @@ async fn bad_pop_parameters_are_refused() {
         ("timeout=-1", "timeout"),
         ("timeout=99999999999", "timeout"),
         ("subscriptionMode=sometimes", "subscriptionMode"),
+        ("consumerGroup=g&subscriptionMode=sometimes&subscriptionFrom=now", "subscriptionMode"),
+        ("consumerGroup=g%00h", "NUL character"),
         ("subscriptionFrom=yesterday", "subscriptionFrom"),
         ("conflation=true", "consumerGroup"),
         ("consumerGroup=g&conflation=yes", "conflation"),
@@ -125,6 +127,23 @@ async fn bad_pop_parameters_are_refused() {
         let answer = app.pop("queue/q", query).await;
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{query}");
         assert_refused(&answer, StatusCode::BAD_REQUEST, mentions);
+    }
+    assert_nothing_written(&app).await;
+}
+
+/// PostgreSQL's text cannot hold a NUL character: a name or filter holding one is refused before
+/// it reaches a statement (which would fail with a 500).
+#[actix_web::test]
+async fn a_nul_character_in_a_path_or_a_query_is_refused() {
+    let app = TestApp::spawn().await;
+    for path in [
+        "/api/v1/dlq?queue=a%00b",
+        "/api/v1/resources/queues?namespace=%00",
+        "/api/v1/status/queues?namespace=x%00",
+        "/api/v1/messages/1/t%00",
+        "/api/v1/traces/by-name/n%00",
+    ] {
+        assert_refused(&app.get(path).await, StatusCode::BAD_REQUEST, "NUL character");
     }
     assert_nothing_written(&app).await;
 }

@@ -2234,7 +2234,9 @@ struct SeekCase {
 
 fn seek_body(by_partition: bool, pristine: bool) -> BoxedStrategy<(Value, Verdict)> {
     let ts = || prop_oneof![3 => good_timestamp().prop_map(Value::String), 1 => naive_timestamp()];
-    let not_end = values(vec![json!(false), Value::Null, json!(0), json!("yes")]);
+    let not_end = values(vec![json!(false), Value::Null]);
+    // `toEnd` is a boolean: any other type is refused, beside a timestamp too.
+    let mistyped_end = values(vec![json!(0), json!("yes"), json!("true"), json!([])]);
     // An empty body (or object) is `toEnd` on the partition route only.
     let nothing = if by_partition { Good } else { Bad };
     let bad_end = values(vec![json!(false), json!("true"), json!(1), Value::Null, json!([])]);
@@ -2252,6 +2254,7 @@ fn seek_body(by_partition: bool, pristine: bool) -> BoxedStrategy<(Value, Verdic
             (2, nothing, values(vec![json!(NO_BODY), json!({})]).prop_map(move |b| (b, nothing)).boxed()),
             (1, Bad, ts().prop_map(|t| (json!({"toEnd": true, "timestamp": t}), Bad)).boxed()),
             (1, Bad, bad_end.prop_map(|e| (json!({"toEnd": e}), Bad)).boxed()),
+            (1, Bad, (mistyped_end, ts()).prop_map(|(e, t)| (json!({"toEnd": e, "timestamp": t}), Bad)).boxed()),
             (1, Bad, bad_timestamp.prop_map(|t| (json!({"timestamp": t}), Bad)).boxed()),
             (1, Bad, not_objects.prop_map(|b| (b, Bad)).boxed()),
         ],

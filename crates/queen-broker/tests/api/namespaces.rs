@@ -108,8 +108,22 @@ async fn a_waiting_namespace_pop_is_woken_by_a_push_and_finds_a_queue_created_wh
 #[actix_web::test]
 async fn a_pop_without_a_queue_needs_a_namespace_or_a_task() {
     let app = TestApp::spawn().await;
-    for query in ["batch=1", "namespace=&task=", "namespace=a/b"] {
+    for query in ["batch=1", "namespace=&task=", "namespace=a%01b"] {
         let answer = app.get(&format!("/api/v1/pop?{query}")).await;
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{query}: {answer:?}");
+    }
+}
+
+/// A namespace or task is a label, not a name that travels in a path: what configure lets a
+/// queue carry (`/` included), a pop can ask for.
+#[actix_web::test]
+async fn a_namespace_pop_serves_every_label_configure_accepts() {
+    let app = TestApp::spawn().await;
+    configure_in(&app, "slashed", "team/a", "jobs/nightly", 0).await;
+    app.push_one("slashed", "p", "m", json!("m")).await;
+    for query in ["namespace=team%2Fa", "task=jobs%2Fnightly"] {
+        let answer = app.get(&format!("/api/v1/pop?{query}&batch=1")).await;
+        assert_eq!(queues_of(&answer), vec!["slashed"], "{query}: {answer:?}");
+        app.ack_all(&answer.messages(), "retry", None).await;
     }
 }

@@ -137,6 +137,10 @@ async fn an_empty_body_on_the_partition_route_means_to_end_and_the_queue_route_r
     let neither = seek(&app, "g", "empty", json!({})).await;
     assert_eq!(neither.status, StatusCode::BAD_REQUEST);
     assert_eq!(neither.body["error"], "Must specify toEnd=true or a timestamp");
+    // A toEnd that is not a boolean is refused, not read as false beside a timestamp.
+    let mistyped = seek(&app, "g", "empty", json!({"toEnd": "yes", "timestamp": "2026-01-01T00:00:00Z"})).await;
+    assert_eq!(mistyped.status, StatusCode::BAD_REQUEST, "{mistyped:?}");
+    assert!(mistyped.body["error"].as_str().is_some_and(|e| e.contains("toEnd")), "{mistyped:?}");
 }
 
 #[actix_web::test]
