@@ -6,16 +6,36 @@ use uuid::Uuid;
 
 use crate::StoreError;
 
-/// The names of the queues of these partitions, each once.
-pub async fn queues_of_partitions(client: &impl GenericClient, partitions: &[i64]) -> Result<Vec<String>, StoreError> {
+/// Who owns a set of partitions.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct PartitionOwners {
+    /// The names of their queues, each once.
+    pub queues: Vec<String>,
+    /// The partitions no queue has: never made, or cleaned up since (their dead letters stay).
+    pub unknown: Vec<i64>,
+}
+
+/// The queues of these partitions, and the partitions none has.
+pub async fn queues_of_partitions(
+    client: &impl GenericClient,
+    partitions: &[i64],
+) -> Result<PartitionOwners, StoreError> {
     let rows = client
         .query(
-            "SELECT DISTINCT q.name FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
-              WHERE p.id = ANY($1)",
+            "SELECT DISTINCT x.id, q.name FROM unnest($1::bigint[]) AS x(id)
+               LEFT JOIN queen.partitions p ON p.id = x.id LEFT JOIN queen.queues q ON q.id = p.queue_id",
             &[&partitions],
         )
         .await?;
-    Ok(rows.iter().map(|row| row.get(0)).collect())
+    let mut owners = PartitionOwners::default();
+    for row in &rows {
+        match row.get::<_, Option<String>>(1) {
+            Some(queue) if !owners.queues.contains(&queue) => owners.queues.push(queue),
+            Some(_) => {}
+            None => owners.unknown.push(row.get(0)),
+        }
+    }
+    Ok(owners)
 }
 
 /// The names of the queues whose partitions hold the lease (live or not), each once.

@@ -199,10 +199,10 @@ impl JwtVerifier {
         let claims = jsonwebtoken::decode::<Map<String, Value>>(token, key, &validation)
             .map_err(|e| failure_of(e.kind()))?
             .claims;
-        Ok(self.identity(&claims))
+        Ok(self.identity(&claims)?)
     }
 
-    fn identity(&self, claims: &Map<String, Value>) -> Identity {
+    fn identity(&self, claims: &Map<String, Value>) -> Result<Identity, AuthFailure> {
         let single = claims.get(&self.roles_claim).and_then(Value::as_str).into_iter();
         let listed = claims
             .get(&self.roles_array_claim)
@@ -211,13 +211,23 @@ impl JwtVerifier {
             .flatten()
             .filter_map(Value::as_str);
         let role = single.chain(listed).filter_map(|name| self.roles.parse(name)).max();
-        let queues = claims
-            .get(QUEUES_CLAIM)
-            .and_then(Value::as_array)
-            .map(|prefixes| prefixes.iter().filter_map(Value::as_str).map(str::to_owned).collect());
+        let queues = claims.get(QUEUES_CLAIM).map(queue_prefixes).transpose()?;
         let subject = claims.get("sub").and_then(Value::as_str).filter(|s| !s.is_empty()).map(str::to_owned);
-        Identity { subject, role, queues }
+        Ok(Identity { subject, role, queues })
     }
+}
+
+/// The `queues` claim: an array of non-empty queue name prefixes. Anything else is refused rather
+/// than read as no confinement (a single prefix sent as a string would otherwise open every
+/// queue), and so is an empty prefix, which would confine nothing.
+fn queue_prefixes(claim: &Value) -> Result<Vec<String>, AuthFailure> {
+    let malformed =
+        || AuthFailure::InvalidClaims("the queues claim must be an array of non-empty queue name prefixes".into());
+    let prefixes = claim.as_array().ok_or_else(malformed)?;
+    prefixes
+        .iter()
+        .map(|prefix| prefix.as_str().filter(|p| !p.is_empty()).map(str::to_owned).ok_or_else(malformed))
+        .collect()
 }
 
 fn failure_of(kind: &ErrorKind) -> AuthFailure {

@@ -101,6 +101,9 @@ impl StaticTokens {
                 "admin" => Role::Admin,
                 other => return Err(format!("{at}: role {other:?} is not read-only, read-write or admin")),
             };
+            if entry.queues.as_ref().is_some_and(|prefixes| prefixes.iter().any(String::is_empty)) {
+                return Err(format!("{at}: an empty queue prefix confines nothing; leave queues out for every queue"));
+            }
             if tokens.iter().any(|t| t.identity.subject.as_deref() == Some(&entry.name)) {
                 return Err(format!("{at} appears twice"));
             }
@@ -180,5 +183,7 @@ mod tests {
         let twice = "[[token]]\nname = \"a\"\ntoken = \"0123456789abcdef\"\nrole = \"admin\"\n\
                      [[token]]\nname = \"b\"\ntoken = \"0123456789abcdef\"\nrole = \"admin\"\n";
         assert!(error(twice).contains("same token"));
+        let everything = "[[token]]\nname = \"a\"\ntoken = \"0123456789abcdef\"\nrole = \"admin\"\nqueues = [\"\"]\n";
+        assert!(error(everything).contains("empty queue prefix"));
     }
 }

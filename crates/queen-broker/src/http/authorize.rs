@@ -89,13 +89,19 @@ impl Caller {
         Ok(())
     }
 
-    /// Refuses (403) a partition of a queue outside the token's scope.
+    /// Refuses (403) a partition of a queue outside the token's scope, and one of no queue: what
+    /// is left of a partition cleaned up (its dead letters) is no longer known to be the token's.
     pub async fn check_partitions(&self, broker: &Broker, partitions: &[i64]) -> Result<(), ApiError> {
         if !self.0.as_ref().is_some_and(Identity::is_scoped) {
             return Ok(());
         }
-        let queues = access::queues_of_partitions(broker, partitions).await?;
-        self.check_queues(queues.iter().map(String::as_str))
+        let owners = access::queues_of_partitions(broker, partitions).await?;
+        if let Some(unknown) = owners.unknown.first() {
+            return Err(ApiError::Forbidden(format!(
+                "partition {unknown} belongs to no queue: a token confined to queues acts only on partitions of its queues"
+            )));
+        }
+        self.check_queues(owners.queues.iter().map(String::as_str))
     }
 }
 
@@ -189,11 +195,17 @@ async fn check_scope(broker: &Broker, identity: &Identity, scope: Scope, req: &S
     match scope {
         Scope::Body => Ok(()),
         Scope::PathQueue => caller.check_queues(param("queue").as_deref()),
-        Scope::PathPartition => match param("partition_id").and_then(|id| id.parse::<i64>().ok()) {
-            Some(id) => caller.check_partitions(broker, &[id]).await,
-            // Not a partition id: the handler answers 400 without touching anything.
-            None => Ok(()),
-        },
+        Scope::PathPartition => {
+            // A route naming its queue too acts on that queue (a partition's seek).
+            if req.match_info().get("queue").is_some() {
+                caller.check_queues(param("queue").as_deref())?;
+            }
+            match param("partition_id").and_then(|id| id.parse::<i64>().ok()) {
+                Some(id) => caller.check_partitions(broker, &[id]).await,
+                // Not a partition id: the handler answers 400 without touching anything.
+                None => Ok(()),
+            }
+        }
         Scope::PathLease => match param("lease_id").and_then(|id| uuid::Uuid::parse_str(&id).ok()) {
             Some(lease) => {
                 let queues = access::queues_of_lease(broker, lease).await?;

@@ -371,6 +371,15 @@ async fn static_tokens_confine_their_holder_to_their_queue_prefixes() {
             "/api/v1/transaction".to_owned(),
             Some(json!({"operations": [{"type": "push", "items": [{"queue": "billing"}]}]})),
         ),
+        // A partition of its own queue does not open another queue named beside it...
+        (
+            "post",
+            format!("/api/v1/consumer-groups/g/queues/billing/partitions/{partition}/seek"),
+            Some(json!({"toEnd": true})),
+        ),
+        // ...and one of no queue (cleaned up, its dead letters left) is not known to be its own.
+        ("post", "/api/v1/messages/999999/t1/retry".to_owned(), Some(json!({}))),
+        ("delete", "/api/v1/messages/999999/t1".to_owned(), None),
     ];
     for (method, path, body) in refused {
         let answer = call(&app, method, &path, Some(ORDERS_TOKEN), body).await;
@@ -393,6 +402,28 @@ async fn static_tokens_confine_their_holder_to_their_queue_prefixes() {
     assert_eq!(popped.messages()[0]["producerSub"], "ops", "{popped:?}");
     let unknown = push_as(&app, "ops-token-0123456789abcdeX", "billing", "t9").await;
     assert_eq!(unknown.status, StatusCode::UNAUTHORIZED);
+}
+
+/// A JWT's `queues` claim confines it as a static token's list does; one that is not an array of
+/// non-empty prefixes (a lone string, say) is refused rather than read as no confinement.
+#[actix_web::test]
+async fn a_jwts_queues_claim_confines_it_and_a_malformed_one_is_refused() {
+    let app = TestApp::spawn_with(with_hs256).await;
+    let with_queues = |queues: Value| {
+        let mut claims = claims("svc", "admin");
+        claims["queues"] = queues;
+        hs256(&claims, SECRET)
+    };
+    let confined = with_queues(json!(["orders."]));
+    assert_eq!(push_as(&app, &confined, "orders.eu", "t1").await.status, StatusCode::CREATED);
+    assert_eq!(push_as(&app, &confined, "billing", "t2").await.status, StatusCode::FORBIDDEN);
+    for malformed in [json!("orders."), json!(null), json!(["orders.", ""]), json!(["orders.", 5])] {
+        let token = with_queues(malformed.clone());
+        let answer = call(&app, "get", "/api/v1/resources/queues", Some(&token), None).await;
+        assert_eq!(answer.status, StatusCode::UNAUTHORIZED, "{malformed}: {answer:?}");
+        assert!(answer.body["error"].as_str().is_some_and(|e| e.contains("queues claim")), "{answer:?}");
+    }
+    assert_eq!(app.count("SELECT count(*) FROM queen.queues WHERE name = 'billing'").await, 0);
 }
 
 #[actix_web::test]
