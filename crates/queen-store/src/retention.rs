@@ -5,8 +5,10 @@
 //! - by age (`retention_seconds`): segments created before the window are deleted whether or not
 //!   any group read them;
 //! - consumed only (`completed_retention_seconds`): segments created before the window are
-//!   deleted once every cursor of the partition has passed them (`MIN(committed)`), so the
-//!   slowest group holds the floor and a partition without cursors keeps everything.
+//!   deleted once every group has passed them: each cursor of the partition (`MIN(committed)`),
+//!   each group registered on the queue without a cursor there yet (where it will start), and
+//!   queue mode once it reads the queue (from the oldest message). The slowest holds the floor,
+//!   and a partition nobody reads keeps everything.
 //!
 //! Segments go from the low end only; `retained_from` (the retention watermark) moves to the
 //! oldest surviving segment, and the transaction-id index entries and trace events of deleted
@@ -43,19 +45,39 @@ pub struct Trim {
 }
 
 /// The partitions of retention-enabled queues that have segments to delete, with the new
-/// watermark each gets. Index probes only: the first segment created in the window (through
+/// watermark each gets (`queue_mode_group`: the group of consumers that name none). Index probes only: the first segment created in the window (through
 /// `(partition_id, created_at)`) and the segment holding the slowest cursor's next offset
 /// (through the primary key), both from the watermark up.
-pub async fn trims(client: &impl GenericClient) -> Result<Vec<Trim>, StoreError> {
+pub async fn trims(client: &impl GenericClient, queue_mode_group: &str) -> Result<Vec<Trim>, StoreError> {
     let rows = client
         .query(
-            "WITH candidate AS (
-                 SELECT p.id, p.retained_from, p.last_offset, q.retention_seconds, q.completed_retention_seconds,
-                        (SELECT min(c.committed) FROM queen.log_consumers c WHERE c.partition_id = p.id) AS floor
-                   FROM queen.queues q
-                   JOIN queen.partitions p ON p.queue_id = q.id
+            concat!(
+                "WITH retaining AS (
+                 SELECT q.id, q.name, q.retention_seconds, q.completed_retention_seconds FROM queen.queues q
                   WHERE q.retention_enabled AND (q.retention_seconds > 0 OR q.completed_retention_seconds > 0)
-                    AND p.last_offset >= p.retained_from
+             ), queue_mode AS (
+                 -- Queues read in queue mode: it will read every partition from its oldest message.
+                 SELECT DISTINCT p.queue_id FROM queen.log_consumers c
+                   JOIN queen.partitions p ON p.id = c.partition_id
+                  WHERE c.consumer_group = $1 AND p.queue_id IN (SELECT id FROM retaining)
+             ), candidate AS (
+                 SELECT p.id, p.retained_from, p.last_offset, q.retention_seconds, q.completed_retention_seconds,
+                        (SELECT min(positions.at) FROM (
+                             SELECT c.committed AS at FROM queen.log_consumers c WHERE c.partition_id = p.id
+                             UNION ALL
+                             SELECT ",
+                group_start_sql!("m.subscription_mode", "m.subscription_from"),
+                "
+                               FROM queen.consumer_groups_metadata m
+                              WHERE m.queue_name = q.name
+                                AND NOT EXISTS (SELECT 1 FROM queen.log_consumers c
+                                                 WHERE c.partition_id = p.id AND c.consumer_group = m.consumer_group)
+                             UNION ALL
+                             SELECT p.retained_from - 1 WHERE q.id IN (SELECT queue_id FROM queue_mode)
+                         ) positions) AS floor
+                   FROM retaining q
+                   JOIN queen.partitions p ON p.queue_id = q.id
+                  WHERE p.last_offset >= p.retained_from
              ), bounds AS (
                  SELECT c.*,
                         -- By age: up to the first segment created inside the window.
@@ -85,8 +107,9 @@ pub async fn trims(client: &impl GenericClient) -> Result<Vec<Trim>, StoreError>
              )
              SELECT id, retained_from, GREATEST(by_age, by_consumption) FROM bounds
               WHERE GREATEST(by_age, by_consumption) > retained_from
-              ORDER BY id",
-            &[],
+              ORDER BY id"
+            ),
+            &[&queue_mode_group],
         )
         .await?;
     Ok(rows

@@ -15,6 +15,7 @@ use queen_store::{Pool, StoreError};
 
 use crate::broker::NamesCache;
 use crate::metrics::Metrics;
+use crate::names::QUEUE_MODE_GROUP;
 
 /// Most partitions one pass deletes.
 const CLEANUP_LIMIT: i64 = 1000;
@@ -109,7 +110,7 @@ async fn run_pass(
     let started_at = Utc::now();
     let outcome = async {
         let mut report = PassReport::default();
-        for trim in retention::trims(&client).await? {
+        for trim in retention::trims(&client, QUEUE_MODE_GROUP).await? {
             let trimmed = retention::apply_trim(&mut client, trim, settings.batch_segments, keys).await?;
             report.trimmed.segments += trimmed.segments;
             report.trimmed.messages += trimmed.messages;

@@ -137,6 +137,41 @@ async fn consumed_only_retention_is_held_by_the_slowest_group() {
     );
 }
 
+/// A group registered on the queue holds the floor of a partition it has no cursor on yet (it
+/// will read it from where it starts), and so does queue mode once it reads the queue: a
+/// partition that one group read whole is not consumed by every group.
+#[actix_web::test]
+async fn consumed_only_retention_keeps_what_a_registered_group_or_queue_mode_has_not_reached() {
+    let app = app().await;
+    for queue in ["registered", "queue-mode"] {
+        app.configure(queue, json!({"retentionEnabled": true, "completedRetentionSeconds": 600})).await;
+        segment(&app, queue, "first", "f", 2).await;
+    }
+    // `late` reads the first partition of one queue, queue mode that of the other; then they stop.
+    let late = app.pop("queue/registered/partition/first", "batch=10&consumerGroup=late").await.messages();
+    app.ack_all(&late, "completed", Some("late")).await;
+    let unnamed = app.pop("queue/queue-mode/partition/first", "batch=10").await.messages();
+    app.ack_all(&unnamed, "completed", None).await;
+    // Both queues' second partitions are read whole by `eager` alone.
+    for queue in ["registered", "queue-mode"] {
+        segment(&app, queue, "second", "s", 2).await;
+        let eager = app.pop(&format!("queue/{queue}/partition/second"), "batch=10&consumerGroup=eager").await;
+        app.ack_all(&eager.messages(), "completed", Some("eager")).await;
+    }
+    age(&app, "registered", i64::MAX).await;
+    age(&app, "queue-mode", i64::MAX).await;
+    passes(&app, 3).await;
+
+    // Every first partition is held by `eager`, registered on both queues; every second one by
+    // the reader that has not reached it.
+    assert_eq!(app.count(&segments_of("registered")).await, 2, "nothing of `registered` went");
+    assert_eq!(app.count(&segments_of("queue-mode")).await, 2, "nothing of `queue-mode` went");
+    let caught_up = app.pop("queue/registered/partition/second", "batch=10&consumerGroup=late").await;
+    assert_eq!(caught_up.transaction_ids(), vec!["s-0", "s-1"]);
+    let caught_up = app.pop("queue/queue-mode/partition/second", "batch=10").await;
+    assert_eq!(caught_up.transaction_ids(), vec!["s-0", "s-1"]);
+}
+
 #[actix_web::test]
 async fn with_retention_off_everything_is_kept() {
     let app = app().await;
