@@ -203,6 +203,9 @@ pub async fn seek(
                  SELECT id, $3, committed FROM target
                  ON CONFLICT (partition_id, consumer_group) DO UPDATE
                     SET committed = EXCLUDED.committed,
+                        -- What the group received before a backward seek is to be received
+                        -- again: an ack without a lease cannot commit it before then.
+                        delivered_until = EXCLUDED.committed,
                         lease_expires_at = NULL,
                         leased_until = NULL,
                         retry_count = 0,

@@ -184,6 +184,23 @@ async fn a_seek_during_an_in_flight_batch_rejects_that_batchs_ack_as_an_expired_
     assert_eq!(again.data_ints("i"), vec![0, 1, 2], "the new position is served at once");
 }
 
+/// An ack that names no lease may commit what the group was delivered; after a backward seek,
+/// what it was delivered before the seek is to come again, and such an ack of it (sent late, say)
+/// must not skip the replay.
+#[actix_web::test]
+async fn after_a_backward_seek_an_ack_without_a_lease_cannot_skip_the_replay() {
+    let app = TestApp::spawn().await;
+    consumed_queue(&app, "replayed", "g").await;
+    let answer = seek(&app, "g", "replayed", json!({"timestamp": "2001-01-01T00:00:00Z"})).await;
+    assert_eq!(answer.body["partitions"][0]["committed"], 0);
+    let partition = answer.body["partitions"][0]["partitionId"].clone();
+    let late =
+        app.post("/api/v1/ack", &json!({"transactionId": "m5", "partitionId": partition, "consumerGroup": "g"})).await;
+    assert_eq!(late.body[0]["success"], false, "{late:?}");
+    assert!(late.body[0]["error"].as_str().is_some_and(|e| e.contains("never received")), "{late:?}");
+    assert_eq!(app.pop("queue/replayed", "batch=10&consumerGroup=g").await.data_ints("i"), vec![0, 1, 2, 3, 4, 5]);
+}
+
 #[actix_web::test]
 async fn a_backward_seek_wakes_a_waiting_consumer() {
     let app = TestApp::spawn().await;
