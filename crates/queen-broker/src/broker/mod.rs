@@ -187,9 +187,15 @@ impl Broker {
         let segments = Arc::new(SegmentCache::new(config.pop.segment_cache_bytes));
         let pop_spacing = pop_spacing::PopSpacing::new(Duration::from_millis(config.pop.dense_interval_ms));
         let announcer = Announcer::start(coordinator.clone(), pool.clone());
+        let registered = Cache::builder()
+            .max_capacity(100_000)
+            .time_to_live(Duration::from_secs(60))
+            .support_invalidation_closures()
+            .build();
         let listeners = FleetListeners {
             coordinator: coordinator.clone(),
             names: Arc::clone(&names),
+            registered: registered.clone(),
             segments: Arc::clone(&segments),
             metrics: Arc::clone(&metrics),
             maintenance: Arc::clone(&maintenance_mode),
@@ -220,11 +226,6 @@ impl Broker {
         let body_bytes = Bound::new(Limited::BodyBytes, limits.body_bytes_in_flight, &metrics);
         let long_polls = Bound::new(Limited::LongPolls, limits.parked_long_polls, &metrics);
         let client_long_polls = PerClient::new(Limited::ClientLongPolls, limits.long_polls_per_client, &metrics);
-        let registered = Cache::builder()
-            .max_capacity(100_000)
-            .time_to_live(Duration::from_secs(60))
-            .support_invalidation_closures()
-            .build();
         let maintenance = &config.maintenance;
         actix::Actor::start(Maintenance::new(
             pool.clone(),

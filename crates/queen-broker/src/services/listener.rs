@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use moka::sync::Cache;
 use queen_store::events::Event;
 use queen_store::listen::listen;
 use queen_store::segment_cache::SegmentCache;
@@ -19,6 +20,9 @@ use crate::services::announcer::Announcer;
 pub struct FleetListeners {
     pub coordinator: CoordinatorMailbox,
     pub names: Arc<NamesCache>,
+    /// The broker's (queue, group) registrations seen, dropped when another broker deletes or
+    /// resets the group, or changes or deletes the queue: a group of the same name starts over.
+    pub registered: Cache<(String, String), bool>,
     pub segments: Arc<SegmentCache>,
     pub metrics: Arc<Metrics>,
     pub maintenance: Arc<MaintenanceMode>,
@@ -29,22 +33,28 @@ pub struct FleetListeners {
 }
 
 impl FleetListeners {
+    /// Acts on a notice, then counts it: once counted, what it changed here is in effect.
     fn deliver(&self, event: Event) {
-        self.metrics.notices_received.inc();
         match event {
             Event::Available { queue_id, partition_id, queue } => {
                 self.coordinator.announce(DataAvailable { queue: Arc::from(queue), queue_id, partition_id });
             }
             Event::Reset { queue_id, group } => {
-                self.coordinator.forget(Forget { queue_id, queue: None, group: Arc::from(group) });
+                let group: Arc<str> = Arc::from(group);
+                let reset = Arc::clone(&group);
+                let _ = self.registered.invalidate_entries_if(move |(_, registered), _| **registered == *reset);
+                self.coordinator.forget(Forget { queue_id, queue: None, group });
             }
             Event::QueueChanged { queue, .. } => {
+                let changed = queue.clone();
+                let _ = self.registered.invalidate_entries_if(move |(registered, _), _| *registered == changed);
                 self.names.forget_queue(&queue);
                 self.coordinator.wake_queue(Arc::from(queue.as_str()));
                 self.forget_if_deleted(queue);
             }
             Event::ModesChanged(modes) => self.maintenance.apply(modes),
         }
+        self.metrics.notices_received.inc();
     }
 
     /// Removes the metric series of a queue that was configured or deleted, if it is gone.

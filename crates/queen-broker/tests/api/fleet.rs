@@ -125,6 +125,32 @@ async fn a_seek_on_one_broker_clears_the_emptiness_every_broker_knew() {
     assert_eq!(again.transaction_ids(), vec!["x"], "the seek made elsewhere is seen here");
 }
 
+/// A group deleted on one broker starts over on every broker: one that had seen its registration
+/// (conflating, here) forgets it, so a group of the same name is registered afresh on its first
+/// pop rather than served as the old one was.
+#[actix_web::test]
+async fn a_group_deleted_on_one_broker_starts_over_on_another() {
+    let app = TestApp::spawn().await;
+    let other = Other::start(&app).await;
+    app.push_one("reborn", "p", "old", json!(0)).await;
+    let old = app.pop("queue/reborn", "batch=10&consumerGroup=g&conflation=true").await.messages();
+    app.ack_all(&old, "completed", Some("g")).await;
+
+    let notices = app.metric("queen_notices_received_total").await;
+    let deleted = other.http.delete(format!("{}/api/v1/consumer-groups/g?deleteMetadata=true", other.base));
+    assert_eq!(deleted.send().await.expect("DELETE").status(), StatusCode::OK);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while app.metric("queen_notices_received_total").await <= notices {
+        assert!(Instant::now() < deadline, "the deletion never reached this broker");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for id in ["a", "b", "c"] {
+        app.push_one("reborn", "p", id, json!(1)).await;
+    }
+    let fresh = app.pop("queue/reborn", "batch=10&consumerGroup=g").await;
+    assert_eq!(fresh.transaction_ids(), vec!["old", "a", "b", "c"], "a new group, not conflating: {fresh:?}");
+}
+
 #[actix_web::test]
 async fn planned_from_views_pops_find_pushed_partitions_without_scanning_the_queue() {
     const PARTITIONS: i64 = 10_000;
