@@ -246,7 +246,8 @@ const CLAIM_TEMPLATE: &str = "WITH candidate AS (
                 -- The lease that ran out delivered the head message: a failed delivery.
                 c.lease_expires_at IS NOT NULL AND COALESCE(c.leased_until, 0) > s.start_after AS head_failed,
                 c.lease_expires_at IS NOT NULL AND COALESCE(c.leased_until, 0) > s.start_after
-                    AND c.retry_count + 1 > q.retry_limit AS exhausted
+                    AND CASE WHEN s.start_after > c.committed THEN 0 ELSE c.retry_count END + 1 > q.retry_limit
+                    AS exhausted
            FROM unnest($2::bigint[]) WITH ORDINALITY AS x(partition_id, ord)
            JOIN queen.log_consumers c ON c.partition_id = x.partition_id AND c.consumer_group = $1
            JOIN queen.partitions p ON p.id = x.partition_id
@@ -280,15 +281,20 @@ const CLAIM_TEMPLATE: &str = "WITH candidate AS (
             lease_expires_at = CASE WHEN {auto_ack} THEN NULL
                 ELSE now() + COALESCE($6, ch.lease_time_seconds) * interval '1 second' END,
             leased_until = CASE WHEN {auto_ack} THEN NULL ELSE ch.start_after + ch.take END,
-            -- Conflation retires what it skips: a new head, whose counters start over.
+            -- What the claim skips (conflation's older messages, or what retention removed under
+            -- the cursor) is passed: a new head, whose counters start over (with the failure of a
+            -- lease that ran out over it, when retention skipped to it).
             committed = CASE WHEN {auto_ack} THEN ch.start_after + ch.take
-                             WHEN ch.skipped AND {conflation} THEN ch.start_after ELSE c.committed END,
+                             WHEN ch.skipped THEN ch.start_after ELSE c.committed END,
             delivered_until = GREATEST(c.delivered_until, ch.start_after + ch.take),
             head_attempts = CASE WHEN {auto_ack} THEN 0 WHEN ch.skipped AND {conflation} THEN 1
+                                 WHEN ch.skipped THEN 1 + ch.head_failed::int
                                  ELSE c.head_attempts + 1 END,
             retry_count = CASE WHEN {auto_ack} OR (ch.skipped AND {conflation}) THEN 0
+                               WHEN ch.skipped THEN ch.head_failed::int
                                ELSE c.retry_count + ch.head_failed::int END,
             head_expiries = CASE WHEN {auto_ack} OR (ch.skipped AND {conflation}) THEN 0
+                                 WHEN ch.skipped THEN ch.head_failed::int
                                  ELSE c.head_expiries + ch.head_failed::int END,
             redelivery_count = c.redelivery_count + CASE WHEN ch.expired THEN 1 ELSE 0 END,
             total_consumed = c.total_consumed + CASE WHEN {auto_ack} THEN ch.take ELSE 0 END
@@ -423,16 +429,20 @@ pub async fn give_up_exhausted_heads(
     let statement = tx
         .prepare_cached(
             "WITH target AS (
-                 SELECT c.partition_id, GREATEST(c.committed, p.retained_from - 1) + 1 AS head, c.retry_count,
-                        c.head_expiries, q.dead_letter_queue AND q.dlq_after_max_retries AS keep, q.id AS queue_id,
+                 SELECT c.partition_id, GREATEST(c.committed, p.retained_from - 1) + 1 AS head, h.retry_count,
+                        h.head_expiries, q.dead_letter_queue AND q.dlq_after_max_retries AS keep, q.id AS queue_id,
                         q.name, p.last_offset
                    FROM unnest($2::bigint[]) AS x(partition_id)
                    JOIN queen.log_consumers c ON c.partition_id = x.partition_id AND c.consumer_group = $1
                    JOIN queen.partitions p ON p.id = x.partition_id
                    JOIN queen.queues q ON q.id = p.queue_id
+                  -- The head's failures, none when retention removed the one they were counted for.
+                  CROSS JOIN LATERAL (SELECT CASE WHEN p.retained_from - 1 > c.committed THEN 0 ELSE c.retry_count END,
+                                             CASE WHEN p.retained_from - 1 > c.committed THEN 0 ELSE c.head_expiries END)
+                                     AS h(retry_count, head_expiries)
                   WHERE c.lease_expires_at <= now()
                     AND c.leased_until > GREATEST(c.committed, p.retained_from - 1)
-                    AND c.retry_count + 1 > q.retry_limit
+                    AND h.retry_count + 1 > q.retry_limit
                     FOR UPDATE OF c SKIP LOCKED
              )
              UPDATE queen.log_consumers c

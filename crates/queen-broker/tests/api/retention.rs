@@ -172,6 +172,35 @@ async fn consumed_only_retention_keeps_what_a_registered_group_or_queue_mode_has
     assert_eq!(caught_up.transaction_ids(), vec!["s-0", "s-1"]);
 }
 
+/// Retention by age removes what a lagging group had yet to read; the group's next claim passes
+/// it, so the new head's failures count against that message and its retry limit.
+#[actix_web::test]
+async fn after_retention_passes_a_lagging_cursor_the_new_heads_failures_count_toward_its_retry_limit() {
+    let app = app().await;
+    app.configure(
+        "poison",
+        json!({"retentionEnabled": true, "retentionSeconds": 600, "retryLimit": 1, "retryDelay": 0}),
+    )
+    .await;
+    segment(&app, "poison", "p", "read", 1).await;
+    let read = app.pop("queue/poison", "batch=1&consumerGroup=g").await.messages();
+    app.ack_all(&read, "completed", Some("g")).await;
+    segment(&app, "poison", "p", "unread", 1).await;
+    age(&app, "poison", i64::MAX).await;
+    until_count(&app, &segments_of("poison"), 0).await;
+
+    segment(&app, "poison", "p", "bad", 1).await;
+    for attempt in 1..=2 {
+        let popped = app.pop("queue/poison", "batch=1&consumerGroup=g&wait=true&timeout=5000").await;
+        assert_eq!(popped.transaction_ids(), vec!["bad-0"], "attempt {attempt}");
+        assert_eq!(popped.messages()[0]["deliveryAttempt"], attempt);
+        app.ack_all(&popped.messages(), "failed", Some("g")).await;
+    }
+    let letters = app.get("/api/v1/dlq?queue=poison&consumerGroup=g").await;
+    assert_eq!(letters.body["messages"].as_array().map(Vec::len), Some(1), "{letters:?}");
+    assert_eq!(app.pop("queue/poison", "batch=1&consumerGroup=g").await.status, StatusCode::NO_CONTENT);
+}
+
 #[actix_web::test]
 async fn with_retention_off_everything_is_kept() {
     let app = app().await;
