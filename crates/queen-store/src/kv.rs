@@ -72,9 +72,9 @@ const LOCK_ATTEMPTS: usize = 5;
 /// DO NOTHING`). Two writers creating the same absent key meet on the primary key: the second's
 /// insert waits for the first's transaction and then does nothing, and its `FOR UPDATE` sees the
 /// first's row, so exactly one of them creates the key. Rows are inserted and locked in key order
-/// (the primary key's byte order), so two batches never wait on each other in a cycle. A key that
-/// is only checked gets no placeholder: it is locked when it has a row (so the check holds until
-/// commit) and reads as absent otherwise.
+/// (the primary key's byte order), so two batches never wait on each other in a cycle. A key the
+/// caller marks `false` (checked by a batch that writes no key) gets no placeholder: it is locked
+/// when it has a row (so the check holds until commit) and reads as absent otherwise.
 pub async fn lock(client: &impl GenericClient, keys: &BTreeMap<KeyRef, bool>) -> Result<Locked, StoreError> {
     let insert = client
         .prepare_cached(

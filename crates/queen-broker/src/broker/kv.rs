@@ -254,9 +254,17 @@ pub async fn apply_in(client: &impl GenericClient, batch: &Batch) -> Result<Outc
         .collect();
     let mut verdicts = HashMap::new();
     if !writes.is_empty() {
+        // In a batch that writes, a checked key gets a row to lock too, absent or not: two
+        // batches each checking that the key the other writes is absent would otherwise both
+        // pass (neither check sees the other's uncommitted key). A batch that only checks
+        // writes nothing.
+        let writes_a_key = writes.iter().any(|(_, write)| !matches!(write.change, Change::Check { .. }));
         let keys: BTreeMap<KeyRef, bool> = writes
             .iter()
-            .map(|(_, write)| ((write.ns.clone(), write.key.clone()), !matches!(write.change, Change::Check { .. })))
+            .map(|(_, write)| {
+                let checked = matches!(write.change, Change::Check { .. });
+                ((write.ns.clone(), write.key.clone()), writes_a_key || !checked)
+            })
             .collect();
         let locked = store::lock(client, &keys).await?;
         let mut changes = Vec::new();

@@ -629,3 +629,45 @@ async fn a_token_confined_to_queues_cannot_reach_key_value_state() {
 fn nested(levels: usize) -> Value {
     serde_json::from_str(&format!("{}1{}", "[".repeat(levels), "]".repeat(levels))).expect("nested arrays")
 }
+
+/// Two batches, each checking that the key the other creates is absent: run one after the other
+/// in either order, one of them fails, so run at once they may not both apply. The first is a
+/// bundle held after its kv rider, on a capped queue's capacity lock, while the second runs.
+#[actix_web::test]
+async fn two_batches_each_checking_that_what_the_other_creates_is_absent_cannot_both_apply() {
+    let app = TestApp::spawn().await;
+    app.configure("capped-kv", json!({"maxSize": 100})).await;
+    let queue_id = app.count("SELECT id FROM queen.queues WHERE name = 'capped-kv'").await;
+    let holder = app.db.connect().await;
+    let capacity =
+        [&queen_store::queues::CAPACITY_LOCK_CLASS as &(dyn tokio_postgres::types::ToSql + Sync), &(queue_id as i32)];
+    holder.execute("SELECT pg_advisory_lock($1, $2)", &capacity).await.expect("holding the capacity lock");
+    let check_then_create = |checked: &str, created: &str| {
+        json!([{"op": "check", "ns": "t", "key": checked, "expect": 0, "required": true},
+               {"op": "putIfAbsent", "ns": "t", "key": created, "value": 1, "forever": true, "required": true}])
+    };
+    let push = json!({"type": "push", "items": [{"queue": "capped-kv", "transactionId": "x", "payload": 1}]});
+    let held = transaction(&app, json!({"operations": [push], "kv": check_then_create("a", "b")}));
+    let second = async {
+        crate::retention::until_count(&app, &crate::retention::waiting_in("pg_advisory_xact_lock"), 1).await;
+        let body = json!({"operations": check_then_create("b", "a")});
+        let second = app.post("/api/v1/kv", &body);
+        tokio::pin!(second);
+        let waiting = crate::retention::waiting_in("");
+        let second_waits = crate::retention::until_count(&app, &waiting, 2);
+        let answer = tokio::select! {
+            answer = &mut second => Some(answer),
+            () = second_waits => None,
+        };
+        holder.execute("SELECT pg_advisory_unlock_all()", &[]).await.expect("unlock");
+        match answer {
+            Some(answer) => answer,
+            None => second.await,
+        }
+    };
+    let (held, second) = tokio::join!(held, second);
+    assert_eq!(held.body["success"], true, "{held:?}");
+    assert_eq!(second.status, StatusCode::CONFLICT, "the second saw the first's key: {second:?}");
+    assert_eq!(one(&app, get("b")).await["found"], true);
+    assert_eq!(one(&app, get("a")).await["found"], false);
+}
