@@ -309,7 +309,7 @@ pub async fn lock_claimed(
                JOIN unnest($2::text[], $3::text[]) AS k(queue, timer_key)
                  ON t.queue = k.queue AND t.timer_key = k.timer_key
               WHERE t.claim_token = $1
-              ORDER BY t.queue, t.timer_key
+              ORDER BY t.queue COLLATE \"C\", t.timer_key COLLATE \"C\"
                 FOR UPDATE OF t",
         )
         .await?;
