@@ -45,9 +45,10 @@ pub struct Trim {
 }
 
 /// The partitions of retention-enabled queues that have segments to delete, with the new
-/// watermark each gets (`queue_mode_group`: the group of consumers that name none). Index probes only: the first segment created in the window (through
-/// `(partition_id, created_at)`) and the segment holding the slowest cursor's next offset
-/// (through the primary key), both from the watermark up.
+/// watermark each gets (`queue_mode_group`: the group of consumers that name none). Index probes
+/// only: the first segment created in the window (through `(partition_id, created_at)`) and the
+/// segment holding the slowest position's next offset (through the primary key), both from the
+/// watermark up.
 pub async fn trims(client: &impl GenericClient, queue_mode_group: &str) -> Result<Vec<Trim>, StoreError> {
     let rows = client
         .query(
@@ -56,10 +57,13 @@ pub async fn trims(client: &impl GenericClient, queue_mode_group: &str) -> Resul
                  SELECT q.id, q.name, q.retention_seconds, q.completed_retention_seconds FROM queen.queues q
                   WHERE q.retention_enabled AND (q.retention_seconds > 0 OR q.completed_retention_seconds > 0)
              ), queue_mode AS (
-                 -- Queues read in queue mode: it will read every partition from its oldest message.
-                 SELECT DISTINCT p.queue_id FROM queen.log_consumers c
-                   JOIN queen.partitions p ON p.id = c.partition_id
-                  WHERE c.consumer_group = $1 AND p.queue_id IN (SELECT id FROM retaining)
+                 -- Consumed-only queues read in queue mode, which will read every partition from
+                 -- its oldest message (a probe per partition until one has its cursor).
+                 SELECT r.id AS queue_id FROM retaining r
+                  WHERE r.completed_retention_seconds > 0
+                    AND EXISTS (SELECT 1 FROM queen.partitions p
+                                  JOIN queen.log_consumers c ON c.partition_id = p.id AND c.consumer_group = $1
+                                 WHERE p.queue_id = r.id)
              ), candidate AS (
                  SELECT p.id, p.retained_from, p.last_offset, q.retention_seconds, q.completed_retention_seconds,
                         (SELECT min(positions.at) FROM (
