@@ -1,6 +1,7 @@
 //! The LISTEN connection's keeper: connects, hands every fleet event to whoever it concerns (the
-//! coordinator, the queue cache), and when the connection is lost tells the coordinator (which
-//! stops trusting what it knew) and reconnects with a backoff.
+//! coordinator, the queue cache, the registrations seen), and when the connection is lost tells
+//! the coordinator (which stops trusting what it knew), drops the cached segments and reconnects
+//! with a backoff.
 
 use std::sync::Arc;
 
