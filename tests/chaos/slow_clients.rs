@@ -458,9 +458,14 @@ async fn slow_clients_outnumbering_the_workers_do_not_stall_them() {
         slowest = slowest.max(took);
     }
     eprintln!("{SLOW} slow clients on 2 workers: 10 pushes and pops, the slowest pair {slowest:?}");
-    // The slow clients were trickling all along: none was answered or closed.
+    // The slow clients go on trickling (the rounds above may take less than one trickle): each
+    // sends its next byte, and none was answered or closed.
     for (i, (mut reader, sender)) in slow.into_iter().enumerate() {
-        assert!(sender.sent() > 1, "slow client {i} trickled {} bytes", sender.sent());
+        let deadline = Instant::now() + 10 * TRICKLE;
+        while sender.sent() < 2 {
+            assert!(Instant::now() < deadline, "slow client {i} trickled {} bytes", sender.sent());
+            tokio::time::sleep(TRICKLE / 4).await;
+        }
         let answer = read_answer(&mut reader, Instant::now() + Duration::from_millis(10), false).await;
         assert!(answer.answered.is_none() && answer.closed.is_none(), "slow client {i}: {answer:?}");
     }
