@@ -113,16 +113,19 @@ pub fn opened<'a>(bytes: &'a [u8], keys: Option<&Cipher>) -> Result<Cow<'a, [u8]
     cipher.open(bytes).map(Cow::Owned)
 }
 
-/// The stored (offset, message id) of those transaction ids the partition already holds and
-/// that still count as duplicates. Ids stored longer ago than the policy's dedup window are
-/// released first: their index entries are deleted (guarded by offset, so an entry that a
-/// concurrent append just gave to a new message stays), and the ids count as new.
+/// The stored (offset, message id) of those transaction ids of `messages` the partition already
+/// holds and that still count as duplicates. Ids stored longer ago than the policy's dedup window
+/// are released first: their index entries are deleted (guarded by offset, so an entry that a
+/// concurrent append just gave to a new message stays), and the ids count as new; unless the
+/// stored message is the very message being written (its message id: a push buffered during
+/// maintenance and replayed again after the window), which stays a duplicate.
 async fn duplicates_of(
     client: &impl GenericClient,
     partition_id: i64,
-    transaction_ids: &[&str],
+    messages: &[NewMessage],
     policy: &AppendPolicy,
 ) -> Result<HashMap<String, (i64, Uuid)>, StoreError> {
+    let transaction_ids: Vec<&str> = messages.iter().map(|m| m.transaction_id.as_str()).collect();
     // One primary-key probe per id, whatever the table's statistics say: a plan cached while the
     // table was small would otherwise scan it whole for every push. The age of an id (its
     // segment's) is looked up only under a dedup window, in a statement of its own: a parameter
@@ -153,12 +156,21 @@ async fn duplicates_of(
     };
     let mut duplicates = HashMap::with_capacity(rows.len());
     let (mut stale_ids, mut stale_offsets): (Vec<String>, Vec<i64>) = (Vec::new(), Vec::new());
+    // The message each id would be written as (its first in the batch).
+    let mut sent: HashMap<&str, Uuid> = HashMap::new();
+    if policy.dedup_window_seconds > 0 {
+        for message in messages {
+            sent.entry(&message.transaction_id).or_insert(message.message_id);
+        }
+    }
     for row in &rows {
-        if row.get::<_, Option<bool>>(3) == Some(true) {
-            stale_ids.push(row.get(0));
-            stale_offsets.push(row.get(1));
+        let (transaction_id, offset, message_id): (String, i64, Uuid) = (row.get(0), row.get(1), row.get(2));
+        let stale = row.get::<_, Option<bool>>(3) == Some(true);
+        if stale && sent.get(transaction_id.as_str()) != Some(&message_id) {
+            stale_ids.push(transaction_id);
+            stale_offsets.push(offset);
         } else {
-            duplicates.insert(row.get(0), (row.get(1), row.get(2)));
+            duplicates.insert(transaction_id, (offset, message_id));
         }
     }
     if !stale_ids.is_empty() {
@@ -265,13 +277,12 @@ pub async fn append(
     messages: &[NewMessage],
     policy: &AppendPolicy,
 ) -> Result<AppendResult, StoreError> {
-    let transaction_ids: Vec<&str> = messages.iter().map(|m| m.transaction_id.as_str()).collect();
     let mut existing = HashMap::new();
     let mut attempts = 0;
     loop {
         attempts += 1;
         if attempts > 1 {
-            existing = duplicates_of(client, destination.partition_id, &transaction_ids, policy).await?;
+            existing = duplicates_of(client, destination.partition_id, messages, policy).await?;
         }
         let plan = plan_append(messages, &existing, policy.seal.as_deref())?;
         match write_plan(client, destination, &plan).await {
@@ -303,8 +314,7 @@ pub async fn append_in_transaction(
     if locked.is_none() {
         return Err(StoreError::Missing("partition"));
     }
-    let transaction_ids: Vec<&str> = messages.iter().map(|m| m.transaction_id.as_str()).collect();
-    let existing = duplicates_of(tx, partition_id, &transaction_ids, policy).await?;
+    let existing = duplicates_of(tx, partition_id, messages, policy).await?;
     let plan = plan_append(messages, &existing, policy.seal.as_deref())?;
     let segment = write_plan(tx, destination, &plan).await?;
     Ok(finish(plan, segment))

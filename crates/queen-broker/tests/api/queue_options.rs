@@ -102,6 +102,34 @@ async fn age_queue(app: &TestApp, queue: &str, age: &str) {
     app.db.connect().await.execute(sql, &[&queue, &age]).await.expect("age the segments");
 }
 
+/// Past the dedup window an id is new again, but the very message stored under it (its message
+/// id: a push buffered during maintenance, replayed again after the window) is still a duplicate,
+/// not stored twice.
+#[actix_web::test]
+async fn past_the_dedup_window_the_same_message_written_again_is_still_a_duplicate() {
+    use queen_store::log::{AppendPolicy, Appended, NewMessage, append};
+
+    let app = TestApp::spawn().await;
+    app.configure("replayed", json!({"dedupWindowSeconds": 60})).await;
+    let first = app.push_one("replayed", "p", "order-9", json!(1)).await;
+    age_queue(&app, "replayed", "2 hours").await;
+    let destination = app.destination("replayed", "p").await;
+    let client = app.store_connection("replaying").await;
+    let policy = AppendPolicy { dedup_window_seconds: 60, ..AppendPolicy::default() };
+    let message = |message_id: &str| NewMessage {
+        message_id: message_id.parse().expect("a message id"),
+        transaction_id: "order-9".into(),
+        trace_id: None,
+        producer: None,
+        payload: b"1".to_vec(),
+        received: None,
+    };
+    let again = append(&client, destination, &[message(first["message_id"].as_str().unwrap())], &policy).await;
+    assert!(matches!(again.expect("the append").outcomes[..], [Appended::Duplicate { offset: 1, .. }]));
+    let other = append(&client, destination, &[message(&uuid::Uuid::now_v7().to_string())], &policy).await;
+    assert!(matches!(other.expect("the append").outcomes[..], [Appended::Queued { offset: 2, .. }]));
+}
+
 #[actix_web::test]
 async fn a_transaction_id_is_a_duplicate_only_within_the_dedup_window() {
     let app = TestApp::spawn_with(|config| config.maintenance.interval_ms = 100).await;
