@@ -232,6 +232,23 @@ pub async fn get_prefix(
     Ok(client.query(&statement, &[&ns, &prefix, &end, &after, &limit, &keys_only]).await?.iter().map(entry).collect())
 }
 
+/// The highest version any key of `ns` starting with `prefix` ever had: its rows' (dead rows
+/// included) and the namespace's floor, which covers the rows maintenance removed. What a version
+/// that must rise across a group of keys starts above.
+pub async fn highest_version(client: &impl GenericClient, ns: &str, prefix: &str) -> Result<i64, StoreError> {
+    let statement = client
+        .prepare_cached(
+            "SELECT GREATEST(
+                        (SELECT max(version) FROM queen.kv
+                          WHERE ns = $1 AND key >= $2 AND ($3::text IS NULL OR key < $3)),
+                        (SELECT version FROM queen.kv_version_floors WHERE ns = $1),
+                        0)",
+        )
+        .await?;
+    let end = prefix_end(prefix);
+    Ok(client.query_one(&statement, &[&ns, &prefix, &end]).await?.get(0))
+}
+
 /// The least string above every string starting with `prefix`, in byte order (`None`: there is
 /// none). UTF-8 orders like code points, so it is `prefix` with its last character that can be
 /// raised raised by one, and what follows it dropped.

@@ -2,12 +2,13 @@
 //! key/value rows.
 //!
 //! A permit is the row `<name>#<slot>` of namespace [`NAMESPACE`], whose value names its owner and
-//! whose lifetime is the lease. Its **token is the row's version**: every renew rewrites the row,
-//! so the token changes and rises, and since a key's version never runs back (a released permit's
-//! row stays dead with its version; maintenance's floor covers rows it removes), a name's tokens
-//! only ever rise, across releases and re-acquires too. That is what lets a transaction be fenced
-//! by the lock: the `guard` a holder gets is a key/value `check` of its row at its token, which
-//! fails once the permit was renewed by someone else's hand, released, expired or taken again.
+//! whose lifetime is the lease. Its **token is the row's version**, and every acquire or renew
+//! writes it one above every version of the name's rows (all slots, dead rows included;
+//! maintenance's floor covers rows it removes), under the name's lock. So a name's tokens only
+//! ever rise, across slots, releases and re-acquires: no two permits of a semaphore share one.
+//! That is what lets a transaction be fenced by the lock: the `guard` a holder gets is a
+//! key/value `check` of its row at its token, which fails once the permit was renewed by someone
+//! else's hand, released, expired or taken again.
 //!
 //! Each operation of a call is applied in a transaction of its own: they are independent.
 
@@ -176,7 +177,7 @@ async fn acquire(
         ns: key.0,
         key: key.1,
         value: Some(serde_json::json!({ "owner": owner }).to_string()),
-        version: row.next_version(now),
+        version: next_token(client, name, row.next_version(now)).await?,
         expires_at: Some(now + Duration::seconds(ttl_seconds)),
         created_at: now,
     };
@@ -193,6 +194,8 @@ async fn renew(
     slot: u32,
     owner: Option<&str>,
 ) -> Result<LockOutcome, BrokerError> {
+    // Taken before the row, in the order acquires take them.
+    store::lock_key_group(client, NAMESPACE, name).await?;
     let key = (NAMESPACE.to_owned(), permit_key(name, slot));
     let locked = store::lock(client, &BTreeMap::from([(key.clone(), true)])).await?;
     let now = locked.now;
@@ -208,7 +211,7 @@ async fn renew(
         ns: key.0,
         key: key.1,
         value: row.value.clone(),
-        version: row.version + 1,
+        version: next_token(client, name, row.version + 1).await?,
         expires_at: Some(now + Duration::seconds(ttl_seconds)),
         created_at: row.created_at,
     };
@@ -235,6 +238,13 @@ async fn release(client: &impl GenericClient, name: &str, token: i64, slot: u32)
     };
     store::store(client, now, &[write]).await?;
     Ok(LockOutcome::Released)
+}
+
+/// The token a permit of `name` takes next: at least `own_next` (its row's next version), and
+/// above every token the name's other slots had. The caller holds the name's lock.
+async fn next_token(client: &impl GenericClient, name: &str, own_next: i64) -> Result<i64, BrokerError> {
+    let highest = store::highest_version(client, NAMESPACE, &format!("{name}{SLOT_SEPARATOR}")).await?;
+    Ok(own_next.max(highest + 1))
 }
 
 /// The live permits of a name, by slot.

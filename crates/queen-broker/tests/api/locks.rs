@@ -107,13 +107,20 @@ async fn a_semaphore_hands_out_its_slots_and_no_more() {
         (results[3]["acquired"].clone(), results[3]["holders"].as_array().map(Vec::len)),
         (json!(false), Some(3))
     );
+    let tokens: Vec<i64> = results[..3].iter().map(token).collect();
+    assert!(tokens.is_sorted() && tokens[0] < tokens[1] && tokens[1] < tokens[2], "the lock's tokens rise: {tokens:?}");
     let b = &results[1];
     let released = one(&app, json!({"op": "release", "name": "pool", "token": token(b), "slot": 1})).await;
     assert_eq!(released["released"], true);
     let d = one(&app, take("d")).await;
     assert_eq!((d["acquired"].clone(), d["slot"].clone()), (json!(true), json!(1)));
-    assert!(token(&d) > token(b));
+    assert!(token(&d) > tokens[2], "above every token the lock handed out, in any slot");
     assert_eq!(d["guard"]["key"], "pool#1");
+    let a = &results[0];
+    let renewed =
+        one(&app, json!({"op": "renew", "name": "pool", "token": token(a), "ttlSeconds": 30, "slot": 0, "owner": "a"}))
+            .await;
+    assert!(token(&renewed) > token(&d), "a renew of slot 0 rises above slot 1's latest: {renewed}");
 }
 
 #[actix_web::test]
