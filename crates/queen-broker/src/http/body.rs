@@ -11,7 +11,7 @@ use actix_web::dev::{Path, Url};
 use actix_web::error::PayloadError;
 use actix_web::web::{Bytes, BytesMut, Payload};
 use actix_web::{FromRequest, HttpRequest};
-use chrono::{DateTime, NaiveDate, NaiveDateTime, NaiveTime, Utc};
+use chrono::{DateTime, Datelike, NaiveDate, NaiveDateTime, NaiveTime, Utc};
 use futures::future::{Ready, ready};
 use futures::{Stream, StreamExt};
 use serde::Deserialize;
@@ -470,14 +470,17 @@ pub fn query_int(query: &BTreeMap<String, String>, key: &str, min: u64, max: u64
 
 /// A time a client sent as `field`, in ISO-8601: with an offset; without one, taken as UTC (what
 /// Python's `datetime.utcnow().isoformat()` gives), with `T` or a space between date and time; or
-/// a date alone, its midnight UTC.
+/// a date alone, its midnight UTC. A time PostgreSQL cannot hold (before 4713 BC, or past
+/// 294275 AD) is refused like any text that is no time.
 pub fn iso_time(field: &str, text: &str) -> Result<DateTime<Utc>, ApiError> {
     DateTime::parse_from_rfc3339(text)
         .map(|at| at.with_timezone(&Utc))
         .or_else(|_| NaiveDateTime::parse_from_str(text, "%Y-%m-%dT%H:%M:%S%.f").map(|at| at.and_utc()))
         .or_else(|_| NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f").map(|at| at.and_utc()))
         .or_else(|_| NaiveDate::parse_from_str(text, "%Y-%m-%d").map(|day| day.and_time(NaiveTime::MIN).and_utc()))
-        .map_err(|_| ApiError::bad_request(format!("{field} must be an ISO-8601 timestamp, not {text:?}")))
+        .ok()
+        .filter(|at| (-4712..=294_275).contains(&at.year()))
+        .ok_or_else(|| ApiError::bad_request(format!("{field} must be an ISO-8601 timestamp, not {text:?}")))
 }
 
 /// Path parameter `name` as the client meant it. actix decodes a matched path except `%25`,
@@ -526,7 +529,9 @@ mod tests {
         assert_eq!(iso_time("since", "2026-01-02 03:04:05.5").unwrap(), utc);
         let midnight: DateTime<Utc> = "2026-01-02T00:00:00Z".parse().unwrap();
         assert_eq!(iso_time("since", "2026-01-02").unwrap(), midnight);
-        for bad in ["yesterday", "2026-13-02", "2026-01-02T25:00:00", "1767323045", ""] {
+        assert!(iso_time("since", "0000-06-01").is_ok() && iso_time("since", "9999-12-31").is_ok());
+        let far = ["-5000-01-01", "-4713-01-01T00:00:00", "+300000-01-01 00:00:00"];
+        for bad in ["yesterday", "2026-13-02", "2026-01-02T25:00:00", "1767323045", ""].into_iter().chain(far) {
             assert!(iso_time("since", bad).unwrap_err().to_string().starts_with("since"), "{bad:?}");
         }
     }
