@@ -161,8 +161,7 @@ impl Authenticator {
         if tokens.is_none() && jwt.is_none() {
             return Ok(None);
         }
-        let skip_paths =
-            config.jwt_skip_paths.split(',').map(str::trim).filter(|p| !p.is_empty()).map(str::to_owned).collect();
+        let skip_paths = skip_paths(config).map(str::to_owned).collect();
         Ok(Some(Arc::new(Self { tokens, jwt, skip_paths })))
     }
 
@@ -217,7 +216,22 @@ pub fn check(config: &AuthConfig) -> Result<(), ConfigError> {
             problem: "the three role names must differ".into(),
         });
     }
+    // A prefix covering the API would turn authentication off while it looks on: upstream's
+    // documented default ends in `/`, which as a prefix is every path.
+    if let Some(open) = skip_paths(config).find(|skip| skip.ends_with('/') && "/api/v1/".starts_with(skip)) {
+        return Err(ConfigError {
+            setting: "auth.jwt_skip_paths".into(),
+            problem: format!(
+                "the prefix {open:?} would serve the whole API without a token; list exact paths, or prefixes outside /api/"
+            ),
+        });
+    }
     Ok(())
+}
+
+/// The entries of `auth.jwt_skip_paths`.
+fn skip_paths(config: &AuthConfig) -> impl Iterator<Item = &str> {
+    config.jwt_skip_paths.split(',').map(str::trim).filter(|p| !p.is_empty())
 }
 
 #[cfg(test)]
@@ -261,6 +275,22 @@ mod tests {
     #[test]
     fn auth_is_off_by_default() {
         assert!(Authenticator::from_config(&AuthConfig::default()).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_skip_prefix_covering_the_api_is_refused() {
+        for open in ["/health,/metrics,/", "/api/", " /api/v1/ "] {
+            let config = AuthConfig { jwt_skip_paths: open.into(), ..AuthConfig::default() };
+            assert_eq!(check(&config).unwrap_err().setting, "auth.jwt_skip_paths", "{open}");
+        }
+        for fine in ["/health,/metrics", "/metrics/", "/docs/,/", "/api/v2/"] {
+            let config = AuthConfig { jwt_skip_paths: fine.into(), ..AuthConfig::default() };
+            if fine.split(',').any(|p| p == "/") {
+                assert!(check(&config).is_err(), "{fine}");
+            } else {
+                assert!(check(&config).is_ok(), "{fine}");
+            }
+        }
     }
 
     #[test]
