@@ -27,6 +27,7 @@
 
 use std::sync::Arc;
 
+use actix_web::{HttpMessage, HttpRequest};
 use queen_log::{DecodedSegment, EncodedSegment};
 use queen_store::log::{Appended, ReceivedFrame};
 use serde::Serialize;
@@ -42,6 +43,15 @@ use crate::names::{self, NameKind};
 
 /// The content type of both bodies.
 pub const CONTENT_TYPE: &str = "application/x-queen-push";
+/// The first bytes of a QPB1 and of a QTB1 body.
+pub const PUSH_MAGIC: &[u8; 4] = b"QPB1";
+pub const TRANSACTION_MAGIC: &[u8; 4] = b"QTB1";
+
+/// Whether a body is read as binary: sent with [`CONTENT_TYPE`] (in any case, as media types
+/// are), or starting with `magic`, which no JSON text does (a proxy may have changed the type).
+pub fn is_binary(req: &HttpRequest, body: &[u8], magic: &[u8; 4]) -> bool {
+    req.content_type().eq_ignore_ascii_case(CONTENT_TYPE) || body.starts_with(magic)
+}
 
 /// QPB1: the rest of the body is one zstd frame of `raw_len` bytes.
 const FLAG_ZSTD: u8 = 0x01;
@@ -74,6 +84,8 @@ pub struct BinaryPush {
     pub items: Vec<PushItem>,
     /// Flag 0x02: answer with [`PushCounts`].
     pub counts_only: bool,
+    /// Bytes decompressed out of the body, which the request holds besides the body's own.
+    pub decompressed_bytes: usize,
 }
 
 /// A QTB1 body.
@@ -85,6 +97,8 @@ pub struct BinaryTransaction<'a> {
     pub items: Vec<PushItem>,
     /// Flag 0x02: the answer counts pushes and acks ([`TransactionCounts`]).
     pub counts_only: bool,
+    /// Bytes decompressed out of the body, which the request holds besides the body's own.
+    pub decompressed_bytes: usize,
 }
 
 /// Reads a QPB1 body.
@@ -105,7 +119,8 @@ pub fn parse_push(body: &[u8], limits: Limits) -> Result<BinaryPush, ApiError> {
         plain_groups(&mut wire, flags & FLAG_TRANSACTION_IDS != 0, limits.max_items)?
     };
     wire.end()?;
-    Ok(BinaryPush { items, counts_only: flags & FLAG_COUNTS != 0 })
+    let decompressed_bytes = limits.max_raw_bytes - budget;
+    Ok(BinaryPush { items, counts_only: flags & FLAG_COUNTS != 0, decompressed_bytes })
 }
 
 /// Reads a QTB1 body.
@@ -118,7 +133,8 @@ pub fn parse_transaction(body: &[u8], limits: Limits) -> Result<BinaryTransactio
     let mut budget = limits.max_raw_bytes;
     let items = frames_groups(&mut wire, limits.max_items, &mut budget)?;
     wire.end()?;
-    Ok(BinaryTransaction { head, items, counts_only: flags & FLAG_COUNTS != 0 })
+    let decompressed_bytes = limits.max_raw_bytes - budget;
+    Ok(BinaryTransaction { head, items, counts_only: flags & FLAG_COUNTS != 0, decompressed_bytes })
 }
 
 fn bad(message: String) -> ApiError {

@@ -90,6 +90,13 @@ where
     Ok(Body { bytes: body.freeze(), _place: place })
 }
 
+/// Holds the place of `bytes` a request decompressed out of its body in the same bound as the
+/// body's bytes (503 when they would take the broker past it): a compressed body costs what it
+/// inflates to, not what it weighed on the wire.
+pub fn hold_decompressed(broker: &Broker, bytes: usize) -> Result<Held, ApiError> {
+    Ok(broker.body_bytes.hold(bytes)?)
+}
+
 /// The deepest a request body may nest arrays and objects: what `serde_json` reads. Members are
 /// kept as raw JSON, which is read without a depth limit, and parts of a body are stored and
 /// served again at the same depth (payloads in pop answers): a deeper body would be accepted and

@@ -2,7 +2,7 @@
 
 use std::borrow::Cow;
 
-use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
+use actix_web::{HttpRequest, HttpResponse, web};
 use queen_store::log::Appended;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use super::authorize::Caller;
 use super::binary_push::{self, BinaryPush, Limits, PushCounts};
-use super::body::{JsonObject, MAX_DATA_NESTING, NoQuery, nests_deeper_than, read_body};
+use super::body::{JsonObject, MAX_DATA_NESTING, NoQuery, hold_decompressed, nests_deeper_than, read_body};
 use crate::broker::Broker;
 use crate::broker::push::{PushItem, PushResults, Pushed, push};
 use crate::error::ApiError;
@@ -25,11 +25,12 @@ pub async fn handle(
 ) -> Result<HttpResponse, ApiError> {
     let started = std::time::Instant::now();
     let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
-    let (mut items, counts_only) = if req.content_type() == binary_push::CONTENT_TYPE {
-        let BinaryPush { items, counts_only } = binary_push::parse_push(&body, Limits::of(&broker.config))?;
-        (items, counts_only)
+    let (mut items, counts_only, _decompressed) = if binary_push::is_binary(&req, &body, binary_push::PUSH_MAGIC) {
+        let BinaryPush { items, counts_only, decompressed_bytes } =
+            binary_push::parse_push(&body, Limits::of(&broker.config))?;
+        (items, counts_only, Some(hold_decompressed(&broker, decompressed_bytes)?))
     } else {
-        (parse_items(&body, broker.config.push.max_items)?, false)
+        (parse_items(&body, broker.config.push.max_items)?, false, None)
     };
     stamp(&caller, &mut items)?;
     let results = push(&broker, items).await?;

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
+use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -12,7 +12,7 @@ use queen_store::ack_rules::LeaseFence;
 use super::ack::{ACK_MEMBERS, AckResult, parse_ack};
 use super::authorize::Caller;
 use super::binary_push::{self, Limits, TransactionCounts};
-use super::body::{JsonObject, NoQuery, read_body};
+use super::body::{JsonObject, NoQuery, hold_decompressed, read_body};
 use super::kv::{OpJson, Precondition, Rider, parse_batch};
 use super::push::{ItemResult, parse_item, stamp};
 use super::timers::{TimerResultJson, parse_rider};
@@ -30,9 +30,11 @@ pub async fn handle(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
-    let binary = (req.content_type() == binary_push::CONTENT_TYPE)
+    let binary = binary_push::is_binary(&req, &body, binary_push::TRANSACTION_MAGIC)
         .then(|| binary_push::parse_transaction(&body, Limits::of(&broker.config)))
         .transpose()?;
+    let _decompressed =
+        binary.as_ref().map(|binary| hold_decompressed(&broker, binary.decompressed_bytes)).transpose()?;
     // A binary body's head is the JSON body without its pushes; an empty one is `{}`.
     let body = JsonObject::parse_body(binary.as_ref().map_or(&body[..], |binary| binary.head), binary.is_some())?;
     let counts_only = binary.as_ref().is_some_and(|binary| binary.counts_only);

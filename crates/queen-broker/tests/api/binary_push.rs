@@ -379,6 +379,25 @@ async fn counts_only_and_a_compressed_body_are_understood() {
     assert_eq!(field(&popped(&app, "counted").await, "data"), [1, 2, 3]);
 }
 
+/// A proxy may re-case or replace the content type; the body's first bytes still say what it is.
+#[actix_web::test]
+async fn a_binary_body_is_known_by_its_first_bytes_whatever_its_content_type() {
+    let app = TestApp::spawn().await;
+    for (n, content_type) in ["Application/X-Queen-Push", "application/octet-stream"].into_iter().enumerate() {
+        let id = format!("typed-{n}");
+        let body = qpb1(WITH_IDS, &[plain_group("typed", "p", &[(&id, "7")], true)]);
+        let response = app.http.post(app.url("/api/v1/push")).header("content-type", content_type).body(body);
+        let response = response.send().await.expect("an answer");
+        assert_eq!(response.status(), StatusCode::CREATED, "{content_type}");
+        let (message, _) = frames_of("typed", "p", &[message(&format!("txn-{n}"), "8")]);
+        let transaction = qtb1(0, b"", &[message]);
+        let response = app.http.post(app.url("/api/v1/transaction")).header("content-type", content_type);
+        let response = response.body(transaction).send().await.expect("an answer");
+        assert_eq!(response.status(), StatusCode::OK, "{content_type}: {:?}", response.text().await);
+    }
+    assert_eq!(field(&popped(&app, "typed").await, "data"), [7, 8, 7, 8]);
+}
+
 #[actix_web::test]
 async fn a_binary_transaction_acks_pushes_and_answers_the_head_first() {
     let app = TestApp::spawn().await;

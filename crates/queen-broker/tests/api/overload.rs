@@ -103,8 +103,9 @@ async fn a_partition_writer_holding_its_mailbox_refuses_a_push_whole_with_429() 
     assert_eq!(retried.0.status, StatusCode::CREATED, "room again once the writer caught up");
 }
 
-#[actix_web::test]
-async fn a_push_body_past_the_bytes_in_flight_is_refused_with_503() {
+/// A broker holding 100 KiB of bodies at most, partition `p` of `busy` locked (so a push to it
+/// holds its body), and a 50 KiB payload.
+async fn bodies_bound_with_partition_p_locked() -> (TestApp, RowLock, Value) {
     let app = TestApp::spawn_with(|config| {
         config.http.max_body_bytes = 64 * 1024;
         config.limits.body_bytes_in_flight = 100 * 1024;
@@ -113,7 +114,12 @@ async fn a_push_body_past_the_bytes_in_flight_is_refused_with_503() {
     let seeded = app.push_one("busy", "p", "seed", json!(0)).await;
     let partition = seeded["partition_id"].as_str().expect("a partition id").to_owned();
     let lock = RowLock::take(&app, &format!("SELECT 1 FROM queen.partitions WHERE id = {partition}")).await;
-    let payload = json!("x".repeat(50 * 1024));
+    (app, lock, json!("x".repeat(50 * 1024)))
+}
+
+#[actix_web::test]
+async fn a_push_body_past_the_bytes_in_flight_is_refused_with_503() {
+    let (app, lock, payload) = bodies_bound_with_partition_p_locked().await;
 
     // The first body stays held while its append waits for the lock.
     let held = push(&app, vec![item("p", "big-1", payload.clone())]);
@@ -132,6 +138,53 @@ async fn a_push_body_past_the_bytes_in_flight_is_refused_with_503() {
     assert_eq!(app.metric("queen_overload_refusals_total{bound=\"body_bytes\"}").await, 1.0);
     let retried = push(&app, vec![item("q", "big-2", payload)]).await;
     assert_eq!(retried.0.status, StatusCode::CREATED, "the bytes were given back");
+}
+
+/// A QPB1 body compressed whole (flag 0x01) of one plain item, as the official client sends it
+/// with `push_compression=True`: a few hundred bytes on the wire for a `payload` of any length.
+fn compressed_push(partition: &str, transaction_id: &str, payload: &Value) -> Vec<u8> {
+    let text = |out: &mut Vec<u8>, bytes: &[u8]| {
+        out.extend_from_slice(&u16::try_from(bytes.len()).expect("short").to_le_bytes());
+        out.extend_from_slice(bytes);
+    };
+    let payload = payload.to_string();
+    let mut raw = 1u32.to_le_bytes().to_vec();
+    text(&mut raw, b"busy");
+    text(&mut raw, partition.as_bytes());
+    raw.extend_from_slice(&1u32.to_le_bytes());
+    text(&mut raw, transaction_id.as_bytes());
+    raw.extend_from_slice(&u32::try_from(payload.len()).expect("a u32").to_le_bytes());
+    raw.extend_from_slice(payload.as_bytes());
+    let mut body = b"QPB1".to_vec();
+    body.push(0x01 | 0x04);
+    body.extend_from_slice(&u32::try_from(raw.len()).expect("a u32").to_le_bytes());
+    body.extend_from_slice(&zstd::bulk::compress(&raw, 3).expect("compressed"));
+    body
+}
+
+#[actix_web::test]
+async fn a_compressed_push_holds_the_bytes_it_decompresses_to() {
+    let (app, lock, payload) = bodies_bound_with_partition_p_locked().await;
+    let send = |body: Vec<u8>| {
+        let request = app.http.post(app.url("/api/v1/push")).header("content-type", "application/x-queen-push");
+        async move { answered(request.body(body).send().await).await }
+    };
+    let compressed = compressed_push("q", "zipped", &payload);
+    assert!(compressed.len() < 1024, "{} bytes on the wire", compressed.len());
+
+    let held = push(&app, vec![item("p", "big-1", payload.clone())]);
+    let refused = async {
+        until_blocked(&app, 1).await;
+        let refused = send(compressed.clone()).await;
+        lock.release().await;
+        refused
+    };
+    let (held, refused) = futures::join!(held, refused);
+    assert_refused(&refused, StatusCode::SERVICE_UNAVAILABLE, "bytes of request bodies");
+    assert_eq!(held.0.status, StatusCode::CREATED);
+    assert_eq!(stored(&app, "zipped").await, 0);
+    let retried = send(compressed).await;
+    assert_eq!(retried.0.status, StatusCode::CREATED, "the bytes were given back: {:?}", retried.0);
 }
 
 #[actix_web::test]
