@@ -319,7 +319,25 @@ pub struct CursorLag {
 /// Every cursor `c` with its partition `p`, queue `q`, and `oldest`: the segment holding its
 /// first unread message (no row when nothing is unread), found through the primary key, so
 /// reading lag costs an index probe per cursor, never a walk of the messages.
-pub(crate) const CURSORS_WITH_OLDEST_UNREAD: &str = "queen.log_consumers c
+///
+/// A registered group's cursor on a partition it has none on yet (cursors are made when a pop
+/// reaches the partition, so one pushed to after the group fell behind has none) counts from
+/// where the group would start there, as queue depth counts it: a group that stopped reading
+/// must not show less lag than it has.
+pub(crate) const CURSORS_WITH_OLDEST_UNREAD: &str = concat!(
+    "(SELECT consumer_group, partition_id, committed, lease_id, lease_expires_at, total_consumed,
+            last_consumed_at, retry_count, redelivery_count
+       FROM queen.log_consumers
+     UNION ALL
+     SELECT m.consumer_group, p.id, ",
+    group_start_sql!("m.subscription_mode", "m.subscription_from"),
+    ", NULL::uuid, NULL::timestamptz, 0::bigint, NULL::timestamptz, 0, 0
+       FROM queen.consumer_groups_metadata m
+       JOIN queen.queues rq ON rq.name = m.queue_name
+       JOIN queen.partitions p ON p.queue_id = rq.id
+      WHERE NOT EXISTS (SELECT 1 FROM queen.log_consumers lc
+                         WHERE lc.partition_id = p.id AND lc.consumer_group = m.consumer_group)
+    ) c
        JOIN queen.partitions p ON p.id = c.partition_id
        JOIN queen.queues q ON q.id = p.queue_id
        LEFT JOIN LATERAL (
@@ -327,18 +345,19 @@ pub(crate) const CURSORS_WITH_OLDEST_UNREAD: &str = "queen.log_consumers c
             WHERE s.partition_id = p.id AND p.last_offset > GREATEST(c.committed, p.retained_from - 1)
               AND s.base_offset <= GREATEST(c.committed, p.retained_from - 1) + 1
             ORDER BY s.base_offset DESC LIMIT 1
-       ) oldest ON true";
+       ) oldest ON true"
+);
 /// Messages stored past the cursor, over [`CURSORS_WITH_OLDEST_UNREAD`].
 pub(crate) const LAG_MESSAGES: &str = "GREATEST(p.last_offset - GREATEST(c.committed, p.retained_from - 1), 0)";
 /// Age in seconds of the first unread message, 0 when there is none.
 pub(crate) const LAG_SECONDS: &str = "COALESCE(EXTRACT(EPOCH FROM now() - oldest.created_at)::float8, 0)";
 
-/// Every cursor (of `group`, on `queue`, when given) with its lag, ordered by group, queue and
-/// partition name.
+/// Every cursor (of `group`, on one of `queues`, when given) with its lag, ordered by group,
+/// queue and partition name.
 pub async fn cursor_lags(
     client: &impl GenericClient,
     group: Option<&str>,
-    queue: Option<&str>,
+    queues: Option<&[&str]>,
 ) -> Result<Vec<CursorLag>, StoreError> {
     let sql = format!(
         "SELECT c.consumer_group, q.name, p.name, p.id, c.committed, p.last_offset,
@@ -347,10 +366,10 @@ pub async fn cursor_lags(
                 CASE WHEN c.lease_expires_at > now() THEN c.lease_expires_at END,
                 c.total_consumed, c.last_consumed_at, c.retry_count, c.redelivery_count
            FROM {CURSORS_WITH_OLDEST_UNREAD}
-          WHERE ($1::text IS NULL OR c.consumer_group = $1) AND ($2::text IS NULL OR q.name = $2)
+          WHERE ($1::text IS NULL OR c.consumer_group = $1) AND ($2::text[] IS NULL OR q.name = ANY($2))
           ORDER BY c.consumer_group, q.name, p.name"
     );
-    let rows = client.query(&sql, &[&group, &queue]).await?;
+    let rows = client.query(&sql, &[&group, &queues]).await?;
     Ok(rows
         .iter()
         .map(|row| CursorLag {
@@ -382,14 +401,22 @@ pub struct QueueLag {
 }
 
 /// The lag of every group on every queue it has cursors on, summed by PostgreSQL: what a metrics
-/// scrape reports, in a row per group and queue however many partitions the queues have.
-pub async fn queue_lags(client: &impl GenericClient) -> Result<Vec<QueueLag>, StoreError> {
+/// scrape reports, in a row per group and queue however many partitions the queues have. The
+/// statement is stopped by PostgreSQL past `timeout`: a caller that gave up waiting on the
+/// client side would otherwise hand the connection back to the pool still busy with it.
+pub async fn queue_lags(
+    client: &mut deadpool_postgres::Client,
+    timeout: std::time::Duration,
+) -> Result<Vec<QueueLag>, StoreError> {
     let sql = format!(
         "SELECT c.consumer_group, q.name, sum({LAG_MESSAGES})::int8, max({LAG_SECONDS})
            FROM {CURSORS_WITH_OLDEST_UNREAD}
           GROUP BY c.consumer_group, q.name"
     );
-    let rows = client.query(&sql, &[]).await?;
+    let tx = client.transaction().await?;
+    tx.execute("SELECT set_config('statement_timeout', $1, true)", &[&format!("{}ms", timeout.as_millis())]).await?;
+    let rows = tx.query(&sql, &[]).await?;
+    tx.commit().await?;
     Ok(rows
         .iter()
         .map(|row| QueueLag { group: row.get(0), queue: row.get(1), lag_messages: row.get(2), lag_seconds: row.get(3) })

@@ -69,11 +69,18 @@ pub async fn refresh_metrics(broker: &Broker) {
     if !due {
         return;
     }
-    let lags = async {
-        let client = broker.pool.get().await.ok()?;
-        queen_store::groups::queue_lags(&client).await.ok()
+    // The query is bounded by PostgreSQL (see `queue_lags`); the wait here only in case the
+    // server does not answer at all, and then the connection is not given back to the pool.
+    let Ok(Ok(mut client)) = tokio::time::timeout(PROBE_TIMEOUT, broker.pool.get()).await else { return };
+    let lags = tokio::time::timeout(2 * PROBE_TIMEOUT, queen_store::groups::queue_lags(&mut client, PROBE_TIMEOUT));
+    let lags = match lags.await {
+        Ok(Ok(lags)) => lags,
+        Ok(Err(_)) => return,
+        Err(_) => {
+            drop(deadpool_postgres::Object::take(client));
+            return;
+        }
     };
-    let Ok(Some(lags)) = tokio::time::timeout(PROBE_TIMEOUT, lags).await else { return };
     // Queues past the label limit share one label.
     let mut totals: BTreeMap<(&str, &str), (i64, f64)> = BTreeMap::new();
     for lag in &lags {

@@ -48,14 +48,16 @@ pub async fn queues_by_label(
     Ok(stats::queues_by_label(&client(broker).await?, label, limit, offset).await?)
 }
 
-/// A page of queues, and the lag of every group's cursors (on every queue).
+/// A page of queues, and the lag of every group's cursors on them.
 pub async fn queues_with_lag(
     broker: &Broker,
     filter: &QueueFilter<'_>,
 ) -> Result<(Vec<QueueStats>, Vec<CursorLag>), BrokerError> {
     let client = client(broker).await?;
     let queues = stats::queues(&client, None, filter.namespace, filter.task, filter.limit, filter.offset).await?;
-    Ok((queues, groups::cursor_lags(&client, None, None).await?))
+    let names: Vec<&str> = queues.iter().map(|stats| stats.queue.name.as_str()).collect();
+    let lags = groups::cursor_lags(&client, None, Some(&names)).await?;
+    Ok((queues, lags))
 }
 
 /// A page of partitions (of one queue, when named), the most recently pushed first.
@@ -78,7 +80,7 @@ pub async fn queue_status(
     let client = client(broker).await?;
     let Some(queue) = stats::queues(&client, Some(name), None, None, 1, 0).await?.pop() else { return Ok(None) };
     let partitions = stats::partitions(&client, Some(name), max_partitions, 0).await?;
-    let lags = groups::cursor_lags(&client, None, Some(name)).await?;
+    let lags = groups::cursor_lags(&client, None, Some(&[name])).await?;
     Ok(Some(QueueStatus { queue, partitions, lags }))
 }
 

@@ -44,6 +44,31 @@ async fn the_group_list_shows_every_group_with_its_lag_per_queue() {
     assert_eq!(app.get("/api/v1/consumer-groups/nobody").await.status, StatusCode::NOT_FOUND);
 }
 
+/// A partition first pushed to after the group's last pop has no cursor of the group yet; its
+/// messages still count in the group's lag, as in its depth.
+#[actix_web::test]
+async fn a_partition_the_group_has_not_reached_yet_counts_in_its_lag() {
+    let app = TestApp::spawn().await;
+    push(&app, "feed", 2).await;
+    let read = app.pop("queue/feed", "batch=10&consumerGroup=reader").await.messages();
+    app.ack_all(&read, "completed", Some("reader")).await;
+    let later: Vec<Value> =
+        (0..5).map(|i| json!({"queue": "feed", "partition": "later", "payload": {"i": i}})).collect();
+    app.push(Value::Array(later)).await;
+
+    let list = app.get("/api/v1/consumer-groups").await;
+    assert_eq!(group(&list.body, "reader")["totalLag"], 5, "{}", list.body);
+    let one = app.get("/api/v1/consumer-groups/reader").await;
+    let partitions = one.body["partitions"].as_array().expect("partitions");
+    let later = partitions.iter().find(|p| p["partition"] == "later").unwrap_or_else(|| panic!("{}", one.body));
+    assert_eq!(later["lagMessages"], 5, "{later}");
+    let depth = app.get("/api/v1/resources/queues/feed/depth?group=reader").await;
+    assert_eq!(depth.body["pending"], 5, "depth agrees: {}", depth.body);
+    let status = app.get("/api/v1/status/queues").await;
+    let feed = status.body["queues"].as_array().expect("queues").iter().find(|q| q["name"] == "feed").cloned();
+    assert!(feed.is_some_and(|feed| feed.to_string().contains("\"reader\"")), "{}", status.body);
+}
+
 #[actix_web::test]
 async fn lagging_lists_groups_whose_oldest_unread_message_is_old_enough() {
     let app = TestApp::spawn().await;

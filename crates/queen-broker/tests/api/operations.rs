@@ -127,9 +127,13 @@ async fn consumer_lag_is_a_groups_unread_messages_over_every_partition_of_the_qu
         let first = app.pop(&format!("queue/lagged/partition/{partition}"), "batch=1&consumerGroup=g").await.messages();
         app.ack_all(&first, "completed", Some("g")).await;
     }
-    // Group h reads all of partition a and nothing else.
+    // Group h reads all of partition a and nothing else: b and c, which it has no cursor on
+    // yet, are all its lag. Group i reads everything.
     let all_of_a = app.pop("queue/lagged/partition/a", "batch=10&consumerGroup=h").await.messages();
     app.ack_all(&all_of_a, "completed", Some("h")).await;
+    let everything = app.pop("queue/lagged", "batch=10&partitions=3&consumerGroup=i").await.messages();
+    assert_eq!(everything.len(), 9);
+    app.ack_all(&everything, "completed", Some("i")).await;
     let text = app.http.get(app.url("/metrics?format=prometheus")).send().await.expect("metrics").text().await;
     let text = text.expect("text");
     let sample = |name: &str, group: &str| -> f64 {
@@ -139,8 +143,10 @@ async fn consumer_lag_is_a_groups_unread_messages_over_every_partition_of_the_qu
     };
     assert_eq!(sample("queen_consumer_group_lag_messages", "g"), 6.0);
     assert!(sample("queen_consumer_group_lag_seconds", "g") > 0.0);
-    assert_eq!(sample("queen_consumer_group_lag_messages", "h"), 0.0);
-    assert_eq!(sample("queen_consumer_group_lag_seconds", "h"), 0.0);
+    assert_eq!(sample("queen_consumer_group_lag_messages", "h"), 7.0);
+    assert!(sample("queen_consumer_group_lag_seconds", "h") > 0.0);
+    assert_eq!(sample("queen_consumer_group_lag_messages", "i"), 0.0);
+    assert_eq!(sample("queen_consumer_group_lag_seconds", "i"), 0.0);
 }
 
 #[actix_web::test]
@@ -217,7 +223,8 @@ async fn status_and_resource_routes_report_the_data() {
     let per_queue = app.get("/api/v1/status/queues").await;
     let ops = per_queue.body["queues"].as_array().expect("queues").iter().find(|q| q["name"] == "ops").expect("ops");
     let groups = ops["consumerGroups"].as_array().expect("groups");
-    assert!(groups.iter().any(|g| g["name"] == "g" && g["lagMessages"] == 0), "{groups:?}");
+    // g read all of a; b's message, which it has not reached, is its lag.
+    assert!(groups.iter().any(|g| g["name"] == "g" && g["lagMessages"] == 1 && g["partitions"] == 2), "{groups:?}");
     assert!(groups.iter().any(|g| g["name"] == "__QUEUE_MODE__" && g["lagMessages"] == 1), "{groups:?}");
 
     let one = app.get("/api/v1/status/queues/ops").await;
