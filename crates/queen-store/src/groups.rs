@@ -36,6 +36,22 @@ pub async fn register(
     Ok(())
 }
 
+/// When the group was first registered for `new` messages on one of `queues`, if it was.
+pub async fn earliest_new_registration(
+    client: &impl GenericClient,
+    queues: &[&str],
+    group: &str,
+) -> Result<Option<DateTime<Utc>>, StoreError> {
+    let row = client
+        .query_one(
+            "SELECT min(subscription_from) FROM queen.consumer_groups_metadata
+              WHERE consumer_group = $1 AND queue_name = ANY($2) AND subscription_mode = 'new'",
+            &[&group, &queues],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
 /// Which of `queues` the group is registered on as conflating (see [`register`]); a queue it has
 /// no registration on is not.
 pub async fn conflating(client: &impl GenericClient, queues: &[&str], group: &str) -> Result<Vec<String>, StoreError> {

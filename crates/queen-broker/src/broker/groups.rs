@@ -35,6 +35,15 @@ pub async fn register_on_first_pop(
     let unseen: Vec<&str> = queues.iter().zip(&conflates).filter(|(_, seen)| seen.is_none()).map(|(q, _)| *q).collect();
     if !unseen.is_empty() {
         let mut client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
+        // A group that asked a namespace (or task) pop for `new` messages subscribed to it when it
+        // was first registered on one of its queues: a queue joining later is read from then on,
+        // not only from the pop that first sees it.
+        let seed = match seed {
+            CursorSeed::End if queues.len() > 1 => {
+                groups::earliest_new_registration(&client, queues, group).await?.map_or(seed, CursorSeed::From)
+            }
+            _ => seed,
+        };
         let max = broker.config.limits.creation().groups_per_queue;
         if max == 0 {
             for queue in &unseen {

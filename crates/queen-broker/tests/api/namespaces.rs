@@ -105,6 +105,23 @@ async fn a_waiting_namespace_pop_is_woken_by_a_push_and_finds_a_queue_created_wh
     );
 }
 
+/// A group popping a namespace for `new` messages subscribed to the namespace then: a queue
+/// first pushed to after that is read from its first message, not from the pop that finds it.
+#[actix_web::test]
+async fn a_new_group_reads_a_queue_that_joins_its_namespace_later_from_its_first_message() {
+    let app = TestApp::spawn().await;
+    app.configure("joined.first", json!({})).await;
+    let pop = "/api/v1/pop?namespace=joined&batch=10&partitions=10&consumerGroup=g&subscriptionMode=new&wait=false";
+    assert_eq!(app.get(pop).await.status, StatusCode::NO_CONTENT);
+    let later = json!([
+        {"queue": "joined.later", "partition": "p", "transactionId": "early", "payload": 1},
+        {"queue": "joined.later", "partition": "p", "transactionId": "next", "payload": 2},
+    ]);
+    app.push(later).await;
+    let answer = app.get(pop).await;
+    assert_eq!(answer.transaction_ids(), vec!["early", "next"], "{answer:?}");
+}
+
 #[actix_web::test]
 async fn a_pop_without_a_queue_needs_a_namespace_or_a_task() {
     let app = TestApp::spawn().await;
