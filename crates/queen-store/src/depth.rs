@@ -17,9 +17,9 @@ pub struct PartitionDepth {
     pub pending: i64,
     /// Of those, the ones a live lease of the group holds.
     pub processing: i64,
-    /// Of those, the ones after the leased span that the queue's visibility rules let be served
-    /// now: none while the window is open or a retry delay holds the partition, and none inside
-    /// the delay.
+    /// Of those, the ones the group could be served now: none while a live lease holds the
+    /// partition (the claim takes no cursor under a lease), the window is open or a retry delay
+    /// holds it, and none inside the delay.
     pub ready: i64,
 }
 
@@ -59,9 +59,9 @@ pub async fn queue_depth(
                     GREATEST(c.committed, p.retained_from - 1) AS done,
                     -- The last offset of the live lease's span, if one is live.
                     CASE WHEN lc.lease_expires_at > now() THEN LEAST(lc.leased_until, p.last_offset) END AS leased_until,
-                    -- Served nothing now: the partition's window is open, or a failure's retry delay
-                    -- holds it.
-                    COALESCE(lc.retry_at > now(), false)
+                    -- Served nothing now: a live lease holds the partition (one lease per cursor),
+                    -- the partition's window is open, or a failure's retry delay holds it.
+                    COALESCE(lc.lease_expires_at > now() OR lc.retry_at > now(), false)
                         OR (q.window_buffer_seconds > 0
                             AND p.last_segment_at > now() - q.window_buffer_seconds * interval '1 second') AS held,
                     -- The last offset the delay lets be served (the claim's rule).

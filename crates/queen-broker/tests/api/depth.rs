@@ -78,9 +78,12 @@ async fn each_group_has_its_own_backlog_per_partition_and_a_never_seen_group_cou
     let ghost = depth(&app, "orders", "?group=ghost").await;
     assert_eq!(per_partition(&ghost), vec![("p1".into(), 3, 0, 3), ("p2".into(), 3, 0, 3)]);
 
+    // b3 is not ready: the group's next pop cannot take p2 while the lease holds it.
     let holder = depth(&app, "orders", "?group=holder").await;
-    assert_eq!(per_partition(&holder), vec![("p1".into(), 3, 0, 3), ("p2".into(), 3, 2, 1)]);
-    assert_eq!(totals(&holder), (6, 2, 2, 4, 2));
+    assert_eq!(per_partition(&holder), vec![("p1".into(), 3, 0, 3), ("p2".into(), 3, 2, 0)]);
+    assert_eq!(totals(&holder), (6, 2, 2, 3, 1));
+    let next = app.pop("queue/orders/partition/p2", "batch=10&consumerGroup=holder&wait=false").await;
+    assert_eq!(next.status, StatusCode::NO_CONTENT, "nothing servable, as depth says: {next:?}");
     assert!(holder["partitions"][1]["partitionId"].as_str().is_some_and(|id| id.parse::<i64>().is_ok()));
 
     // Acknowledging the leased messages leaves b3, ready.
