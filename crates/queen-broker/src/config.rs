@@ -582,9 +582,87 @@ fn invalid(setting: &str, problem: impl Into<String>) -> ConfigError {
 }
 
 /// `QUEEN_<SECTION>__<KEY>` variables. Other `QUEEN_*` variables (the official client reads
-/// `QUEEN_SDK_POP_AUTOPILOT`, say) are not settings and are left alone.
+/// `QUEEN_SDK_POP_AUTOPILOT`, say) are not settings and are left alone. Text settings are left
+/// to [`text_from_env`].
 fn queen_env() -> Env {
-    Env::prefixed("QUEEN_").filter(|key| key.as_str().contains("__")).split("__")
+    Env::prefixed("QUEEN_")
+        .filter(|key| key.as_str().contains("__") && !is_text_setting(&key.as_str().replace("__", ".")))
+        .split("__")
+}
+
+/// Settings whose values are text, with whether they are optional. figment reads a variable's
+/// value as a literal (`12345678` a number, `true` a boolean, `[x]` an array, quotes taken off,
+/// spaces trimmed), which would refuse or alter a password, a secret or a path; these settings
+/// take the value as written instead, and an optional one given an empty value stays unset.
+const TEXT_SETTINGS: &[(&str, Presence)] = &[
+    ("http.host", Presence::Required),
+    ("http.tls_cert_file", Presence::Optional),
+    ("http.tls_key_file", Presence::Optional),
+    ("database.url", Presence::Optional),
+    ("database.host", Presence::Optional),
+    ("database.name", Presence::Required),
+    ("database.user", Presence::Required),
+    ("database.password", Presence::Optional),
+    ("database.sslmode", Presence::Optional),
+    ("database.sslrootcert", Presence::Optional),
+    ("database.sslcert", Presence::Optional),
+    ("database.sslkey", Presence::Optional),
+    ("embedded.data_dir", Presence::Required),
+    ("embedded.bin_dir", Presence::Optional),
+    ("buffer.dir", Presence::Required),
+    ("encryption.key", Presence::Optional),
+    ("auth.jwt_algorithm", Presence::Required),
+    ("auth.jwt_secret", Presence::Optional),
+    ("auth.jwt_public_key", Presence::Optional),
+    ("auth.jwt_jwks_url", Presence::Optional),
+    ("auth.jwt_issuer", Presence::Optional),
+    ("auth.jwt_audience", Presence::Optional),
+    ("auth.jwt_skip_paths", Presence::Required),
+    ("auth.jwt_roles_claim", Presence::Required),
+    ("auth.jwt_roles_array_claim", Presence::Required),
+    ("auth.role_admin", Presence::Required),
+    ("auth.role_read_write", Presence::Required),
+    ("auth.role_read_only", Presence::Required),
+    ("auth.tokens_file", Presence::Optional),
+    ("log.level", Presence::Required),
+    ("log.format", Presence::Required),
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Presence {
+    Required,
+    Optional,
+}
+
+fn is_text_setting(path: &str) -> bool {
+    TEXT_SETTINGS.iter().any(|(text, _)| path.eq_ignore_ascii_case(text))
+}
+
+/// The text settings `vars` set, as the layer `queen_vars` says (upstream names when false,
+/// `QUEEN_<SECTION>__<KEY>` when true), each value as written.
+fn text_from_env(vars: &[(String, String)], queen_vars: bool) -> Figment {
+    let mut figment = Figment::new();
+    for (name, value) in vars {
+        let path = if queen_vars {
+            match name.get(..6) {
+                Some(prefix) if prefix.eq_ignore_ascii_case("QUEEN_") => name[6..].replace("__", "."),
+                _ => continue,
+            }
+        } else {
+            let Some((_, path)) = ENV_ALIASES.iter().find(|(alias, _)| name.eq_ignore_ascii_case(alias)) else {
+                continue;
+            };
+            (*path).to_owned()
+        };
+        let Some((setting, presence)) = TEXT_SETTINGS.iter().find(|(text, _)| path.eq_ignore_ascii_case(text)) else {
+            continue;
+        };
+        if value.is_empty() && *presence == Presence::Optional {
+            continue;
+        }
+        figment = figment.merge(Serialized::default(setting, value));
+    }
+    figment
 }
 
 impl Config {
@@ -598,9 +676,21 @@ impl Config {
             figment = figment.merge(Toml::file(file));
         }
         let aliases = Env::raw().filter_map(|key| {
-            ENV_ALIASES.iter().find(|(name, _)| key.as_str().eq_ignore_ascii_case(name)).map(|(_, path)| (*path).into())
+            ENV_ALIASES
+                .iter()
+                .find(|(name, _)| key.as_str().eq_ignore_ascii_case(name))
+                .filter(|(_, path)| !is_text_setting(path))
+                .map(|(_, path)| (*path).into())
         });
-        let config: Config = figment.merge(aliases).merge(queen_env()).merge(overrides).extract().map_err(|e| {
+        let vars: Vec<(String, String)> = std::env::vars_os()
+            .filter_map(|(name, value)| Some((name.into_string().ok()?, value.into_string().ok()?)))
+            .collect();
+        let figment = figment
+            .merge(aliases)
+            .merge(text_from_env(&vars, false))
+            .merge(queen_env())
+            .merge(text_from_env(&vars, true));
+        let config: Config = figment.merge(overrides).extract().map_err(|e| {
             let setting = e.path.join(".");
             let problem = e.kind.to_string();
             let source = e.metadata.as_ref().map(|m| format!(" (from {})", m.name)).unwrap_or_default();
@@ -615,6 +705,15 @@ impl Config {
         let db = &self.database;
         if db.pool_size == 0 {
             return Err(invalid("database.pool_size", "must be at least 1"));
+        }
+        // 0 would not mean "no limit" (as libpq's connect_timeout): every wait would end at once.
+        for (name, value) in [
+            ("database.connect_timeout_ms", db.connect_timeout_ms),
+            ("database.pool_wait_timeout_ms", db.pool_wait_timeout_ms),
+        ] {
+            if value == 0 {
+                return Err(invalid(name, "must be at least 1"));
+            }
         }
         if let Some(url) = &db.url {
             let (url, _) = queen_store::tls::split_tls_params(url);
@@ -666,6 +765,10 @@ impl Config {
         }
         if self.maintenance.interval_ms < 100 {
             return Err(invalid("maintenance.interval_ms", "must be at least 100"));
+        }
+        if self.maintenance.partition_cleanup_days == 0 {
+            // Would delete every partition the moment it is empty, and every group's cursor on it.
+            return Err(invalid("maintenance.partition_cleanup_days", "must be at least 1"));
         }
         if !(1..=3600).contains(&self.stats.sample_interval_seconds) {
             return Err(invalid("stats.sample_interval_seconds", "must be between 1 and 3600"));
@@ -816,6 +919,17 @@ mod tests {
         config.validate().expect("a second at most");
         config.pop.dense_interval_ms = 1001;
         assert_eq!(config.validate().unwrap_err().setting, "pop.dense_interval_ms");
+        for setting in
+            ["database.connect_timeout_ms", "database.pool_wait_timeout_ms", "maintenance.partition_cleanup_days"]
+        {
+            let mut config = Config::default();
+            match setting {
+                "database.connect_timeout_ms" => config.database.connect_timeout_ms = 0,
+                "database.pool_wait_timeout_ms" => config.database.pool_wait_timeout_ms = 0,
+                _ => config.maintenance.partition_cleanup_days = 0,
+            }
+            assert_eq!(config.validate().unwrap_err().setting, setting, "0 is refused");
+        }
     }
 
     #[test]
@@ -877,6 +991,65 @@ mod tests {
             assert_eq!((config.http.port, config.http.workers), (7004, 3), "flags over everything; the rest stays");
             Ok(())
         });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err, reason = "figment::Jail's closures return figment's own error")]
+    fn text_settings_take_a_variable_as_written() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("PG_PASSWORD", "12345678");
+            jail.set_env("PG_USER", " 'x' ");
+            jail.set_env("QUEEN_DATABASE__NAME", "[queen]");
+            jail.set_env("JWT_SECRET", "true");
+            jail.set_env("QUEEN_LOG__LEVEL", "warn");
+            jail.set_env("DATABASE_URL", "");
+            jail.set_env("PG_HOST", "");
+            jail.set_env("PORT", "7005");
+            let config = Config::load(None, Figment::new()).map_err(|e| e.to_string())?;
+            let db = &config.database;
+            assert_eq!(
+                (db.password.as_deref(), db.user.as_str(), db.name.as_str(), config.auth.jwt_secret.as_deref()),
+                (Some("12345678"), " 'x' ", "[queen]", Some("true"))
+            );
+            assert_eq!((db.url.as_deref(), db.host.as_deref()), (None, None), "empty is unset: the embedded default");
+            assert_eq!((config.log.level.as_str(), config.http.port), ("warn", 7005));
+            jail.set_env("QUEEN_DATABASE__PASSWORD", "007");
+            let config = Config::load(None, Figment::new()).map_err(|e| e.to_string())?;
+            assert_eq!(config.database.password.as_deref(), Some("007"), "QUEEN_ variables over upstream names");
+            Ok(())
+        });
+    }
+
+    /// Every setting that holds text is in [`TEXT_SETTINGS`], and every one listed holds text.
+    #[test]
+    fn the_text_settings_are_exactly_the_settings_that_hold_text() {
+        fn leaves(value: &serde_json::Value, path: String, out: &mut Vec<(String, serde_json::Value)>) {
+            match value {
+                serde_json::Value::Object(members) => {
+                    for (key, member) in members {
+                        let path = if path.is_empty() { key.clone() } else { format!("{path}.{key}") };
+                        leaves(member, path, out);
+                    }
+                }
+                leaf => out.push((path, leaf.clone())),
+            }
+        }
+        let mut all = Vec::new();
+        leaves(&serde_json::to_value(Config::default()).expect("the defaults serialize"), String::new(), &mut all);
+        for (path, default) in &all {
+            let takes_text = Figment::from(Serialized::defaults(Config::default()))
+                .merge(Serialized::default(path, "text"))
+                .extract::<Config>()
+                .is_ok();
+            assert_eq!(
+                is_text_setting(path),
+                default.is_string() || (default.is_null() && takes_text),
+                "{path} (default {default}): TEXT_SETTINGS must list exactly the settings that hold text"
+            );
+        }
+        for (text, _) in TEXT_SETTINGS {
+            assert!(all.iter().any(|(path, _)| path == text), "{text} is not a setting");
+        }
     }
 
     #[test]
