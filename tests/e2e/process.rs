@@ -35,6 +35,14 @@ async fn with_no_database_configured_the_broker_runs_and_owns_its_own_postgresql
     let pid_file = data_dir.join("pg").join("postmaster.pid");
     assert!(pid_file.exists(), "the embedded server runs");
 
+    // A one-off `queen migrate` on the same data directory adopts the server and leaves it running.
+    let migrate =
+        tokio::process::Command::new(queen_binary()).args(["migrate", "--data-dir", &data_arg]).output().await;
+    let migrate = migrate.expect("queen migrate runs");
+    assert!(migrate.status.success(), "migrate: {}", String::from_utf8_lossy(&migrate.stderr));
+    assert!(pid_file.exists(), "migrate left the broker's PostgreSQL running");
+    round_trip(&broker.url(), "embedded-after-migrate").await;
+
     broker.signal(Signal::SIGTERM);
     let status = broker.wait(Duration::from_secs(60)).await.expect("the broker exits after SIGTERM");
     assert!(status.success(), "exit status {status:?}; log:\n{}", broker.log().join("\n"));

@@ -68,12 +68,23 @@ impl Database {
         Ok(Self { target, embedded: Some(server) })
     }
 
-    /// Stops the embedded server, if this broker runs one.
+    /// Stops the embedded server, if this broker runs one (at the end of `serve`, whoever started it).
     pub async fn close(self) {
         if let Some(server) = self.embedded
             && let Err(e) = server.stop().await
         {
             tracing::error!(error = %e, "could not stop the embedded PostgreSQL");
+        }
+    }
+
+    /// Stops the embedded server only if this process started it: a one-off command (`migrate`)
+    /// run beside a broker must not stop the server that broker is using.
+    pub async fn close_if_started_here(self) {
+        match &self.embedded {
+            Some(server) if server.adopted() => {
+                tracing::info!("leaving the embedded PostgreSQL running: another process started it");
+            }
+            _ => self.close().await,
         }
     }
 }

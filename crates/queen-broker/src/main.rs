@@ -44,7 +44,7 @@ async fn migrate(config: Config) -> Result<(), Box<dyn std::error::Error>> {
     let database = Database::open(&config).await?;
     let pool = queen_store::pool::build_pool(database.target.clone(), &config.database.pool_settings())?;
     let result = migrate_with_retries(&pool).await;
-    database.close().await;
+    database.close_if_started_here().await;
     Ok(result?)
 }
 

@@ -70,6 +70,8 @@ pub struct EmbeddedPostgres {
     /// The superuser's password; `None` for a cluster made before passwords were set, which
     /// trusts loopback connections.
     password: Option<String>,
+    /// Found running rather than started by this process.
+    adopted: bool,
 }
 
 /// Why the embedded PostgreSQL could not be set up, started or stopped.
@@ -154,7 +156,7 @@ impl EmbeddedPostgres {
         let password = cluster.password().await?;
         if let Some(port) = cluster.running_port().await? {
             info!(data_dir = %cluster.data_dir.display(), port, "adopting the running PostgreSQL");
-            return Ok(Self { cluster, port, password });
+            return Ok(Self { cluster, port, password, adopted: true });
         }
         let port = match opts.port {
             Some(port) => port,
@@ -164,11 +166,16 @@ impl EmbeddedPostgres {
             write_private(&cluster.data_dir.join(&file.name), &file.contents, cluster.server_user.as_ref()).await?;
         }
         cluster.start_server(port, &opts.settings).await?;
-        Ok(Self { cluster, port, password })
+        Ok(Self { cluster, port, password, adopted: false })
     }
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// Whether the server was found running (another process started it) rather than started here.
+    pub fn adopted(&self) -> bool {
+        self.adopted
     }
 
     /// The absolute data directory (PGDATA).

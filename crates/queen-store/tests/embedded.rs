@@ -42,8 +42,10 @@ async fn lifecycle(data_dir: &Path, running: &mut Option<EmbeddedPostgres>) {
         "the superuser needs its password on loopback"
     );
 
+    assert!(!first.adopted(), "the first start started the server");
     let adopted = start(data_dir, "second start").await;
     assert_eq!(adopted.port(), first_port, "a second start must adopt the running server");
+    assert!(adopted.adopted());
     adopted.stop().await.unwrap_or_else(|e| panic!("stop: {e}"));
     assert!(
         tokio_postgres::connect(&first_url, NoTls).await.is_err(),
