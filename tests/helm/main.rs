@@ -365,4 +365,9 @@ fn the_dockerfile_builds_the_broker_in_one_stage_and_runs_it_unprivileged_in_ano
     let user = dockerfile.lines().rev().find(|l| l.starts_with("USER ")).expect("a USER");
     assert_ne!(user.trim(), "USER root");
     assert!(dockerfile.contains("EXPOSE 6632"));
+    // Relative settings (buffer.dir) resolve against the working directory, which the user owns.
+    let workdir = dockerfile.lines().rev().find(|l| l.starts_with("WORKDIR ")).expect("a WORKDIR");
+    let workdir = workdir.trim_start_matches("WORKDIR ").trim();
+    assert!(dockerfile.contains(&format!("chown 10001 {workdir}")), "the broker's user owns {workdir}");
+    assert!(user.contains("10001"));
 }
