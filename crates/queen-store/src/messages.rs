@@ -64,12 +64,27 @@ pub async fn find(
         Some((segment.created_at, frame.ok()?.to_owned()))
     });
     let Some((created_at, frame)) = found else { return Ok(None) };
+    // A registered group with no cursor on the partition yet (cursors are made when a pop reaches
+    // it) has consumed the message only if it starts after it.
     let groups = client
         .query(
-            "SELECT consumer_group, committed >= $2,
-                    CASE WHEN committed < $2 AND lease_expires_at > now() AND leased_until >= $2
-                         THEN lease_expires_at END
-               FROM queen.log_consumers WHERE partition_id = $1 ORDER BY consumer_group",
+            concat!(
+                "SELECT consumer_group, committed >= $2,
+                        CASE WHEN committed < $2 AND lease_expires_at > now() AND leased_until >= $2
+                             THEN lease_expires_at END
+                   FROM queen.log_consumers WHERE partition_id = $1
+                 UNION ALL
+                 SELECT m.consumer_group, ",
+                group_start_sql!("m.subscription_mode", "m.subscription_from"),
+                " >= $2, NULL::timestamptz
+                   FROM queen.partitions p
+                   JOIN queen.queues q ON q.id = p.queue_id
+                   JOIN queen.consumer_groups_metadata m ON m.queue_name = q.name
+                  WHERE p.id = $1
+                    AND NOT EXISTS (SELECT 1 FROM queen.log_consumers lc
+                                     WHERE lc.partition_id = p.id AND lc.consumer_group = m.consumer_group)
+                  ORDER BY 1"
+            ),
             &[&partition_id, &offset],
         )
         .await?

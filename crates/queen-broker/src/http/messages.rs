@@ -34,8 +34,8 @@ struct MessageJson<'a> {
     stored: StoredMessageJson<'a>,
     namespace: Option<&'a str>,
     task: Option<&'a str>,
-    /// `completed` when every group with a cursor on the partition has passed the message,
-    /// `processing` while a lease holds it, `pending` otherwise.
+    /// `completed` when every group with a cursor on the partition, or registered on the queue,
+    /// has passed the message, `processing` while a lease holds it, `pending` otherwise.
     status: &'static str,
     consumer_groups: Vec<GroupJson<'a>>,
 }

@@ -236,6 +236,14 @@ async fn a_message_reports_each_groups_progress_and_is_completed_when_all_passed
 
     app.ack_all(&leased, "completed", Some("slow")).await;
     assert_eq!(app.get(&path).await.body["status"], "completed");
+
+    // On a partition slow has not reached yet (no cursor of its own), the message waits for it.
+    let other = app.push_one("status", "q", "unread", json!(2)).await;
+    app.pop("queue/status/partition/q", "batch=1&autoAck=true").await;
+    let unread = app.get(&format!("/api/v1/messages/{}/unread", other["partition_id"].as_str().expect("id"))).await;
+    let groups = unread.body["consumerGroups"].as_array().expect("groups");
+    let slow = groups.iter().find(|g| g["name"] == "slow").unwrap_or_else(|| panic!("slow: {}", unread.body));
+    assert_eq!((&slow["consumed"], &unread.body["status"]), (&json!(false), &json!("pending")));
     assert_eq!(
         app.get(&format!("/api/v1/messages/{}/unknown", pushed["partition_id"].as_str().unwrap())).await.status,
         StatusCode::NOT_FOUND
