@@ -11,7 +11,7 @@ use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use super::authorize::Caller;
-use super::body::{JsonObject, NoQuery, read_body};
+use super::body::{JsonObject, NoQuery, ObjectOnly, read_body};
 use crate::broker::Broker;
 use crate::broker::ack::{acknowledge, refusal_text, status_label};
 use crate::error::ApiError;
@@ -78,7 +78,7 @@ fn batch_members(body: &[u8]) -> Result<GroupRequests, ApiError> {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct TypedBatch<'a> {
     #[serde(borrow)]
-    acknowledgments: Vec<TypedAck<'a>>,
+    acknowledgments: Vec<ObjectOnly<TypedAck<'a>>>,
     #[serde(borrow)]
     consumer_group: Option<&'a str>,
 }
@@ -102,14 +102,15 @@ impl TypedBatch<'_> {
     /// The batch's group and requests, as [`batch_members`] reads them; `None` when this form
     /// does not take the body.
     fn requests(body: &[u8]) -> Option<GroupRequests> {
-        let batch: TypedBatch<'_> = serde_json::from_slice(body).ok()?;
+        let ObjectOnly(batch) = serde_json::from_slice::<ObjectOnly<TypedBatch<'_>>>(body).ok()?;
         if batch.acknowledgments.is_empty() {
             return None;
         }
         let group = names::group_or_queue_mode(batch.consumer_group);
         names::check(NameKind::ConsumerGroup, "consumerGroup", group).ok()?;
         let group: Arc<str> = group.into();
-        let requests = batch.acknowledgments.into_iter().map(|ack| ack.request(&group)).collect::<Option<_>>()?;
+        let requests =
+            batch.acknowledgments.into_iter().map(|ObjectOnly(ack)| ack.request(&group)).collect::<Option<_>>()?;
         Some((group, requests))
     }
 }

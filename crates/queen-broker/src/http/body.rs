@@ -4,6 +4,7 @@ use std::borrow::{Borrow, Cow};
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +16,7 @@ use chrono::{DateTime, Datelike, NaiveDate, NaiveDateTime, NaiveTime, Utc};
 use futures::future::{Ready, ready};
 use futures::{Stream, StreamExt};
 use serde::Deserialize;
+use serde::de::value::MapAccessDeserializer;
 use serde::de::{DeserializeOwned, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 use tokio::time::{Instant, timeout_at};
@@ -95,6 +97,29 @@ where
 /// inflates to, not what it weighed on the wire.
 pub fn hold_decompressed(broker: &Broker, bytes: usize) -> Result<Held, ApiError> {
     Ok(broker.body_bytes.hold(bytes)?)
+}
+
+/// `T` read from a JSON object only. serde's derived structs also take an array of their members
+/// in order, which the member-by-member reading of a body refuses; a typed fast path reads its
+/// structs through this, so that it takes nothing that reading would not.
+pub struct ObjectOnly<T>(pub T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for ObjectOnly<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Object<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for Object<T> {
+            type Value = T;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(MapAccessDeserializer::new(map))
+            }
+        }
+        deserializer.deserialize_map(Object(PhantomData)).map(ObjectOnly)
+    }
 }
 
 /// The deepest a request body may nest arrays and objects: what `serde_json` reads. Members are

@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use super::authorize::Caller;
 use super::binary_push::{self, BinaryPush, Limits, PushCounts};
-use super::body::{JsonObject, MAX_DATA_NESTING, NoQuery, hold_decompressed, nests_deeper_than, read_body};
+use super::body::{JsonObject, MAX_DATA_NESTING, NoQuery, ObjectOnly, hold_decompressed, nests_deeper_than, read_body};
 use crate::broker::Broker;
 use crate::broker::push::{PushItem, PushResults, Pushed, push};
 use crate::error::ApiError;
@@ -143,7 +143,7 @@ fn item_of(
 #[serde(deny_unknown_fields)]
 struct TypedPush<'a> {
     #[serde(borrow)]
-    items: Vec<TypedItem<'a>>,
+    items: Vec<ObjectOnly<TypedItem<'a>>>,
 }
 
 #[derive(Deserialize)]
@@ -165,11 +165,11 @@ struct TypedItem<'a> {
 impl TypedPush<'_> {
     /// The body's items, as [`items_by_member`] reads them; `None` when this form does not take it.
     fn items(body: &[u8], max_items: usize) -> Option<Vec<PushItem>> {
-        let push: TypedPush<'_> = serde_json::from_slice(body).ok()?;
+        let ObjectOnly(push) = serde_json::from_slice::<ObjectOnly<TypedPush<'_>>>(body).ok()?;
         if push.items.len() > max_items {
             return None;
         }
-        push.items.into_iter().map(TypedItem::item).collect()
+        push.items.into_iter().map(|ObjectOnly(item)| item.item()).collect()
     }
 }
 

@@ -25,6 +25,16 @@ async fn malformed_json_is_refused() {
         assert_refused(&app.post_raw(path, "[1, 2]").await, StatusCode::BAD_REQUEST, "JSON object");
         assert_refused(&app.post_raw(path, "").await, StatusCode::BAD_REQUEST, "empty");
     }
+    // Members in order, in an array, as serde's derived structs would take them: no object.
+    let positional = [
+        ("/api/v1/push", "[[]]", "JSON object"),
+        ("/api/v1/push", r#"{"items": [["q", "p", 1]]}"#, "items[0]"),
+        ("/api/v1/ack/batch", r#"[[{"transactionId": "t", "partitionId": "1"}], "g"]"#, "JSON object"),
+        ("/api/v1/ack/batch", r#"{"acknowledgments": [["t", "1", "completed", null, null]]}"#, "acknowledgments[0]"),
+    ];
+    for (path, body, mentions) in positional {
+        assert_refused(&app.post_raw(path, body).await, StatusCode::BAD_REQUEST, mentions);
+    }
     assert_nothing_written(&app).await;
 }
 
