@@ -107,6 +107,11 @@ pub fn parse_push(body: &[u8], limits: Limits) -> Result<BinaryPush, ApiError> {
     let mut wire = Wire::new(body, "QPB1");
     wire.magic()?;
     let flags = wire.flags(FLAG_ZSTD | FLAG_COUNTS | FLAG_TRANSACTION_IDS | FLAG_FRAMES)?;
+    if flags & FLAG_FRAMES != 0 && flags & FLAG_TRANSACTION_IDS != 0 {
+        return Err(
+            bad("QPB1 flags: 0x04 (transaction ids) is for plain groups; frames (0x08) carry their own".into()),
+        );
+    }
     let mut budget = limits.max_raw_bytes;
     if flags & FLAG_ZSTD != 0 {
         let raw_len = wire.u32(|| "raw_len".into())?;
@@ -375,6 +380,9 @@ impl<'a> Wire<'a> {
         let queue = name(NameKind::Queue, "queue")?;
         let partition = name(NameKind::Partition, "partition")?;
         let n = self.u32(|| format!("groups[{g}].n"))?;
+        if n == 0 {
+            return Err(bad(format!("groups[{g}] holds no message: a group has one at least")));
+        }
         if n > max_items.saturating_sub(so_far) {
             return Err(bad(format!(
                 "groups[{g}] holds {n} messages after {so_far}; at most {max_items} are allowed in all"

@@ -483,7 +483,7 @@ async fn corrupt_and_truncated_bodies_are_refused_and_write_nothing() {
         }
     }
 
-    let push = "/api/v1/push";
+    let (push, tx) = ("/api/v1/push", "/api/v1/transaction");
     let with = |bytes: &[u8], tail: &[u8]| [bytes, tail].concat();
     let plain = |items: &[(&str, &str)]| qpb1(WITH_IDS, &[plain_group("bad", "p", items, true)]);
     let raw_group = |queue: &[u8], partition: &[u8]| {
@@ -518,6 +518,10 @@ async fn corrupt_and_truncated_bodies_are_refused_and_write_nothing() {
         (push, raw_group(&[0xff, 0xfe], b"p"), "groups[0].queue is not UTF-8"),
         (push, raw_group(b"q", b"a/b"), "must not contain '/'"),
         (push, raw_group(b"q", b"\n"), "control characters"),
+        (push, qpb1(FRAMES | WITH_IDS, &[&frames]), "is for plain groups"),
+        (push, qpb1(FRAMES, &[frames_group("bad", "p", 0, &compress(b""))]), "holds no message"),
+        (push, qpb1(WITH_IDS, &[group_head(b"bad", b"p", 0)]), "holds no message"),
+        (tx, qtb1(0, b"", &[frames_group("bad", "p", 0, &compress(b""))]), "holds no message"),
     ];
     // Nested past what a JSON push's data may be (124 levels); and not UTF-8.
     let deep = format!("{}{}", "[".repeat(125), "]".repeat(125));
@@ -546,7 +550,6 @@ async fn corrupt_and_truncated_bodies_are_refused_and_write_nothing() {
     cases.push((push, zstd_body(inner.len() + 1, &compress(inner)), "not raw_len"));
     cases.push((push, zstd_body(65 * 1024, &compress(inner)), "over the limit"));
     // A head that is no JSON, or that pushes.
-    let tx = "/api/v1/transaction";
     cases.push((tx, qtb1(0, b"{", &[&frames]), "not valid JSON"));
     let pushing = br#"{"operations":[{"type":"push","items":[{"queue":"bad","payload":1}]}]}"#;
     cases.push((tx, qtb1(0, pushing, &[&frames]), "its pushes are its groups"));
