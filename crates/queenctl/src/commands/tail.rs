@@ -23,7 +23,8 @@ Without --group, tail disturbs no one: it reads as a consumer group of its own
 (queenctl-tail-<random>), starting with the messages pushed from now on (--from all: the whole
 backlog; --from TIME: from that time), committing what it prints as it goes. Other groups,
 queue mode included, still get every message. That group's cursors and registration are deleted
-when tail ends, by --count, by Ctrl-C or by SIGTERM.
+when tail ends, by --count, by Ctrl-C or by SIGTERM, which takes a token with the admin role on
+the queue (tail refuses to start without one).
 
 With --group G, tail consumes as G: what it prints is acknowledged for G, and G's other
 consumers do not get it. --from then matters only if this is G's first read of the queue.
@@ -69,8 +70,11 @@ pub async fn run(ctx: &Ctx, args: TailArgs) -> Result {
         Some(group) => (group.clone(), false),
         None => (format!("queenctl-tail-{}", &Uuid::new_v4().simple().to_string()[..12]), true),
     };
+    if throwaway {
+        may_remove(ctx, &args.queue, &group).await?;
+    }
     let result = follow(ctx, &args, &group, throwaway, signals).await;
-    if throwaway && let Err(error) = ctx.client.delete_consumer_group(&group, true).await {
+    if throwaway && let Err(error) = ctx.client.delete_consumer_group_on_queue(&group, &args.queue, true).await {
         output::note(&format!(
             "queenctl: warning: could not delete the throwaway consumer group {group}: {}; \
                  delete it with `queenctl groups delete {group} --yes`",
@@ -78,6 +82,22 @@ pub async fn run(ctx: &Ctx, args: TailArgs) -> Result {
         ));
     }
     result
+}
+
+/// Removing the throwaway group when tail ends takes the admin role on the queue, which a token
+/// that may pop need not have: tried first (there is nothing to remove yet), so that tail never
+/// leaves behind a group it cannot remove, which would hold the queue's retention back and count
+/// against its groups for ever.
+async fn may_remove(ctx: &Ctx, queue: &str, group: &str) -> Result {
+    match ctx.client.delete_consumer_group_on_queue(group, queue, true).await {
+        Err(error) if matches!(error.status().map(|s| s.as_u16()), Some(401 | 403)) => Err(Failure::usage(format!(
+            "tail without --group reads as a throwaway consumer group, which only a token with the admin \
+             role on {queue} can remove afterwards; pass --group G to read as a group of your own ({})",
+            Failure::from(error).message
+        ))),
+        Err(error) => Err(error.into()),
+        Ok(_) => Ok(()),
+    }
 }
 
 /// Counts SIGINTs and SIGTERMs, from now on.

@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use crate::helpers::{Background, TestBroker};
+use crate::helpers::{Background, TestBroker, temp_file};
 
 /// The names of the consumer groups the broker lists.
 async fn group_names(broker: &TestBroker) -> Vec<String> {
@@ -36,6 +36,31 @@ async fn tail_prints_what_arrives_and_leaves_no_group_behind() {
     // Nobody was disturbed: queue mode still gets every message.
     let everything = broker.json(&["pop", "live", "--batch", "10", "--partitions", "3", "--auto-ack"]).await;
     assert_eq!(everything["messages"].as_array().expect("messages").len(), 4);
+}
+
+/// A token that may pop but not remove a group is refused the throwaway group, before tail
+/// registers anything it could not remove; with --group it reads as that group.
+#[actix_web::test]
+async fn tail_without_a_group_needs_a_token_that_can_remove_its_group_and_leaves_none() {
+    const ADMIN: &str = "queenctl-admin-token-0123456789";
+    const WRITER: &str = "queenctl-writer-token-0123456789";
+    let tokens = temp_file(
+        "tokens.toml",
+        &format!(
+            "[[token]]\nname = \"ops\"\ntoken = \"{ADMIN}\"\nrole = \"admin\"\n\
+             [[token]]\nname = \"app\"\ntoken = \"{WRITER}\"\nrole = \"read-write\"\n"
+        ),
+    );
+    let broker = TestBroker::start_with(move |config| config.auth.tokens_file = Some(tokens.into())).await;
+    broker.run(&["push", "guarded", r#"{"n": 1}"#, "--token", WRITER]).await.success();
+    let refused = broker.run(&["tail", "guarded", "--count", "1", "--from", "all", "--token", WRITER]).await;
+    refused.fails(2, "pass --group G");
+    let groups = broker.json(&["groups", "list", "--token", ADMIN]).await;
+    assert_eq!(groups, serde_json::json!([]), "nothing registered");
+
+    let named = broker.run(&["tail", "guarded", "--count", "1", "--from", "all", "-g", "app", "--token", WRITER]).await;
+    let named = named.success();
+    assert!(named.stdout.contains(r#"{"n": 1}"#), "{named:#?}");
 }
 
 #[actix_web::test]
