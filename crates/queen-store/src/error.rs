@@ -145,10 +145,11 @@ impl StoreError {
 
 /// A statement PostgreSQL cancelled because it ran past `statement_timeout` (57014, which a
 /// cancel request also gives) or waited past `lock_timeout` (55P03), or whose transaction it
-/// chose to end a deadlock (40P01) or a serialization conflict (40001): the database is stalled,
-/// or other sessions hold or change what the statement needs. Its transaction is rolled back, so
-/// nothing of it is left, the connection stays usable, and the same request may succeed later: a
-/// 503, not a 500.
+/// chose to end a deadlock (40P01) or a serialization conflict (40001), or that ran out of a
+/// resource of the server (class 53 but a full disk: memory, shared memory, a configured limit):
+/// the database is stalled, short of something, or other sessions hold or change what the
+/// statement needs. Its transaction is rolled back, so nothing of it is left, the connection
+/// stays usable, and the same request may succeed later: a 503, not a 500.
 fn is_transient(e: &tokio_postgres::Error) -> bool {
     use tokio_postgres::error::SqlState;
     e.code().is_some_and(|code| {
@@ -157,6 +158,9 @@ fn is_transient(e: &tokio_postgres::Error) -> bool {
             SqlState::LOCK_NOT_AVAILABLE,
             SqlState::T_R_DEADLOCK_DETECTED,
             SqlState::T_R_SERIALIZATION_FAILURE,
+            SqlState::INSUFFICIENT_RESOURCES,
+            SqlState::OUT_OF_MEMORY,
+            SqlState::CONFIGURATION_LIMIT_EXCEEDED,
         ]
         .contains(code)
     })
@@ -168,8 +172,9 @@ fn is_connection_failure(e: &tokio_postgres::Error) -> bool {
     }
     if let Some(code) = e.code() {
         let code = code.code();
-        // Class 08: connection exception; 57P0x: admin/crash shutdown, cannot connect now.
-        return code.starts_with("08") || code.starts_with("57P");
+        // Class 08: connection exception; 57P0x: admin/crash shutdown, cannot connect now; 53300:
+        // no connection slot left (max_connections, or a role's or database's limit).
+        return code.starts_with("08") || code.starts_with("57P") || code == "53300";
     }
     // No SQLSTATE: an IO failure on the wire, or a failure to connect at all, is the database
     // being away; anything else (a parameter that did not serialize, say) is a bug of ours.

@@ -112,8 +112,19 @@ async fn migrate_locked(client: &mut Client) -> Result<MigrationReport, StoreErr
     let pending: Vec<&Migration> = MIGRATIONS.iter().filter(|m| m.version > current).collect();
     for migration in pending {
         let tx = client.transaction().await?;
+        // A migration may take as long as the table it rewrites needs (the pool's statement
+        // timeout would make a large one impossible). It still gives up on a lock it waited for
+        // past the lock timeout, so as not to hold the running fleet's statements queued behind
+        // it: that failure, like the database being away, is one to try again.
+        tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
         tx.batch_execute(migration.sql).await.map_err(|e| {
-            StoreError::Schema(format!("migration {} ({}) failed: {}", migration.version, migration.name, e))
+            let failed = StoreError::from(e);
+            match failed {
+                StoreError::Db(_) if !failed.is_unavailable() => {
+                    StoreError::Schema(format!("migration {} ({}) failed: {failed}", migration.version, migration.name))
+                }
+                unavailable => unavailable,
+            }
         })?;
         tx.execute(
             "INSERT INTO queen.schema_migrations (version, name, checksum) VALUES ($1, $2, $3)",

@@ -309,3 +309,33 @@ async fn a_read_only_database_is_a_503_that_says_so_and_not_ready_until_it_takes
     assert_eq!(app.get("/ready").await.status, StatusCode::OK);
     assert_eq!(app.pop("queue/fenced", "batch=10").await.messages().len(), 2, "before, and the push after");
 }
+
+/// A server with no connection slot left for the broker (SQLSTATE 53300: `max_connections`, or a
+/// role's or a database's limit) is PostgreSQL unavailable for now: a 503 to retry later, and a
+/// broker starting then waits for it, not an internal error that stops it.
+#[actix_web::test]
+async fn a_server_out_of_connection_slots_is_unavailable_for_now() {
+    let app = TestApp::spawn().await;
+    let role = format!("queen_no_slot_{}", uuid::Uuid::new_v4().simple());
+    let admin = app.db.connect().await;
+    admin
+        .batch_execute(&format!("CREATE ROLE {role} LOGIN PASSWORD 'no-slot' CONNECTION LIMIT 0"))
+        .await
+        .expect("a role");
+    let mut config: tokio_postgres::Config = app.db.url().parse().expect("the database URL");
+    config.user(&role).password("no-slot");
+    let settings = queen_store::pool::PoolSettings {
+        max_size: 1,
+        wait_timeout: std::time::Duration::from_secs(10),
+        connect_timeout: std::time::Duration::from_secs(10),
+        statement_timeout: std::time::Duration::from_secs(30),
+        lock_timeout: std::time::Duration::from_secs(10),
+        application_name: "no-slot".into(),
+    };
+    let pool = queen_store::pool::build_pool(config, &settings).expect("a pool");
+    let refused = queen_store::StoreError::from(pool.get().await.expect_err("no slot for the role"));
+    admin.batch_execute(&format!("DROP ROLE {role}")).await.expect("the role dropped");
+    assert!(refused.is_unavailable(), "{refused}");
+    let answered = queen_broker::broker::BrokerError::from(refused);
+    assert!(matches!(answered, queen_broker::broker::BrokerError::Unavailable(_)), "{answered:?}");
+}
