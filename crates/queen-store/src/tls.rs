@@ -26,6 +26,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::{Arc, Once};
+use std::time::Duration;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
@@ -204,9 +205,41 @@ pub struct PgTarget {
     pub tls: MakeRustlsConnect,
 }
 
+/// TCP keepalive probes of an idle connection: the first after this long without traffic...
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+/// ...then one this often, the peer given up after this many unanswered.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+const KEEPALIVE_PROBES: u32 = 3;
+/// How long data sent may go unacknowledged before the connection is given up.
+const TCP_USER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A server that vanished (its host died, the network was cut) is noticed within about half a
+/// minute, on an idle connection (keepalive probes: the LISTEN connection) and on one waiting for
+/// what it sent to be acknowledged (`TCP_USER_TIMEOUT`), instead of the kernel's two hours or
+/// quarter of an hour; the connection then fails, and the broker answers 503 and reconnects.
+/// Settings the connection string gave are kept.
+fn notice_vanished_servers(config: &mut tokio_postgres::Config) {
+    if !config.get_keepalives() {
+        return;
+    }
+    if config.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60) {
+        config.keepalives_idle(KEEPALIVE_IDLE);
+    }
+    if config.get_keepalives_interval().is_none() {
+        config.keepalives_interval(KEEPALIVE_INTERVAL);
+    }
+    if config.get_keepalives_retries().is_none() {
+        config.keepalives_retries(KEEPALIVE_PROBES);
+    }
+    if config.get_tcp_user_timeout().is_none() {
+        config.tcp_user_timeout(TCP_USER_TIMEOUT);
+    }
+}
+
 impl PgTarget {
     pub fn new(mut config: tokio_postgres::Config, tls: &TlsSettings) -> Result<Self, TlsError> {
         config.ssl_mode(tls.mode.for_tokio_postgres());
+        notice_vanished_servers(&mut config);
         Ok(PgTarget { config, tls: tls.connector()? })
     }
 
@@ -246,6 +279,8 @@ impl From<tokio_postgres::Config> for PgTarget {
         let settings = TlsSettings { mode, ..TlsSettings::default() };
         // Without files to read or roots to load, building the connector cannot fail.
         let tls = settings.connector().expect("a connector that verifies nothing needs nothing");
+        let mut config = config;
+        notice_vanished_servers(&mut config);
         PgTarget { config, tls }
     }
 }
@@ -648,6 +683,23 @@ fn split_key_values(text: &str) -> Option<(String, ConnectionTls)> {
 mod tests {
     use super::*;
     use queen_testkit::tls_cluster::TestCertificates;
+
+    #[test]
+    fn a_vanished_server_is_noticed_within_seconds_unless_the_url_says_otherwise() {
+        let target = PgTarget::from_connection_string("postgres://q@db/queen").expect("a target");
+        let config = &target.config;
+        assert!(config.get_keepalives());
+        assert_eq!(config.get_keepalives_idle(), KEEPALIVE_IDLE);
+        assert_eq!(config.get_keepalives_interval(), Some(KEEPALIVE_INTERVAL));
+        assert_eq!(config.get_keepalives_retries(), Some(KEEPALIVE_PROBES));
+        assert_eq!(config.get_tcp_user_timeout(), Some(&TCP_USER_TIMEOUT));
+        let own = "postgres://q@db/queen?keepalives_idle=60&tcp_user_timeout=90";
+        let target = PgTarget::from_connection_string(own).expect("a target");
+        assert_eq!(target.config.get_keepalives_idle(), Duration::from_secs(60));
+        assert_eq!(target.config.get_tcp_user_timeout(), Some(&Duration::from_secs(90)));
+        let plain: PgTarget = "host=db user=q".parse::<tokio_postgres::Config>().expect("a config").into();
+        assert_eq!(plain.config.get_keepalives_idle(), KEEPALIVE_IDLE, "a bare configuration too");
+    }
 
     /// A directory under the system temp dir, removed on drop.
     struct Scratch(PathBuf);
