@@ -439,7 +439,9 @@ async fn append(
             savepoint.commit().await.map_err(StoreError::from)?;
             Ok(Ok(appended.outcomes.iter().filter(|o| matches!(o, Appended::Queued { .. })).count()))
         }
-        Err(e) if e.is_unavailable() => Err(e.into()),
+        // The database away, read-only or out of disk: no fault of the timers, whose attempts are
+        // not spent on it (they would be held for good once the outage outlasted them).
+        Err(e) if e.is_unavailable() || matches!(e, StoreError::WritesRefused { .. }) => Err(e.into()),
         Err(e) => {
             savepoint.rollback().await.map_err(StoreError::from)?;
             if let StoreError::Missing(_) = e {
