@@ -12,13 +12,29 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often scrapes re-read consumer lag from the database.
 const LAG_REFRESH: Duration = Duration::from_secs(10);
 
+/// Runs `check` on a pooled connection, waiting for each within `timeout`. A connection whose
+/// check ran out of time is not given back to the pool, where the next request would wait behind
+/// the statement still running on it (or on a server that no longer answers).
+async fn on_a_connection<T>(
+    broker: &Broker,
+    timeout: Duration,
+    check: impl AsyncFnOnce(&mut deadpool_postgres::Client) -> Option<T>,
+) -> Option<T> {
+    let mut client = tokio::time::timeout(timeout, broker.pool.get()).await.ok()?.ok()?;
+    let answer = tokio::time::timeout(timeout, check(&mut client)).await;
+    match answer {
+        Ok(answer) => answer,
+        Err(_) => {
+            drop(deadpool_postgres::Object::take(client));
+            None
+        }
+    }
+}
+
 /// PostgreSQL answers a query within the probe timeout.
 pub async fn database_reachable(broker: &Broker) -> bool {
-    let probe = async {
-        let client = broker.pool.get().await.ok()?;
-        queen_store::probes::ping(&client).await.ok()
-    };
-    matches!(tokio::time::timeout(PROBE_TIMEOUT, probe).await, Ok(Some(_)))
+    let ping = async |client: &mut deadpool_postgres::Client| queen_store::probes::ping(client).await.ok();
+    on_a_connection(broker, PROBE_TIMEOUT, ping).await.is_some()
 }
 
 /// What readiness finds of PostgreSQL.
@@ -38,16 +54,15 @@ pub enum Readiness {
 /// `transaction_read_only` (the setting a new transaction of the pool's sessions gets; a write
 /// refused for lack of disk space cannot be foreseen without writing, and is not looked for).
 pub async fn readiness(broker: &Broker) -> Readiness {
-    let check = async {
-        let client = broker.pool.get().await.ok()?;
-        let version = queen_store::migrations::current_version(&client).await.ok()?;
+    let check = async |client: &mut deadpool_postgres::Client| {
+        let version = queen_store::migrations::current_version(client).await.ok()?;
         if version < queen_store::migrations::latest_version() {
             return Some(Readiness::Unavailable);
         }
-        let read_only = queen_store::probes::transactions_read_only(&client).await.ok()?;
+        let read_only = queen_store::probes::transactions_read_only(client).await.ok()?;
         Some(if read_only { Readiness::ReadOnly } else { Readiness::Ready })
     };
-    tokio::time::timeout(PROBE_TIMEOUT, check).await.ok().flatten().unwrap_or(Readiness::Unavailable)
+    on_a_connection(broker, PROBE_TIMEOUT, check).await.unwrap_or(Readiness::Unavailable)
 }
 
 /// Brings the gauges a scrape reports up to date: the pool, the database failures, the segment
@@ -70,17 +85,11 @@ pub async fn refresh_metrics(broker: &Broker) {
         return;
     }
     // The query is bounded by PostgreSQL (see `queue_lags`); the wait here only in case the
-    // server does not answer at all, and then the connection is not given back to the pool.
-    let Ok(Ok(mut client)) = tokio::time::timeout(PROBE_TIMEOUT, broker.pool.get()).await else { return };
-    let lags = tokio::time::timeout(2 * PROBE_TIMEOUT, queen_store::groups::queue_lags(&mut client, PROBE_TIMEOUT));
-    let lags = match lags.await {
-        Ok(Ok(lags)) => lags,
-        Ok(Err(_)) => return,
-        Err(_) => {
-            drop(deadpool_postgres::Object::take(client));
-            return;
-        }
+    // server does not answer at all.
+    let read = async |client: &mut deadpool_postgres::Client| {
+        queen_store::groups::queue_lags(client, PROBE_TIMEOUT).await.ok()
     };
+    let Some(lags) = on_a_connection(broker, 2 * PROBE_TIMEOUT, read).await else { return };
     // Queues past the label limit share one label.
     let mut totals: BTreeMap<(&str, &str), (i64, f64)> = BTreeMap::new();
     for lag in &lags {
