@@ -184,7 +184,19 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
         let messages: Vec<NewMessage> = indices.iter().map(|&i| items[i].to_message()).collect();
         let destination = Destination { queue_id, queue: &items[indices[0]].queue, partition_id };
         let policy = append_policy(broker, &queues_of_items[&queue_id])?;
-        let appended = append_in_transaction(&tx, destination, &messages, &policy).await?;
+        let appended = match append_in_transaction(&tx, destination, &messages, &policy).await {
+            Ok(appended) => appended,
+            // Deleted since it was resolved, as a push's partition can be: resolved afresh next time.
+            Err(StoreError::Missing(_)) => {
+                let partition = &items[indices[0]].partition;
+                broker.names.forget_partition(queue_id, partition);
+                return Err(BrokerError::Unavailable(format!(
+                    "partition {partition:?} was deleted; retry the transaction"
+                ))
+                .into());
+            }
+            Err(e) => return Err(e.into()),
+        };
         for (&i, outcome) in indices.iter().zip(appended.outcomes) {
             pushed[i] = Some(Pushed { transaction_id: items[i].transaction_id.clone(), partition_id, outcome });
         }
