@@ -231,8 +231,8 @@ pub struct TraceName {
 
 /// A page of the names in use, in name order, those containing `search` (ignoring case) when
 /// given. The names are walked one distinct name at a time through the name index (one probe
-/// each, never a pass over every event), and only as far as the page needs; each listed name's
-/// events are counted.
+/// each, never a pass over every event), and only as far as the page needs; only the listed
+/// names' events are counted (not those of the names an offset skips).
 pub async fn names(
     client: &impl GenericClient,
     search: Option<&str>,
@@ -245,17 +245,20 @@ pub async fn names(
                  UNION ALL
                  SELECT (SELECT n.name FROM queen.message_trace_names n WHERE n.name > w.name ORDER BY n.name LIMIT 1)
                    FROM walked w WHERE w.name IS NOT NULL
+             ), page AS (
+                 -- The walk yields names in ascending order: the page is cut from it unsorted
+                 -- (a sort would walk every name first), and only its names are counted below.
+                 SELECT name FROM walked
+                  WHERE name IS NOT NULL AND ($1::text IS NULL OR strpos(lower(name), lower($1::text)) > 0)
+                  LIMIT $2::bigint OFFSET $3::bigint
              )
-             -- The walk yields names in ascending order and the lateral joins keep it, so the
-             -- page needs no sort (which would walk every name first).
              SELECT w.name, counted.events, newest.created_at
-               FROM walked w
+               FROM page w
               CROSS JOIN LATERAL (SELECT count(*) AS events FROM queen.message_trace_names n WHERE n.name = w.name) counted
               CROSS JOIN LATERAL (
                   SELECT t.created_at FROM queen.message_trace_names n JOIN queen.message_traces t ON t.partition_id = n.partition_id AND t.id = n.trace_id
                    WHERE n.name = w.name ORDER BY n.trace_id DESC LIMIT 1) newest
-              WHERE w.name IS NOT NULL AND ($1::text IS NULL OR strpos(lower(w.name), lower($1::text)) > 0)
-              LIMIT $2::bigint OFFSET $3::bigint",
+              ORDER BY w.name",
             &[&search, &page.limit, &page.offset],
         )
         .await?;
