@@ -283,6 +283,14 @@ impl Pair {
         self.link.flowing.send_replace(false);
     }
 
+    /// Lets a stalled standby catch up: the replication connections are closed (what they held
+    /// back dropped) and the standby reconnects through the relay, flowing again, from where it
+    /// stopped.
+    pub fn resume_standby(&self) {
+        self.link.flowing.send_replace(true);
+        self.cut_replication();
+    }
+
     /// Closes the replication connections, dropping whatever they held back.
     pub fn cut_replication(&self) {
         for task in self.link.connections.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {

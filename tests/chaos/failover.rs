@@ -137,3 +137,54 @@ async fn failover_to_a_lagging_asynchronous_standby_loses_only_what_it_had_not_r
     run.report(Replication::Asynchronous);
     assert!(!run.lost.is_empty(), "acknowledged pushes the standby never received cannot survive it");
 }
+
+/// How soon a push whose commit waits on a silent synchronous standby is answered: twice the 5 s
+/// floor of the broker's bound on an append, and slack for two busy cores.
+const SILENT_STANDBY_BOUND: Duration = Duration::from_secs(15);
+
+/// A synchronous standby that stops answering: PostgreSQL never times out a commit, so without a
+/// bound of the broker's own a push would wait for as long as the standby stays silent. It is
+/// answered 503 instead (whether it was stored is unknown), and once the standby answers again
+/// the push sent again is stored once.
+#[tokio::test]
+async fn a_push_whose_commit_waits_on_a_silent_standby_is_answered_503_and_stored_once() {
+    let pair = Pair::start("silent_standby", Replication::Synchronous).await;
+    let envs = [("QUEEN_DATABASE__STATEMENT_TIMEOUT_MS", "1000"), ("QUEEN_DATABASE__LOCK_TIMEOUT_MS", "1000")];
+    let mut brokers = start_brokers(&pair.url(), 1, &envs).await;
+    let url = format!("{}/api/v1/push", brokers[0].url());
+    let http = queen_testkit::http().timeout(Duration::from_secs(60)).build().expect("a client");
+    let push = |id: &str| {
+        let item = json!({"queue": "silent", "partition": "p", "transactionId": id, "payload": id});
+        http.post(&url).json(&json!({ "items": [item] })).send()
+    };
+    assert_eq!(push("before").await.expect("an answer").status(), StatusCode::CREATED);
+
+    pair.stall_standby().await;
+    let sent = Instant::now();
+    let stalled = push("during").await.expect("an answer, not the client giving up");
+    let took = sent.elapsed();
+    assert_eq!(stalled.status(), StatusCode::SERVICE_UNAVAILABLE, "{:?}", stalled.text().await);
+    assert!(took < SILENT_STANDBY_BOUND, "answered after {took:?}");
+
+    // The standby answers again, and the commit it held goes through.
+    pair.resume_standby();
+    let primary = pair.primary.connect(DATABASE).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let again = loop {
+        let answer = push("during").await.expect("an answer");
+        if answer.status() == StatusCode::CREATED {
+            break answer.json::<serde_json::Value>().await.expect("JSON");
+        }
+        assert!(Instant::now() < deadline, "the push never went through: {}", answer.status());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let status = again[0]["status"].as_str().unwrap_or_default().to_owned();
+    assert!(status == "duplicate" || status == "queued", "{again}");
+    let stored: i64 = primary
+        .query_one("SELECT count(*) FROM queen.log_message_ids WHERE transaction_id = 'during'", &[])
+        .await
+        .expect("a count")
+        .get(0);
+    assert_eq!(stored, 1, "stored once, whether the first commit went through or not");
+    assert_running(&mut brokers).await;
+}

@@ -46,6 +46,10 @@ pub struct WriterLimits {
     /// How long a writer with nothing to do stays; zero stops it as soon as its last request
     /// is answered.
     pub idle: Duration,
+    /// How long an append may go unanswered before the writer stops waiting: PostgreSQL times
+    /// out a statement, not its commit, which waits for as long as a synchronous standby or the
+    /// WAL disk does not answer.
+    pub answer_within: Duration,
 }
 
 /// Appends these messages (one push request's share of this partition), under the queue's
@@ -104,12 +108,24 @@ impl PartitionWriter {
         let messages = batch.items;
         let replies = batch.replies;
         self.metrics.actor_queued.with_label_values(&[ACTOR]).sub(replies.len() as i64);
+        let answer_within = limits.answer_within;
         let write = async move {
             let client = pool.get().await.map_err(queen_store::StoreError::from)?;
             let destination =
                 Destination { queue_id: target.queue_id, queue: &target.queue, partition_id: target.partition_id };
-            let result = queen_store::log::append(&client, destination, &messages, &policy).await?;
-            Ok::<_, queen_store::StoreError>((result, payload_bytes(&messages)))
+            let append = queen_store::log::append(&client, destination, &messages, &policy);
+            let answered = tokio::time::timeout(answer_within, append).await;
+            let Ok(result) = answered else {
+                // The append may still commit: a 503, which the push's retry resolves (its
+                // transaction ids make it a duplicate then). The connection, still waiting, is not
+                // handed to anyone else.
+                drop(deadpool_postgres::Object::take(client));
+                return Err(queen_store::StoreError::Unavailable(format!(
+                    "PostgreSQL did not answer an append within {} ms; whether it was stored is unknown",
+                    answer_within.as_millis()
+                )));
+            };
+            Ok::<_, queen_store::StoreError>((result?, payload_bytes(&messages)))
         };
         ctx.spawn(write.into_actor(self).map(move |result, writer, ctx| {
             match result {
