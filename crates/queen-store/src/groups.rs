@@ -416,10 +416,11 @@ pub struct QueueLag {
     pub lag_seconds: f64,
 }
 
-/// The lag of every group on every queue it has cursors on, summed by PostgreSQL: what a metrics
-/// scrape reports, in a row per group and queue however many partitions the queues have. The
-/// statement is stopped by PostgreSQL past `timeout`: a caller that gave up waiting on the
-/// client side would otherwise hand the connection back to the pool still busy with it.
+/// The lag of every group on every queue it has cursors on or is registered on (see
+/// [`CURSORS_WITH_OLDEST_UNREAD`]), summed by PostgreSQL: what a metrics scrape reports, in a row
+/// per group and queue however many partitions the queues have. The statement is stopped by
+/// PostgreSQL past `timeout`: a caller that gave up waiting on the client side would otherwise
+/// hand the connection back to the pool still busy with it.
 pub async fn queue_lags(
     client: &mut deadpool_postgres::Client,
     timeout: std::time::Duration,

@@ -30,7 +30,8 @@ pub struct StoredMessage {
     pub offset: i64,
     pub created_at: DateTime<Utc>,
     pub frame: FrameOwned,
-    /// One entry per group with a cursor on the partition, queue mode included.
+    /// One entry per group with a cursor on the partition (queue mode included), or registered
+    /// on the queue without one there.
     pub groups: Vec<GroupProgress>,
 }
 

@@ -48,7 +48,8 @@ pub async fn queues_by_label(
     Ok(stats::queues_by_label(&client(broker).await?, label, limit, offset).await?)
 }
 
-/// A page of queues, and the lag of every group's cursors on them.
+/// A page of queues, and the lag of every group's cursors on them (registered groups' missing
+/// cursors included).
 pub async fn queues_with_lag(
     broker: &Broker,
     filter: &QueueFilter<'_>,
