@@ -165,16 +165,7 @@ impl TestApp {
     /// driving `queen_store` directly beside the broker (holding a transaction open, say).
     pub async fn store_connection(&self, application_name: &str) -> deadpool_postgres::Object {
         let target: tokio_postgres::Config = self.db.url().parse().expect("the database URL");
-        let settings = queen_store::pool::PoolSettings {
-            max_size: 1,
-            wait_timeout: Duration::from_secs(10),
-            connect_timeout: Duration::from_secs(10),
-            statement_timeout: Duration::from_secs(30),
-            lock_timeout: Duration::from_secs(10),
-            application_name: application_name.into(),
-        };
-        let pool = queen_store::pool::build_pool(target, &settings).expect("a pool");
-        pool.get().await.expect("a connection")
+        store_pool(target, application_name).get().await.expect("a connection")
     }
 
     /// The ids of a queue and one of its partitions, by name, for calls into `queen_store`.
@@ -281,4 +272,17 @@ impl Drop for TokensFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
     }
+}
+
+/// A pool of one connection of the store's own kind to `target`, named `application_name`.
+pub fn store_pool(target: tokio_postgres::Config, application_name: &str) -> deadpool_postgres::Pool {
+    let settings = queen_store::pool::PoolSettings {
+        max_size: 1,
+        wait_timeout: Duration::from_secs(10),
+        connect_timeout: Duration::from_secs(10),
+        statement_timeout: Duration::from_secs(30),
+        lock_timeout: Duration::from_secs(10),
+        application_name: application_name.into(),
+    };
+    queen_store::pool::build_pool(target, &settings).expect("a pool")
 }

@@ -7,7 +7,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 
-use crate::helpers::TestApp;
+use crate::helpers::{TestApp, store_pool};
 
 /// The `promtool` to check metrics with: `QUEEN_PROMTOOL`, else the one on the PATH.
 fn promtool() -> String {
@@ -324,15 +324,7 @@ async fn a_server_out_of_connection_slots_is_unavailable_for_now() {
         .expect("a role");
     let mut config: tokio_postgres::Config = app.db.url().parse().expect("the database URL");
     config.user(&role).password("no-slot");
-    let settings = queen_store::pool::PoolSettings {
-        max_size: 1,
-        wait_timeout: std::time::Duration::from_secs(10),
-        connect_timeout: std::time::Duration::from_secs(10),
-        statement_timeout: std::time::Duration::from_secs(30),
-        lock_timeout: std::time::Duration::from_secs(10),
-        application_name: "no-slot".into(),
-    };
-    let pool = queen_store::pool::build_pool(config, &settings).expect("a pool");
+    let pool = store_pool(config, "no-slot");
     let refused = queen_store::StoreError::from(pool.get().await.expect_err("no slot for the role"));
     admin.batch_execute(&format!("DROP ROLE {role}")).await.expect("the role dropped");
     assert!(refused.is_unavailable(), "{refused}");

@@ -1,7 +1,7 @@
 //! What scripts can trust: exit 3 when no broker answers, 4 for what does not exist, 1 for a
 //! refusal, with the broker's reason on one line.
 
-use crate::helpers::{TestBroker, dead_url, run, temp_file};
+use crate::helpers::{TestBroker, dead_url, run};
 
 #[actix_web::test]
 async fn no_broker_is_exit_3_and_failover_finds_the_live_one() {
@@ -57,14 +57,7 @@ async fn unknown_queues_groups_and_messages_are_exit_4() {
 async fn a_broker_that_wants_a_token_gets_one_or_says_why_not() {
     const ADMIN: &str = "queenctl-admin-token-0123456789";
     const READER: &str = "queenctl-reader-token-0123456789";
-    let tokens = temp_file(
-        "tokens.toml",
-        &format!(
-            "[[token]]\nname = \"ops\"\ntoken = \"{ADMIN}\"\nrole = \"admin\"\n\
-             [[token]]\nname = \"dashboards\"\ntoken = \"{READER}\"\nrole = \"read-only\"\n"
-        ),
-    );
-    let broker = TestBroker::start_with(move |config| config.auth.tokens_file = Some(tokens.into())).await;
+    let broker = TestBroker::with_tokens(&[("ops", ADMIN, "admin"), ("dashboards", READER, "read-only")]).await;
 
     let anonymous = broker.run(&["status"]).await;
     anonymous.fails(1, "queenctl: error: the broker answered 401 Unauthorized: ");

@@ -38,6 +38,18 @@ impl TestBroker {
         TestBroker { url, _db: db }
     }
 
+    /// A broker with authentication on, taking these static tokens: `(name, token, role)`.
+    pub async fn with_tokens(tokens: &[(&str, &str, &str)]) -> TestBroker {
+        let entries: String = tokens
+            .iter()
+            .map(|(name, token, role)| {
+                format!("[[token]]\nname = \"{name}\"\ntoken = \"{token}\"\nrole = \"{role}\"\n")
+            })
+            .collect();
+        let file = temp_file("tokens.toml", &entries);
+        Self::start_with(move |config| config.auth.tokens_file = Some(file.into())).await
+    }
+
     /// Runs `queenctl --url <this broker> args...`.
     pub async fn run(&self, args: &[&str]) -> Run {
         run(&with_url(&self.url, args), &[], None).await

@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use crate::helpers::{Background, TestBroker, temp_file};
+use crate::helpers::{Background, TestBroker};
 
 /// The names of the consumer groups the broker lists.
 async fn group_names(broker: &TestBroker) -> Vec<String> {
@@ -44,14 +44,7 @@ async fn tail_prints_what_arrives_and_leaves_no_group_behind() {
 async fn tail_without_a_group_needs_a_token_that_can_remove_its_group_and_leaves_none() {
     const ADMIN: &str = "queenctl-admin-token-0123456789";
     const WRITER: &str = "queenctl-writer-token-0123456789";
-    let tokens = temp_file(
-        "tokens.toml",
-        &format!(
-            "[[token]]\nname = \"ops\"\ntoken = \"{ADMIN}\"\nrole = \"admin\"\n\
-             [[token]]\nname = \"app\"\ntoken = \"{WRITER}\"\nrole = \"read-write\"\n"
-        ),
-    );
-    let broker = TestBroker::start_with(move |config| config.auth.tokens_file = Some(tokens.into())).await;
+    let broker = TestBroker::with_tokens(&[("ops", ADMIN, "admin"), ("app", WRITER, "read-write")]).await;
     broker.run(&["push", "guarded", r#"{"n": 1}"#, "--token", WRITER]).await.success();
     let refused = broker.run(&["tail", "guarded", "--count", "1", "--from", "all", "--token", WRITER]).await;
     refused.fails(2, "pass --group G");
