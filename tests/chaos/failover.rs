@@ -138,53 +138,187 @@ async fn failover_to_a_lagging_asynchronous_standby_loses_only_what_it_had_not_r
     assert!(!run.lost.is_empty(), "acknowledged pushes the standby never received cannot survive it");
 }
 
-/// How soon a push whose commit waits on a silent synchronous standby is answered: twice the 5 s
-/// floor of the broker's bound on an append, and slack for two busy cores.
+/// How soon a write whose commit waits on a silent synchronous standby is answered: twice the 5 s
+/// floor of the broker's bound on such a write, and slack for two busy cores.
 const SILENT_STANDBY_BOUND: Duration = Duration::from_secs(15);
 
 /// A synchronous standby that stops answering: PostgreSQL never times out a commit, so without a
-/// bound of the broker's own a push would wait for as long as the standby stays silent. It is
-/// answered 503 instead (whether it was stored is unknown), and once the standby answers again
-/// the push sent again is stored once.
+/// bound of the broker's own each write of the delivery path would wait for as long as the
+/// standby stays silent. A push, an auto-acked pop's claim, an ack and a transaction are each
+/// answered 503 instead (whether they took effect is unknown), and once the standby answers
+/// again, each sent again takes effect once: nothing is stored or acked twice.
 #[tokio::test]
-async fn a_push_whose_commit_waits_on_a_silent_standby_is_answered_503_and_stored_once() {
+async fn writes_whose_commit_waits_on_a_silent_standby_are_answered_503_and_take_effect_once() {
     let pair = Pair::start("silent_standby", Replication::Synchronous).await;
     let envs = [("QUEEN_DATABASE__STATEMENT_TIMEOUT_MS", "1000"), ("QUEEN_DATABASE__LOCK_TIMEOUT_MS", "1000")];
     let mut brokers = start_brokers(&pair.url(), 1, &envs).await;
-    let url = format!("{}/api/v1/push", brokers[0].url());
-    let http = queen_testkit::http().timeout(Duration::from_secs(60)).build().expect("a client");
-    let push = |id: &str| {
-        let item = json!({"queue": "silent", "partition": "p", "transactionId": id, "payload": id});
-        http.post(&url).json(&json!({ "items": [item] })).send()
-    };
-    assert_eq!(push("before").await.expect("an answer").status(), StatusCode::CREATED);
+    let api = Api::new(&brokers[0].url());
+    // Before: the queues and partitions exist; groups `g` and `t` each hold a lease on the first
+    // message of `silent`, and `h` has read and acked it (so no row need be created while the
+    // standby is silent). The four writes touch no row another of them locks.
+    for id in ["first", "second", "third"] {
+        assert_eq!(api.push("silent", id).await.status(), StatusCode::CREATED);
+    }
+    for queue in ["silent-push", "silent-next"] {
+        assert_eq!(api.push(queue, "seed").await.status(), StatusCode::CREATED);
+    }
+    let leased_to_g = api.pop("g", 1).await.expect("g pops").remove(0);
+    let leased_to_t = api.pop("t", 1).await.expect("t pops").remove(0);
+    let first_of_h = api.pop("h", 1).await.expect("h pops").remove(0);
+    assert_eq!(api.ack("h", &first_of_h).await.status(), StatusCode::OK);
 
     pair.stall_standby().await;
     let sent = Instant::now();
-    let stalled = push("during").await.expect("an answer, not the client giving up");
+    let transaction = json!({"operations": [
+        ack_op(&leased_to_t, "t"),
+        {"type": "push", "items": [{"queue": "silent-next", "partition": "p", "transactionId": "pushed-in-transaction", "payload": 1}]},
+    ]});
+    let (pushed, claimed, acked, transacted) = tokio::join!(
+        api.push("silent-push", "during"),
+        // Auto-acked: a claim that takes a lease commits without waiting for the standby.
+        api.pop_answer("h", 1, "&autoAck=true"),
+        api.ack("g", &leased_to_g),
+        api.transaction(&transaction),
+    );
     let took = sent.elapsed();
-    assert_eq!(stalled.status(), StatusCode::SERVICE_UNAVAILABLE, "{:?}", stalled.text().await);
+    for (what, answer) in [("push", pushed), ("pop", claimed), ("ack", acked), ("transaction", transacted)] {
+        let status = answer.status();
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "the {what}: {:?}", answer.text().await);
+    }
     assert!(took < SILENT_STANDBY_BOUND, "answered after {took:?}");
+    let unanswered = queen_testkit::metric_at(&api.http, &api.base, "queen_db_errors_total{kind=\"unanswered\"}");
+    assert_eq!(unanswered.await, 4.0, "each write given up on is counted");
 
-    // The standby answers again, and the commit it held goes through.
+    // The standby answers again, and the commits it held go through; each write is sent again.
     pair.resume_standby();
+    let pushed = api.until_done(|| api.push("silent-push", "during")).await;
+    let status = pushed.json::<serde_json::Value>().await.expect("JSON")[0]["status"].as_str().map(str::to_owned);
+    assert!(matches!(status.as_deref(), Some("duplicate" | "queued")), "{status:?}");
+    let acked = api.until_done(|| api.ack("g", &leased_to_g)).await.json::<serde_json::Value>().await;
+    assert_eq!(acked.expect("JSON")[0]["success"], true, "the ack sent again is taken (a no-op if the first was)");
+    // A bundle's ack needs its lease still live, and the first commit, if it went through,
+    // released it: the bundle sent again is then refused, with nothing of it applied twice.
+    let transacted = api.until_answered(|| api.transaction(&transaction)).await;
+    let (status, body) = (transacted.status(), transacted.text().await.expect("a body"));
+    let refused_as_done = status == StatusCode::CONFLICT && body.contains("not the live lease");
+    assert!(status == StatusCode::OK || refused_as_done, "{status} {body}");
+
+    // `g` and `t` are left with the messages after their first, each once. `h`'s claim, answered
+    // 503, went through once the standby answered: auto-acked, it consumed what it claimed, as
+    // when the answer to an auto-acked pop is lost; the rest comes once.
+    for group in ["g", "t"] {
+        assert_eq!(ids(&api.pop_all(group).await), ["second", "third"], "group {group}");
+    }
+    let rest_of_h = api.pop_all("h").await;
+    assert!(matches!(ids(&rest_of_h)[..], ["third"] | ["second", "third"]), "{:?}", ids(&rest_of_h));
     let primary = pair.primary.connect(DATABASE).await;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let again = loop {
-        let answer = push("during").await.expect("an answer");
-        if answer.status() == StatusCode::CREATED {
-            break answer.json::<serde_json::Value>().await.expect("JSON");
-        }
-        assert!(Instant::now() < deadline, "the push never went through: {}", answer.status());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    let status = again[0]["status"].as_str().unwrap_or_default().to_owned();
-    assert!(status == "duplicate" || status == "queued", "{again}");
-    let stored: i64 = primary
-        .query_one("SELECT count(*) FROM queen.log_message_ids WHERE transaction_id = 'during'", &[])
-        .await
-        .expect("a count")
-        .get(0);
-    assert_eq!(stored, 1, "stored once, whether the first commit went through or not");
+    for id in ["during", "pushed-in-transaction"] {
+        let stored: i64 = primary
+            .query_one("SELECT count(*) FROM queen.log_message_ids WHERE transaction_id = $1", &[&id])
+            .await
+            .expect("a count")
+            .get(0);
+        assert_eq!(stored, 1, "{id} stored once, whether the first commit went through or not");
+    }
     assert_running(&mut brokers).await;
+}
+
+fn ids(messages: &[serde_json::Value]) -> Vec<&str> {
+    messages.iter().map(|m| m["transactionId"].as_str().unwrap_or_default()).collect()
+}
+
+fn ack_op(message: &serde_json::Value, group: &str) -> serde_json::Value {
+    json!({"type": "ack", "transactionId": message["transactionId"], "partitionId": message["partitionId"],
+           "leaseId": message["leaseId"], "status": "completed", "consumerGroup": group})
+}
+
+/// The calls of the silent-standby test, on one broker, to partition `p` of its queues.
+struct Api {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Api {
+    fn new(base: &str) -> Api {
+        let http = queen_testkit::http().timeout(Duration::from_secs(60)).build().expect("a client");
+        Api { base: base.to_owned(), http }
+    }
+
+    async fn push(&self, queue: &str, id: &str) -> reqwest::Response {
+        let item = json!({"queue": queue, "partition": "p", "transactionId": id, "payload": id});
+        let body = json!({ "items": [item] });
+        self.http.post(format!("{}/api/v1/push", self.base)).json(&body).send().await.expect("an answer")
+    }
+
+    /// A pop of queue `silent` without waiting, leased for a minute.
+    async fn pop_answer(&self, group: &str, batch: u32, options: &str) -> reqwest::Response {
+        let query = format!("batch={batch}&consumerGroup={group}&wait=false&leaseSeconds=60{options}");
+        self.http.get(format!("{}/api/v1/pop/queue/silent?{query}", self.base)).send().await.expect("an answer")
+    }
+
+    async fn pop(&self, group: &str, batch: u32) -> Option<Vec<serde_json::Value>> {
+        let answer = self.pop_answer(group, batch, "").await;
+        if answer.status() != StatusCode::OK {
+            return None;
+        }
+        let body: serde_json::Value = answer.json().await.expect("JSON");
+        body["messages"].as_array().cloned()
+    }
+
+    /// What `group` gets of queue `silent` until it has waited out a lease with nothing new,
+    /// each message acked.
+    async fn pop_all(&self, group: &str) -> Vec<serde_json::Value> {
+        let mut got = Vec::new();
+        let mut quiet_since = Instant::now();
+        while quiet_since.elapsed() < Duration::from_secs(3) {
+            let Some(messages) = self.pop(group, 10).await else {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            };
+            quiet_since = Instant::now();
+            for message in messages {
+                let acked = self.ack(group, &message).await.json::<serde_json::Value>().await.expect("JSON");
+                assert_eq!(acked[0]["success"], true, "{acked}");
+                got.push(message);
+            }
+        }
+        got
+    }
+
+    async fn ack(&self, group: &str, message: &serde_json::Value) -> reqwest::Response {
+        let ack = json!({"transactionId": message["transactionId"], "partitionId": message["partitionId"],
+                         "leaseId": message["leaseId"], "status": "completed"});
+        let body = json!({"acknowledgments": [ack], "consumerGroup": group});
+        self.http.post(format!("{}/api/v1/ack/batch", self.base)).json(&body).send().await.expect("an answer")
+    }
+
+    async fn transaction(&self, bundle: &serde_json::Value) -> reqwest::Response {
+        self.http.post(format!("{}/api/v1/transaction", self.base)).json(bundle).send().await.expect("an answer")
+    }
+
+    /// Sends a write again until it succeeds (503 meanwhile, within a minute).
+    async fn until_done<F: std::future::Future<Output = reqwest::Response>>(
+        &self,
+        send: impl Fn() -> F,
+    ) -> reqwest::Response {
+        let answer = self.until_answered(send).await;
+        assert!(answer.status().is_success(), "{}: {:?}", answer.status(), answer.text().await);
+        answer
+    }
+
+    /// Sends a write again until it is answered other than 503 (within a minute).
+    async fn until_answered<F: std::future::Future<Output = reqwest::Response>>(
+        &self,
+        send: impl Fn() -> F,
+    ) -> reqwest::Response {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let answer = send().await;
+            if answer.status() != StatusCode::SERVICE_UNAVAILABLE {
+                return answer;
+            }
+            assert!(Instant::now() < deadline, "still 503 a minute after the standby came back");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
 }

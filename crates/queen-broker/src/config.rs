@@ -881,6 +881,14 @@ impl DatabaseConfig {
         }
     }
 
+    /// How long the broker waits for PostgreSQL to answer a write on the delivery path (an append,
+    /// an ack commit, a lease claim, a transaction's commit) before answering 503: twice what the
+    /// statement may take (at least 5 s). The rest is the commit's wait for a synchronous standby
+    /// or the WAL disk, which PostgreSQL never times out.
+    pub fn answer_within(&self) -> Duration {
+        Duration::from_millis(self.statement_timeout_ms.max(self.lock_timeout_ms).max(5000)) * 2
+    }
+
     pub fn pool_settings(&self) -> queen_store::pool::PoolSettings {
         queen_store::pool::PoolSettings {
             max_size: self.pool_size,

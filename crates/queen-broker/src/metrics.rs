@@ -308,7 +308,7 @@ impl Metrics {
             db_errors: counter_vec(
                 &r,
                 "queen_db_errors_total",
-                "Database operations that failed: unavailable (could not reach it), read_only or disk_full (PostgreSQL refused a write for that reason) or refused (another statement failed).",
+                "Database operations that failed: unavailable (could not reach it), read_only or disk_full (PostgreSQL refused a write for that reason), unanswered (a write not answered in time, its outcome unknown) or refused (another statement failed).",
                 &["kind"],
             ),
             maintenance_passes: counter_vec(
@@ -410,6 +410,7 @@ impl Metrics {
             ("refused", counts.refused),
             ("read_only", counts.read_only),
             ("disk_full", counts.disk_full),
+            ("unanswered", counts.unanswered),
         ];
         for (kind, total) in kinds {
             let counter = self.db_errors.with_label_values(&[kind]);

@@ -6,6 +6,7 @@ static UNAVAILABLE: AtomicU64 = AtomicU64::new(0);
 static REFUSED: AtomicU64 = AtomicU64::new(0);
 static READ_ONLY: AtomicU64 = AtomicU64::new(0);
 static DISK_FULL: AtomicU64 = AtomicU64::new(0);
+static UNANSWERED: AtomicU64 = AtomicU64::new(0);
 
 /// Database failures seen by this process since it started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,6 +19,8 @@ pub struct FailureCounts {
     pub read_only: u64,
     /// PostgreSQL refused a write because it is out of disk space ([`WriteRefusal::DiskFull`]).
     pub disk_full: u64,
+    /// PostgreSQL did not answer a write in time ([`StoreError::Unanswered`]).
+    pub unanswered: u64,
 }
 
 pub fn failure_counts() -> FailureCounts {
@@ -26,6 +29,7 @@ pub fn failure_counts() -> FailureCounts {
         refused: REFUSED.load(Ordering::Relaxed),
         read_only: READ_ONLY.load(Ordering::Relaxed),
         disk_full: DISK_FULL.load(Ordering::Relaxed),
+        unanswered: UNANSWERED.load(Ordering::Relaxed),
     }
 }
 
@@ -36,6 +40,11 @@ pub enum StoreError {
     /// broker answers 503 and recovers when the database is back.
     #[error("database unavailable: {0}")]
     Unavailable(String),
+    /// PostgreSQL did not answer a write within `waited`: its commit may be waiting on a
+    /// synchronous standby or the WAL disk, which PostgreSQL never times out. Whether it took
+    /// effect is unknown; its connection was taken out of the pool ([`crate::pool::abandon`]).
+    #[error("PostgreSQL did not answer {what} within {} ms; whether it took effect is unknown", waited.as_millis())]
+    Unanswered { what: &'static str, waited: std::time::Duration },
     #[error("database error: {0}")]
     Db(tokio_postgres::Error),
     /// PostgreSQL answers but refuses to write, for now: nothing of the statement's transaction
@@ -132,11 +141,17 @@ pub struct LimitReached {
 }
 
 impl StoreError {
+    /// A write PostgreSQL did not answer within `waited`, counted.
+    pub(crate) fn unanswered(what: &'static str, waited: std::time::Duration) -> Self {
+        UNANSWERED.fetch_add(1, Ordering::Relaxed);
+        StoreError::Unanswered { what, waited }
+    }
+
     /// Whether the failure is the database being unreachable or going away, or too slow to
     /// answer in time (as opposed to a statement that PostgreSQL refused).
     pub fn is_unavailable(&self) -> bool {
         match self {
-            StoreError::Unavailable(_) | StoreError::Tls(_) => true,
+            StoreError::Unavailable(_) | StoreError::Tls(_) | StoreError::Unanswered { .. } => true,
             StoreError::Db(e) => is_connection_failure(e) || is_transient(e),
             _ => false,
         }

@@ -74,6 +74,16 @@ fn create_timeout(connect_timeout: Duration, hosts: usize) -> Duration {
     connect_timeout.saturating_mul(hosts.saturating_add(1))
 }
 
+/// Gives up on a write `client` ran for longer than `waited` without an answer: the connection,
+/// whose commit may still go through, leaves the pool rather than serve anyone else, and is not
+/// cancelled (a commit cancelled while it waits for a synchronous standby stays on the primary
+/// alone, while a retry of the request would be answered as already done). The error says the
+/// outcome is unknown.
+pub fn abandon(client: deadpool_postgres::Object, what: &'static str, waited: Duration) -> StoreError {
+    drop(deadpool_postgres::Object::take(client));
+    StoreError::unanswered(what, waited)
+}
+
 /// When a connection of this process was last found lost (`None`: never).
 static LAST_LOST: Mutex<Option<Instant>> = Mutex::new(None);
 

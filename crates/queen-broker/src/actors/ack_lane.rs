@@ -17,6 +17,11 @@
 //! (`queen_store::cursors::acknowledge_batch`). What that part committed stands: its acks are
 //! answered as committed (not sent again, when they would be no-ops), and the leases it released
 //! are announced. Only a call with an ack left undone is answered with the error.
+//!
+//! A commit PostgreSQL does not answer within `answer_within` (its commit waiting on a silent
+//! synchronous standby, say) is given up on: its batches are answered with the error, none sent
+//! again, since what it committed is unknown (an ack sent again by its client is a no-op if the
+//! first went through).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -24,8 +29,8 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use queen_log::Cipher;
-use queen_store::Pool;
 use queen_store::cursors::{AckBatch, AckBatchFailure, AckOutcome, AckRequest};
+use queen_store::{Pool, StoreError};
 use tokio::sync::oneshot;
 
 use super::WorkError;
@@ -127,6 +132,8 @@ pub struct AckLane {
     metrics: Arc<Metrics>,
     /// Opens sealed segments for the dead letters an ack writes.
     keys: Option<Arc<Cipher>>,
+    /// How long a commit may go unanswered.
+    answer_within: Duration,
     waiting: VecDeque<Batch>,
     /// The commits in flight: a number for each, and when it started.
     in_flight: Vec<(u64, Instant)>,
@@ -136,12 +143,19 @@ pub struct AckLane {
 }
 
 impl AckLane {
-    pub fn new(pool: Pool, announcer: Announcer, metrics: Arc<Metrics>, keys: Option<Arc<Cipher>>) -> Self {
+    pub fn new(
+        pool: Pool,
+        announcer: Announcer,
+        metrics: Arc<Metrics>,
+        keys: Option<Arc<Cipher>>,
+        answer_within: Duration,
+    ) -> Self {
         Self {
             pool,
             announcer,
             metrics,
             keys,
+            answer_within,
             waiting: VecDeque::new(),
             in_flight: Vec::new(),
             started: 0,
@@ -178,10 +192,19 @@ impl AckLane {
             self.in_flight.push((number, Instant::now()));
             let pool = self.pool.clone();
             let keys = self.keys.clone();
+            let answer_within = self.answer_within;
             let commit = async move {
                 let result = match pool.get().await {
                     Ok(mut client) => {
-                        queen_store::cursors::acknowledge_batch(&mut client, &calls, keys.as_deref()).await
+                        let acked = queen_store::cursors::acknowledge_batch(&mut client, &calls, keys.as_deref());
+                        match tokio::time::timeout(answer_within, acked).await {
+                            Ok(result) => result,
+                            // Nothing known to be committed: each batch is answered with the error.
+                            Err(_) => {
+                                let error = queen_store::pool::abandon(client, "an ack commit", answer_within);
+                                Err(AckBatchFailure::nothing_committed(&calls, error))
+                            }
+                        }
                     }
                     Err(e) => Err(AckBatchFailure::nothing_committed(&calls, e.into())),
                 };
@@ -234,7 +257,8 @@ impl AckLane {
             }
             return;
         };
-        let fused = batches.len() > 1;
+        // Sent again alone, the batches of an unanswered commit would wait as long again, each.
+        let fused = batches.len() > 1 && !matches!(error, StoreError::Unanswered { .. });
         if fused {
             tracing::debug!(error = %error, batches = batches.len(), "a fused ack commit failed: its batches go again one by one");
         }

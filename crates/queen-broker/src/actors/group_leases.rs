@@ -123,17 +123,19 @@ pub struct Groups {
 
 impl Groups {
     /// The group actors, each holding at most `max_calls` ack calls and staying `idle` (at least
-    /// [`IDLE_MIN`]) once they have nothing to do.
+    /// [`IDLE_MIN`]) once they have nothing to do; their commits may go unanswered
+    /// `answer_within`.
     pub fn new(
         pool: Pool,
         announcer: Announcer,
         idle: Duration,
         max_calls: usize,
+        answer_within: Duration,
         metrics: Arc<Metrics>,
         keys: Option<Arc<Cipher>>,
     ) -> Self {
         let registry = Registry::new(Bound::new(Limited::GroupLeases, max_calls, &metrics));
-        let lane = AckLane::new(pool, announcer, Arc::clone(&metrics), keys).start();
+        let lane = AckLane::new(pool, announcer, Arc::clone(&metrics), keys, answer_within).start();
         Self { registry, lane, idle: idle.max(IDLE_MIN), metrics }
     }
 

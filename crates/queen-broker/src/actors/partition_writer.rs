@@ -117,13 +117,8 @@ impl PartitionWriter {
             let answered = tokio::time::timeout(answer_within, append).await;
             let Ok(result) = answered else {
                 // The append may still commit: a 503, which the push's retry resolves (its
-                // transaction ids make it a duplicate then). The connection, still waiting, is not
-                // handed to anyone else.
-                drop(deadpool_postgres::Object::take(client));
-                return Err(queen_store::StoreError::Unavailable(format!(
-                    "PostgreSQL did not answer an append within {} ms; whether it was stored is unknown",
-                    answer_within.as_millis()
-                )));
+                // transaction ids make it a duplicate then).
+                return Err(queen_store::pool::abandon(client, "an append", answer_within));
             };
             Ok::<_, queen_store::StoreError>((result?, payload_bytes(&messages)))
         };

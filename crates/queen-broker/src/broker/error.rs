@@ -84,6 +84,11 @@ impl From<StoreError> for BrokerError {
             tracing::error!(error = %e, "refused to write an encrypted queue in plain text");
             return BrokerError::Unavailable(e.to_string());
         }
+        if let StoreError::Unanswered { .. } = e {
+            // The message says what the client needs to know: the outcome is unknown.
+            tracing::warn!(error = %e, "a write went unanswered");
+            return BrokerError::Unavailable(e.to_string());
+        }
         if let StoreError::WritesRefused { refusal, .. } = e {
             tracing::warn!(error = %e, "writes refused");
             return BrokerError::Unavailable(writes_refused(refusal));

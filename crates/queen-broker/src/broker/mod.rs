@@ -211,11 +211,7 @@ impl Broker {
                 max_segment_bytes: config.push.max_segment_bytes,
                 mailbox: config.push.writer_mailbox,
                 idle,
-                // Twice what PostgreSQL lets the statement take (at least 5 s): the rest is
-                // its commit's wait.
-                answer_within: Duration::from_millis(
-                    config.database.statement_timeout_ms.max(config.database.lock_timeout_ms).max(5000),
-                ) * 2,
+                answer_within: config.database.answer_within(),
             },
             announcer: announcer.clone(),
             metrics: Arc::clone(&metrics),
@@ -225,6 +221,7 @@ impl Broker {
             announcer.clone(),
             idle,
             limits.group_ack_calls,
+            config.database.answer_within(),
             Arc::clone(&metrics),
             cipher.clone(),
         );

@@ -423,7 +423,14 @@ async fn pop_queue(
         conflation: conflates,
         visibility,
     };
-    let Claimed { mut claims, exhausted } = cursors::claim(&client, &claim_request).await?;
+    let answer_within = broker.config.database.answer_within();
+    let Claimed { mut claims, exhausted } =
+        match tokio::time::timeout(answer_within, cursors::claim(&client, &claim_request)).await {
+            Ok(claimed) => claimed?,
+            // A claim that still commits leases its messages to nobody until the lease runs out
+            // (or, auto-acked, commits them undelivered, as a lost answer would).
+            Err(_) => return Err(queen_store::pool::abandon(client, "a lease claim", answer_within).into()),
+        };
     if !exhausted.is_empty() {
         let past = serve_past_exhausted_heads(broker, &mut client, queue, &claim_request, &claims, &exhausted).await;
         match past {

@@ -215,7 +215,13 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
             return Err(BrokerError::QueueFull { queue, depth, max_size, adding }.into());
         }
     }
-    tx.commit().await.map_err(StoreError::from)?;
+    let answer_within = broker.config.database.answer_within();
+    match tokio::time::timeout(answer_within, tx.commit()).await {
+        Ok(committed) => committed.map_err(StoreError::from)?,
+        // It may still commit, which the bundle sent again finds: its pushes duplicates, its acks
+        // no-ops or its required leases no longer live.
+        Err(_) => return Err(queen_store::pool::abandon(client, "a transaction's commit", answer_within).into()),
+    }
     timers::wake_sweeper(broker, &timer_ops, &timer_results);
     for (item, pushed) in items.iter().zip(&pushed) {
         if let Some(Pushed { outcome: Appended::Queued { .. }, .. }) = pushed {
