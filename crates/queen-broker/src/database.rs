@@ -96,7 +96,7 @@ impl Database {
 async fn check_tls(target: &PgTarget, mode: SslMode, timeout: std::time::Duration) -> Result<(), DatabaseError> {
     let mut config = target.config.clone();
     config.connect_timeout(timeout).application_name("queen");
-    let error = match config.connect(target.tls.clone()).await {
+    let error = match queen_store::connect::connect(&config, &target.tls).await {
         Ok((client, connection)) => {
             drop(client);
             let _ = connection.await;

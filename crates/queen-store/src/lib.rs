@@ -39,6 +39,7 @@ macro_rules! delay_visible_until_sql {
 
 pub mod ack_rules;
 mod completed_spans;
+pub mod connect;
 pub mod cursors;
 pub mod depth;
 pub mod dlq;

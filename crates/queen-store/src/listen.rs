@@ -31,7 +31,7 @@ pub struct Notice {
 pub async fn listen(target: &PgTarget) -> Result<Listening, StoreError> {
     let mut pg = target.config.clone();
     pg.application_name(LISTEN_APPLICATION_NAME);
-    let (client, mut connection) = pg.connect(target.tls.clone()).await?;
+    let (client, mut connection) = crate::connect::connect(&pg, &target.tls).await?;
     let (sender, events) = mpsc::unbounded_channel();
     tokio::spawn(async move {
         let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));

@@ -40,8 +40,12 @@ pub fn build_pool(target: impl Into<PgTarget>, settings: &PoolSettings) -> Resul
         settings.lock_timeout.as_millis(),
         settings.statement_timeout.as_millis().max(1000) * 2,
     ));
-    let create_timeout = create_timeout(settings.connect_timeout, pg.get_hosts().len());
-    let manager = Manager::from_config(pg, tls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+    let create_timeout = crate::connect::whole_attempt(settings.connect_timeout, pg.get_hosts().len());
+    let manager = Manager::from_connect(
+        pg,
+        crate::connect::HostByHost { tls },
+        ManagerConfig { recycling_method: RecyclingMethod::Fast },
+    );
     let verify_timeout = settings.connect_timeout;
     Pool::builder(manager)
         .pre_recycle(Hook::async_fn(move |client, metrics| {
@@ -63,15 +67,6 @@ pub fn build_pool(target: impl Into<PgTarget>, settings: &PoolSettings) -> Resul
         .recycle_timeout(Some(settings.connect_timeout))
         .build()
         .map_err(|e| StoreError::Unavailable(format!("cannot build the connection pool: {e}")))
-}
-
-/// How long opening one pooled connection may take in all. `connect_timeout` bounds reaching each
-/// host in turn (tokio-postgres tries them in order), so with several hosts (a primary and its
-/// standbys) the whole may take one bound per host, and then the start-up exchange: a bound of
-/// one would end the attempt before a host after a silent one (dropping packets) is ever tried.
-fn create_timeout(connect_timeout: Duration, hosts: usize) -> Duration {
-    let hosts = u32::try_from(hosts.max(1)).unwrap_or(u32::MAX);
-    connect_timeout.saturating_mul(hosts.saturating_add(1))
 }
 
 /// Gives up on a write `client` ran for longer than `waited` without an answer: the connection,
@@ -105,17 +100,4 @@ pub(crate) fn connection_lost() {
 fn maybe_lost(metrics: &Metrics) -> bool {
     let last_lost = *LAST_LOST.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     last_lost.is_some_and(|lost| metrics.recycled.unwrap_or(metrics.created) <= lost)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn opening_a_connection_may_try_every_host_in_turn_then_start_up() {
-        let connect = Duration::from_secs(5);
-        assert_eq!(create_timeout(connect, 1), Duration::from_secs(10));
-        assert_eq!(create_timeout(connect, 3), Duration::from_secs(20), "a primary and two standbys");
-        assert_eq!(create_timeout(connect, 0), Duration::from_secs(10), "a socket path counts as one host");
-    }
 }

@@ -34,7 +34,6 @@ use rustls::server::ParsedCertificate;
 use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use tokio_postgres::tls::MakeTlsConnect;
 pub use tokio_postgres_rustls::MakeRustlsConnect;
 
 /// Installs ring as rustls' process-wide default provider, for the libraries that take the
@@ -250,20 +249,10 @@ impl PgTarget {
         PgTarget::new(config, &params.settings()?)
     }
 
-    /// Opens one connection; its `Connection` must be polled (spawned) for the client to work.
-    pub async fn connect(
-        &self,
-    ) -> Result<
-        (
-            tokio_postgres::Client,
-            tokio_postgres::Connection<
-                tokio_postgres::Socket,
-                <MakeRustlsConnect as MakeTlsConnect<tokio_postgres::Socket>>::Stream,
-            >,
-        ),
-        tokio_postgres::Error,
-    > {
-        self.config.connect(self.tls.clone()).await
+    /// Opens one connection ([`crate::connect::connect`]); its `Connection` must be polled
+    /// (spawned) for the client to work.
+    pub async fn connect(&self) -> Result<(tokio_postgres::Client, crate::connect::Connection), tokio_postgres::Error> {
+        crate::connect::connect(&self.config, &self.tls).await
     }
 }
 

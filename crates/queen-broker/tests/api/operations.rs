@@ -2,12 +2,14 @@
 //! and resource routes of dashboards.
 
 use std::process::Stdio;
+use std::time::Duration;
 
+use queen_store::pool::PoolSettings;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 
-use crate::helpers::{TestApp, store_pool};
+use crate::helpers::{TestApp, pool_settings, store_pool};
 
 /// The `promtool` to check metrics with: `QUEEN_PROMTOOL`, else the one on the PATH.
 fn promtool() -> String {
@@ -308,6 +310,39 @@ async fn a_read_only_database_is_a_503_that_says_so_and_not_ready_until_it_takes
     push_until(&app, "back", |answer| answer.status == StatusCode::CREATED).await;
     assert_eq!(app.get("/ready").await.status, StatusCode::OK);
     assert_eq!(app.pop("queue/fenced", "batch=10").await.messages().len(), 2, "before, and the push after");
+}
+
+/// A host of a multi-host URL that accepts connections and never answers (a frozen server, a
+/// proxy whose backend hung) is passed over after `connect_timeout`, as libpq does: the pool
+/// reaches the next host instead of spending its whole create timeout on the silent one.
+#[actix_web::test]
+async fn a_host_that_accepts_connections_and_never_answers_is_passed_over_for_the_next() {
+    let app = TestApp::spawn().await;
+    // The kernel completes the handshake on a listening socket; nothing ever answers on it.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let real: tokio_postgres::Config = app.db.url().parse().expect("the database URL");
+    let silent_first = format!(
+        "host=127.0.0.1,{host} port={},{port} user={user} dbname={dbname}",
+        silent.local_addr().expect("its address").port(),
+        host = match &real.get_hosts()[0] {
+            tokio_postgres::config::Host::Tcp(name) => name.clone(),
+            tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+        },
+        port = real.get_ports()[0],
+        user = real.get_user().expect("a user"),
+        dbname = real.get_dbname().expect("a database"),
+    );
+    let mut config: tokio_postgres::Config = silent_first.parse().expect("two hosts");
+    if let Some(password) = real.get_password() {
+        config.password(password);
+    }
+    let settings = PoolSettings { connect_timeout: Duration::from_secs(1), ..pool_settings("silent-host") };
+    let pool = queen_store::pool::build_pool(config, &settings).expect("a pool");
+    // Within the pool's create timeout (three connect timeouts), which the silent host alone
+    // would use up.
+    let client = pool.get().await.expect("a connection to the second host");
+    let answered: i32 = client.query_one("SELECT 1", &[]).await.expect("an answer").get(0);
+    assert_eq!(answered, 1);
 }
 
 /// A server with no connection slot left for the broker (SQLSTATE 53300: `max_connections`, or a
