@@ -11,7 +11,10 @@
 //! the database (it may be about to go away for its maintenance). Brokers read the state at
 //! start-up and whenever their LISTEN connection is restored, since notices may have been missed.
 //! Every state has a revision, and an older one never replaces a newer one, in whatever order a
-//! notice and a read arrive. The push and pop paths read the switches from atomics.
+//! notice and a read arrive, with one exception: a read that is older than what the broker holds
+//! twice in a row, the second begun after the first was found older, says the database went back
+//! (restored from a backup, or failed over to a standby that missed the latest change), and is
+//! applied. The push and pop paths read the switches from atomics.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -56,8 +59,13 @@ impl MaintenanceMode {
 
     /// Puts a state into effect, unless a newer one already is.
     pub fn apply(&self, modes: Modes) {
+        self.put_into_effect(modes, false);
+    }
+
+    /// Puts `modes` into effect; with `even_older`, also when the broker holds a newer revision.
+    fn put_into_effect(&self, modes: Modes, even_older: bool) {
         let mut current = self.modes.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if modes.revision < current.revision {
+        if modes.revision < current.revision && !even_older {
             return;
         }
         if *current != modes {
@@ -79,15 +87,34 @@ impl MaintenanceMode {
     }
 
     /// Reads the switches from PostgreSQL and applies them, retrying until it can (after the
-    /// LISTEN connection came back, notices may have been missed).
+    /// LISTEN connection came back, notices may have been missed, and the database may be
+    /// another one).
     pub async fn refresh(&self, pool: &Pool) {
         let mut backoff = Backoff::default();
+        let mut found_older = false;
         loop {
-            match read(pool).await {
-                Ok(modes) => return self.apply(modes),
-                Err(e) => tracing::warn!(error = %e, "cannot read the maintenance switches; retrying"),
+            let modes = match read(pool).await {
+                Ok(modes) => modes,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the maintenance switches; retrying");
+                    backoff.wait().await;
+                    continue;
+                }
+            };
+            if modes.revision >= self.modes().revision {
+                return self.apply(modes);
             }
-            backoff.wait().await;
+            if found_older {
+                tracing::warn!(
+                    revision = modes.revision,
+                    "the database holds older maintenance switches than this broker did (restored, or failed \
+                     over to a standby that missed a change): applying them"
+                );
+                return self.put_into_effect(modes, true);
+            }
+            // Read again once: a notice of a newer change may have been applied while this read
+            // ran, and a read begun after that notice sees its change.
+            found_older = true;
         }
     }
 

@@ -274,6 +274,36 @@ async fn a_switch_set_on_one_broker_holds_on_every_broker_and_survives_restarts(
     assert_eq!(app.pop("queue/fleet", "batch=10").await.transaction_ids(), ["via-other"]);
 }
 
+/// A database that went back (restored from a backup, or failed over to a standby that missed
+/// the latest change) holds older switches than the broker applied. Once the broker listens
+/// again it reads them and applies them, though their revision is below the one it held, rather
+/// than keep a switch the fleet's database no longer has until it restarts.
+#[actix_web::test]
+async fn switches_the_database_went_back_to_apply_once_the_broker_listens_again() {
+    let app = TestApp::spawn().await;
+    switch(&app, POP_SWITCH, true).await;
+    assert_eq!(app.get(POP_SWITCH).await.body["popMaintenanceMode"], true);
+    // The rows as they were before the switch, as a restore would leave them: no notice.
+    app.db
+        .connect()
+        .await
+        .batch_execute("DELETE FROM queen.system_state WHERE key IN ('pop_maintenance', 'push_maintenance')")
+        .await
+        .expect("the switches gone back");
+    let killed = app
+        .count(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+              WHERE datname = current_database() AND application_name = 'queen-listen') killed",
+        )
+        .await;
+    assert_eq!(killed, 1, "the broker's LISTEN connection was cut");
+    eventually("the broker applies the switches the database went back to", || async {
+        app.get(POP_SWITCH).await.body["popMaintenanceMode"] == false
+    })
+    .await;
+    assert_eq!(app.pop("queue/back", "batch=1").await.status, StatusCode::NO_CONTENT, "pops are not paused");
+}
+
 /// The issue's test: a producer at a steady rate and a consumer; push maintenance on for a couple
 /// of seconds and off again; every produced message is received exactly once.
 #[actix_web::test]
