@@ -87,13 +87,13 @@ pub enum Admission {
 /// Items of one queue, by partition, each with the indices of its items in the request.
 pub(super) type QueueShare = (String, Vec<(String, Vec<usize>)>);
 
-/// How one queue's share is written.
-enum Route<'a> {
-    /// Through the partition writers, with a place taken with each partition's (in the share's
-    /// order).
-    Writers(Vec<Reserved<'a>>),
-    /// In one transaction under the queue's capacity lock (a queue with a `maxSize`).
-    Capped,
+/// A capped queue's share (a queue with a `maxSize`), written in one transaction with the other
+/// capped queues' under their capacity locks.
+struct CappedShare<'a> {
+    queue: &'a Queue,
+    /// Each partition's name, id and messages.
+    partitions: Vec<(&'a str, i64, Vec<NewMessage>)>,
+    policy: AppendPolicy,
 }
 
 /// Writes the items to the log. Items of one partition keep their order and land in one segment
@@ -101,50 +101,52 @@ enum Route<'a> {
 /// place is taken with the writer of every partition before anything is written, so a push that
 /// one writer cannot take is refused whole ([`BrokerError::Overloaded`]). Any storage failure fails
 /// the whole request: a client retry is safe, since the items already written come back as
-/// duplicates of themselves. Under [`Admission::Checked`], a queue with a `maxSize` takes its
-/// share of the request whole or not at all ([`BrokerError::QueueFull`]), and the queues and
+/// duplicates of themselves. Under [`Admission::Checked`], the shares of queues with a `maxSize`
+/// are written first, together, all or none: a queue that cannot take its share whole refuses
+/// the request before anything of it is written ([`BrokerError::QueueFull`]). The queues and
 /// partitions the request would create must all fit within the creation limits
 /// ([`BrokerError::LimitReached`]: nothing is created or written).
 pub async fn write(broker: &Broker, items: &[PushItem], admission: Admission) -> Result<Vec<Pushed>, BrokerError> {
     let shares = shares_of(items);
     let resolved = resolve(broker, &shares, admission).await?;
-    let mut routes = Vec::with_capacity(shares.len());
-    for (queue, partition_ids) in &resolved {
-        let route = if queue.options.max_size > 0 && admission == Admission::Checked {
-            Route::Capped
+    let messages = |indices: &[usize]| -> Vec<NewMessage> { indices.iter().map(|&i| items[i].to_message()).collect() };
+    let is_capped = |queue: &Queue| queue.options.max_size > 0 && admission == Admission::Checked;
+    let mut capped = Vec::new();
+    let mut through_writers = Vec::new();
+    for ((_, partitions), (queue, ids)) in shares.iter().zip(&resolved) {
+        let policy = append_policy(broker, queue)?;
+        if is_capped(queue) {
+            let partitions = partitions
+                .iter()
+                .zip(ids)
+                .map(|((name, indices), &id)| (name.as_str(), id, messages(indices)))
+                .collect();
+            capped.push(CappedShare { queue, partitions, policy });
         } else {
             let name: Arc<str> = Arc::from(queue.name.as_str());
             let target = |partition_id| WriteTarget { queue_id: queue.id, queue: Arc::clone(&name), partition_id };
-            let places = partition_ids.iter().map(|&id| broker.writers.reserve(&target(id)));
-            Route::Writers(places.collect::<Result<_, _>>()?)
-        };
-        routes.push((append_policy(broker, queue)?, route));
+            let places: Vec<Reserved<'_>> =
+                ids.iter().map(|&id| broker.writers.reserve(&target(id))).collect::<Result<_, _>>()?;
+            through_writers.push((queue, partitions, places, policy));
+        }
     }
 
-    let messages = |indices: &[usize]| -> Vec<NewMessage> { indices.iter().map(|&i| items[i].to_message()).collect() };
-    let writes = shares.iter().zip(&resolved).zip(routes).map(|(((_, partitions), (queue, ids)), (policy, route))| {
+    let mut written_capped = write_capped(broker, capped).await?.into_iter();
+    let appends = through_writers.into_iter().map(|(queue, partitions, places, policy)| {
         let messages = &messages;
-        async move {
-            match route {
-                Route::Capped => {
-                    let shares =
-                        partitions.iter().zip(ids).map(|((name, indices), &id)| (name.as_str(), id, messages(indices)));
-                    write_capped(broker, queue, shares.collect(), &policy).await
-                }
-                Route::Writers(places) => {
-                    let appends = places.into_iter().zip(partitions).map(|(place, (partition, indices))| {
-                        write_partition(broker, queue, partition, place, messages(indices), policy.clone())
-                    });
-                    futures::future::try_join_all(appends).await
-                }
-            }
-        }
+        let appends = places.into_iter().zip(partitions).map(move |(place, (partition, indices))| {
+            write_partition(broker, queue, partition, place, messages(indices), policy.clone())
+        });
+        futures::future::try_join_all(appends)
     });
-    let written = futures::future::try_join_all(writes).await?;
+    let mut written_by_writers = futures::future::try_join_all(appends).await?.into_iter();
+    let written = resolved.iter().map(|(queue, _)| {
+        if is_capped(queue) { written_capped.next() } else { written_by_writers.next() }.unwrap_or_default()
+    });
 
     let mut results: Vec<Option<Pushed>> = vec![None; items.len()];
     let partitions = shares.iter().flat_map(|(_, partitions)| partitions);
-    for ((_, indices), (partition_id, outcomes)) in partitions.zip(written.into_iter().flatten()) {
+    for ((_, indices), (partition_id, outcomes)) in partitions.zip(written.flatten()) {
         for (&index, outcome) in indices.iter().zip(outcomes) {
             let transaction_id = items[index].transaction_id.clone();
             results[index] = Some(Pushed { transaction_id, partition_id, outcome });
@@ -205,28 +207,38 @@ pub(super) async fn resolve(
     }
 }
 
-/// Appends to a queue with a `maxSize`, in one transaction under the queue's capacity lock:
-/// every partition's messages, or none when the new ones would take the queue's unconsumed depth
-/// past its size. Duplicates add nothing, so a retried push of stored messages always fits.
+/// Appends to queues with a `maxSize`, in one transaction under their capacity locks: every
+/// share's messages, or none when a queue's new ones would take its unconsumed depth past its
+/// size. Duplicates add nothing, so a retried push of stored messages always fits. Per share, each
+/// partition's id and outcomes.
 async fn write_capped(
     broker: &Broker,
-    queue: &Queue,
-    shares: Vec<(&str, i64, Vec<NewMessage>)>,
-    policy: &AppendPolicy,
-) -> Result<Vec<(i64, Vec<Appended>)>, BrokerError> {
+    shares: Vec<CappedShare<'_>>,
+) -> Result<Vec<Vec<(i64, Vec<Appended>)>>, BrokerError> {
+    if shares.is_empty() {
+        return Ok(Vec::new());
+    }
     let mut client = broker.pool.get().await.map_err(StoreError::from)?;
     let tx = client.transaction().await.map_err(StoreError::from)?;
-    queues::lock_capacity(&tx, queue.id).await?;
-    let depth = queues::unconsumed_depth(&tx, queue).await?;
+    // Capacity locks in queue id order, before any partition lock, as transactions take them.
+    let mut by_queue: Vec<usize> = (0..shares.len()).collect();
+    by_queue.sort_by_key(|&q| shares[q].queue.id);
+    let mut depths = vec![0; shares.len()];
+    for &q in &by_queue {
+        queues::lock_capacity(&tx, shares[q].queue.id).await?;
+        depths[q] = queues::unconsumed_depth(&tx, shares[q].queue).await?;
+    }
     // Partition locks in id order, as every transaction that takes several does.
-    let mut order: Vec<usize> = (0..shares.len()).collect();
-    order.sort_by_key(|&i| shares[i].1);
-    let mut outcomes = vec![Vec::new(); shares.len()];
-    for i in order {
-        let (partition, partition_id, messages) = &shares[i];
+    let mut order: Vec<(usize, usize)> =
+        shares.iter().enumerate().flat_map(|(q, share)| (0..share.partitions.len()).map(move |p| (q, p))).collect();
+    order.sort_by_key(|&(q, p)| shares[q].partitions[p].1);
+    let mut outcomes: Vec<Vec<Vec<Appended>>> = shares.iter().map(|s| vec![Vec::new(); s.partitions.len()]).collect();
+    for (q, p) in order {
+        let CappedShare { queue, partitions, policy } = &shares[q];
+        let (partition, partition_id, messages) = &partitions[p];
         let destination = Destination { queue_id: queue.id, queue: &queue.name, partition_id: *partition_id };
         match append_in_transaction(&tx, destination, messages, policy).await {
-            Ok(appended) => outcomes[i] = appended.outcomes,
+            Ok(appended) => outcomes[q][p] = appended.outcomes,
             Err(StoreError::Missing(_)) => {
                 broker.names.forget_partition(queue.id, partition);
                 return Err(BrokerError::Unavailable(format!("partition {partition:?} was deleted; retry the push")));
@@ -235,28 +247,35 @@ async fn write_capped(
         }
     }
     let queued = |outcomes: &[Appended]| outcomes.iter().filter(|o| matches!(o, Appended::Queued { .. })).count();
-    let adding: usize = outcomes.iter().map(|o| queued(o)).sum();
-    if depth + adding as i64 > queue.options.max_size {
-        // Dropping the transaction rolls it back: nothing of the push is written.
-        return Err(BrokerError::QueueFull {
-            queue: queue.name.clone(),
-            depth,
-            max_size: queue.options.max_size,
-            adding: adding as i64,
-        });
-    }
-    tx.commit().await.map_err(StoreError::from)?;
-    let metrics = &broker.metrics;
-    metrics.messages_pushed.inc_by(&queue.name, adding as u64);
-    let total: usize = outcomes.iter().map(Vec::len).sum();
-    metrics.duplicates.inc_by(&queue.name, (total - adding) as u64);
-    for ((_, partition_id, _), appended) in shares.iter().zip(&outcomes) {
-        if queued(appended) > 0 {
-            let name = Arc::from(queue.name.as_str());
-            broker.announcer.announce(DataAvailable { queue: name, queue_id: queue.id, partition_id: *partition_id });
+    for ((share, depth), outcomes) in shares.iter().zip(&depths).zip(&outcomes) {
+        let adding = outcomes.iter().map(|o| queued(o)).sum::<usize>() as i64;
+        if depth + adding > share.queue.options.max_size {
+            // Dropping the transaction rolls it back: nothing of the push is written.
+            let (queue, max_size) = (share.queue.name.clone(), share.queue.options.max_size);
+            return Err(BrokerError::QueueFull { queue, depth: *depth, max_size, adding });
         }
     }
-    Ok(shares.iter().map(|(_, partition_id, _)| *partition_id).zip(outcomes).collect())
+    let answer_within = broker.config.database.answer_within();
+    if !queen_store::pool::commit_within(tx, answer_within).await? {
+        // It may still commit: the push sent again finds its items duplicates then.
+        return Err(queen_store::pool::abandon(client, "a push's commit", answer_within).into());
+    }
+    let metrics = &broker.metrics;
+    for (share, outcomes) in shares.iter().zip(&outcomes) {
+        let name = &share.queue.name;
+        let adding: usize = outcomes.iter().map(|o| queued(o)).sum();
+        metrics.messages_pushed.inc_by(name, adding as u64);
+        metrics.duplicates.inc_by(name, (outcomes.iter().map(Vec::len).sum::<usize>() - adding) as u64);
+        for ((_, partition_id, _), appended) in share.partitions.iter().zip(outcomes) {
+            if queued(appended) > 0 {
+                let queue = Arc::from(name.as_str());
+                let queue_id = share.queue.id;
+                broker.announcer.announce(DataAvailable { queue, queue_id, partition_id: *partition_id });
+            }
+        }
+    }
+    let ids = |share: &CappedShare<'_>| share.partitions.iter().map(|(_, id, _)| *id).collect::<Vec<_>>();
+    Ok(shares.iter().zip(outcomes).map(|(share, outcomes)| ids(share).into_iter().zip(outcomes).collect()).collect())
 }
 
 /// How appends to the queue treat what they write: its dedup window, and its key when it is

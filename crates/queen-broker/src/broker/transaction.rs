@@ -216,11 +216,10 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
         }
     }
     let answer_within = broker.config.database.answer_within();
-    match tokio::time::timeout(answer_within, tx.commit()).await {
-        Ok(committed) => committed.map_err(StoreError::from)?,
+    if !queen_store::pool::commit_within(tx, answer_within).await? {
         // It may still commit, which the bundle sent again finds: its pushes duplicates, its acks
         // no-ops or its required leases no longer live.
-        Err(_) => return Err(queen_store::pool::abandon(client, "a transaction's commit", answer_within).into()),
+        return Err(queen_store::pool::abandon(client, "a transaction's commit", answer_within).into());
     }
     timers::wake_sweeper(broker, &timer_ops, &timer_results);
     for (item, pushed) in items.iter().zip(&pushed) {

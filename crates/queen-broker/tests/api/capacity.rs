@@ -68,6 +68,31 @@ async fn a_refused_push_writes_none_of_its_partitions() {
     assert_eq!(app.count("SELECT count(*) FROM queen.log_message_ids").await, 1);
 }
 
+/// A push spanning queues, one of them full, is refused whole: neither the queues without a
+/// size nor another capped queue with room keep their share, so the producer's 429 means
+/// nothing of it was stored.
+#[actix_web::test]
+async fn a_push_refused_by_one_full_queue_writes_nothing_to_the_others() {
+    let app = TestApp::spawn().await;
+    app.configure("full", json!({"maxSize": 1})).await;
+    app.configure("roomy", json!({"maxSize": 10})).await;
+    push_items(&app, vec![item("full", "p", "first")]).await;
+    push_items(&app, vec![item("open", "p", "seed")]).await;
+    let items = vec![item("open", "p", "a"), item("roomy", "p", "b"), item("full", "p", "c"), item("open", "q", "d")];
+    assert_full(&push_items(&app, items).await, "full", 1);
+    assert_eq!((stored(&app, "open").await, stored(&app, "roomy").await, stored(&app, "full").await), (1, 0, 1));
+
+    // With room, the same push goes through whole, each item answered in request order.
+    let first = app.pop("queue/full", "batch=1").await.messages();
+    app.ack_all(&first, "completed", None).await;
+    let items = vec![item("open", "p", "a"), item("roomy", "p", "b"), item("full", "p", "c"), item("open", "q", "d")];
+    let pushed = push_items(&app, items).await;
+    assert_eq!(pushed.status, StatusCode::CREATED, "{pushed:?}");
+    let answered: Vec<&str> = (0..4).map(|i| pushed.body[i]["transaction_id"].as_str().unwrap_or_default()).collect();
+    assert_eq!(answered, ["a", "b", "c", "d"]);
+    assert_eq!((stored(&app, "open").await, stored(&app, "roomy").await, stored(&app, "full").await), (3, 1, 2));
+}
+
 #[actix_web::test]
 async fn the_slowest_group_holds_the_depth_including_a_registered_group_that_never_read() {
     let app = TestApp::spawn().await;
