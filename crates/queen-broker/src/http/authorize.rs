@@ -89,6 +89,23 @@ impl Caller {
         Ok(())
     }
 
+    /// Refuses (403) a namespace a token confined to queue prefixes does not hold whole: a
+    /// namespace pop (`?namespace=`) serves every queue labelled with it, so a queue of the token
+    /// labelled with another's namespace would reach that namespace's consumers (and, with a
+    /// higher priority, be served before its own queues). The namespace `queue`'s own name gives
+    /// it is allowed, since the queue gets it without asking.
+    pub fn check_namespace(&self, queue: &str, namespace: &str) -> Result<(), ApiError> {
+        let Some(identity) = self.0.as_ref().filter(|identity| identity.is_scoped()) else { return Ok(()) };
+        let derived = queen_store::queues::derived_namespace_task(queue).0;
+        if derived == Some(namespace) || identity.allows_queue(&format!("{namespace}.")) {
+            return Ok(());
+        }
+        Err(ApiError::Forbidden(format!(
+            "the token may not place queue {queue:?} in namespace {namespace:?}: a namespace pop there serves queues \
+             outside the token's prefixes"
+        )))
+    }
+
     /// Refuses (403) a partition of a queue outside the token's scope, and one of no queue: what
     /// is left of a partition cleaned up (its dead letters) is no longer known to be the token's.
     pub async fn check_partitions(&self, broker: &Broker, partitions: &[i64]) -> Result<(), ApiError> {

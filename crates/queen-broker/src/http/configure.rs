@@ -33,6 +33,9 @@ pub async fn handle(
         }
     };
     let request = Configure { namespace: label(&body, "namespace")?, task: label(&body, "task")?, options };
+    if let Some(namespace) = &request.namespace {
+        caller.check_namespace(&queue, namespace)?;
+    }
     let stored = configure(&broker, &queue, &request).await?;
     Ok(HttpResponse::Ok().json(Configured::from(&stored)))
 }

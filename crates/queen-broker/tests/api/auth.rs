@@ -333,12 +333,17 @@ async fn a_pem_public_key_verifies_rs256_and_eddsa_tokens() {
 const ORDERS_TOKEN: &str = "orders-token-0123456789abcdef";
 const OPS_TOKEN: &str = "ops-token-0123456789abcdef";
 
-#[actix_web::test]
-async fn static_tokens_confine_their_holder_to_their_queue_prefixes() {
-    let tokens = TokensFile::new(&format!(
+/// Two admin tokens: `orders-svc` confined to `orders.`, `ops` unconfined.
+fn orders_and_ops_tokens() -> TokensFile {
+    TokensFile::new(&format!(
         "[[token]]\nname = \"orders-svc\"\ntoken = \"{ORDERS_TOKEN}\"\nrole = \"admin\"\nqueues = [\"orders.\"]\n\
          [[token]]\nname = \"ops\"\ntoken = \"{OPS_TOKEN}\"\nrole = \"admin\"\n"
-    ));
+    ))
+}
+
+#[actix_web::test]
+async fn static_tokens_confine_their_holder_to_their_queue_prefixes() {
+    let tokens = orders_and_ops_tokens();
     let file = tokens.path();
     let app = TestApp::spawn_with(move |config| config.auth.tokens_file = Some(file)).await;
 
@@ -406,6 +411,41 @@ async fn static_tokens_confine_their_holder_to_their_queue_prefixes() {
 
 /// A JWT's `queues` claim confines it as a static token's list does; one that is not an array of
 /// non-empty prefixes (a lone string, say) is refused rather than read as no confinement.
+/// A namespace pop serves every queue labelled with the namespace: a token confined to queue
+/// prefixes may not label its queues with a namespace it does not hold whole, which would send
+/// its messages to that namespace's consumers.
+#[actix_web::test]
+async fn a_confined_token_cannot_place_its_queues_in_another_namespace() {
+    let tokens = orders_and_ops_tokens();
+    let file = tokens.path();
+    let app = TestApp::spawn_with(move |config| config.auth.tokens_file = Some(file)).await;
+    let configure = |body: Value| call(&app, "post", "/api/v1/configure", Some(ORDERS_TOKEN), Some(body));
+
+    let placed =
+        configure(json!({"queue": "orders.trojan", "namespace": "billing", "options": {"priority": 100}})).await;
+    assert_eq!((placed.status, &placed.body["code"]), (StatusCode::FORBIDDEN, &json!("forbidden")), "{placed:?}");
+    assert_eq!(app.count("SELECT count(*) FROM queen.queues").await, 0, "nothing created");
+    assert_eq!(push_as(&app, ORDERS_TOKEN, "orders.eu", "t1").await.status, StatusCode::CREATED);
+    let moved = configure(json!({"queue": "orders.eu", "namespace": "billing"})).await;
+    assert_eq!(moved.status, StatusCode::FORBIDDEN, "{moved:?}");
+    assert_eq!(app.count("SELECT count(*) FROM queen.queues WHERE namespace = 'billing'").await, 0);
+    let billing = call(&app, "get", "/api/v1/pop?namespace=billing&wait=false", Some(OPS_TOKEN), None).await;
+    assert_eq!(billing.status, StatusCode::NO_CONTENT, "billing's consumers get nothing of the token's: {billing:?}");
+
+    // Its own namespace, and the one its queue's name gives, it may name.
+    let own = configure(json!({"queue": "orders.x", "namespace": "orders", "task": "invoices"})).await;
+    assert_eq!(own.status, StatusCode::OK, "{own:?}");
+    let unconfined = call(
+        &app,
+        "post",
+        "/api/v1/configure",
+        Some(OPS_TOKEN),
+        Some(json!({"queue": "audit", "namespace": "billing"})),
+    )
+    .await;
+    assert_eq!(unconfined.status, StatusCode::OK, "{unconfined:?}");
+}
+
 #[actix_web::test]
 async fn a_jwts_queues_claim_confines_it_and_a_malformed_one_is_refused() {
     let app = TestApp::spawn_with(with_hs256).await;
