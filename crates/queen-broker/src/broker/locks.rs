@@ -10,6 +10,11 @@
 //! key/value `check` of its row at its token, which fails once the permit was renewed by someone
 //! else's hand, released, expired or taken again.
 //!
+//! With auth on, a permit is also bound to the identity that took it (the token's subject,
+//! stored in its row): only that identity may repeat its acquire, renew or release it. A token
+//! is no secret (every holder is listed with it, and tokens rise by one), so without the binding
+//! any client could release another's lock.
+//!
 //! Each operation of a call is applied in a transaction of its own: they are independent.
 
 use std::collections::BTreeMap;
@@ -87,6 +92,8 @@ fn permit_key(name: &str, slot: u32) -> String {
 pub struct Holder {
     pub slot: u32,
     pub owner: String,
+    /// The subject of the token that took the permit; `None` with auth off.
+    pub subject: Option<String>,
     pub token: i64,
     pub since: DateTime<Utc>,
     pub expires_at: Option<DateTime<Utc>>,
@@ -118,8 +125,13 @@ pub enum LockOutcome {
     },
 }
 
-/// Applies each operation in its own transaction, in order.
-pub async fn run(broker: &Broker, operations: &[LockOp]) -> Result<Vec<LockOutcome>, BrokerError> {
+/// Applies each operation in its own transaction, in order, for `caller` (the token's subject;
+/// `None` with auth off).
+pub async fn run(
+    broker: &Broker,
+    caller: Option<&str>,
+    operations: &[LockOp],
+) -> Result<Vec<LockOutcome>, BrokerError> {
     let mut client = broker.pool.get().await.map_err(StoreError::from)?;
     let mut outcomes = Vec::with_capacity(operations.len());
     for operation in operations {
@@ -127,12 +139,12 @@ pub async fn run(broker: &Broker, operations: &[LockOp]) -> Result<Vec<LockOutco
         let outcome = match operation {
             LockOp::Acquire { name, ttl_seconds, owner, limit } => {
                 let owner = owner.clone().unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-                acquire(&tx, name, *ttl_seconds, owner, *limit).await?
+                acquire(&tx, name, *ttl_seconds, Holding { owner, subject: caller }, *limit).await?
             }
             LockOp::Renew { name, token, ttl_seconds, slot, owner } => {
-                renew(&tx, name, *token, *ttl_seconds, *slot, owner.as_deref()).await?
+                renew(&tx, name, *token, *ttl_seconds, *slot, owner.as_deref(), caller).await?
             }
-            LockOp::Release { name, token, slot } => release(&tx, name, *token, *slot).await?,
+            LockOp::Release { name, token, slot } => release(&tx, name, *token, *slot, caller).await?,
             LockOp::Get { name } => LockOutcome::State { holders: holders(&tx, name).await? },
         };
         // Refusals wrote nothing worth keeping (a placeholder row at most): roll them back.
@@ -147,18 +159,36 @@ pub async fn run(broker: &Broker, operations: &[LockOp]) -> Result<Vec<LockOutco
     Ok(outcomes)
 }
 
+/// Who asks for a permit: the owner it names, under the caller's subject.
+struct Holding<'a> {
+    owner: String,
+    subject: Option<&'a str>,
+}
+
+/// Whether `caller` may act on a permit taken under `subject`: the same identity, or a permit
+/// bound to none (taken with auth off).
+fn may_act(subject: Option<&str>, caller: Option<&str>) -> bool {
+    subject.is_none_or(|subject| caller == Some(subject))
+}
+
 /// Acquires of one name take turns (a transaction advisory lock), so each sees every permit the
-/// ones before it took, and an owner repeating its acquire finds its permit.
+/// ones before it took, and an owner repeating its acquire finds its permit (under the identity
+/// that took it; under another, the permit is someone else's).
 async fn acquire(
     client: &impl GenericClient,
     name: &str,
     ttl_seconds: i64,
-    owner: String,
+    holding: Holding<'_>,
     limit: u32,
 ) -> Result<LockOutcome, BrokerError> {
+    let Holding { owner, subject } = holding;
     store::lock_key_group(client, NAMESPACE, name).await?;
     let holders = holders(client, name).await?;
-    if let Some(mine) = holders.iter().find(|holder| holder.owner == owner) {
+    if let Some(same_owner) = holders.iter().find(|holder| holder.owner == owner) {
+        if !may_act(same_owner.subject.as_deref(), subject) {
+            return Ok(LockOutcome::Held { holders });
+        }
+        let mine = same_owner;
         let permit = Permit { name: name.to_owned(), slot: mine.slot, token: mine.token, owner };
         return Ok(LockOutcome::Acquired { permit, already: true });
     }
@@ -176,7 +206,7 @@ async fn acquire(
     let write = store::Write {
         ns: key.0,
         key: key.1,
-        value: Some(serde_json::json!({ "owner": owner }).to_string()),
+        value: Some(serde_json::json!({ "owner": owner, "subject": subject }).to_string()),
         version: next_token(client, name, row.next_version(now)).await?,
         expires_at: Some(now + Duration::seconds(ttl_seconds)),
         created_at: now,
@@ -193,6 +223,7 @@ async fn renew(
     ttl_seconds: i64,
     slot: u32,
     owner: Option<&str>,
+    caller: Option<&str>,
 ) -> Result<LockOutcome, BrokerError> {
     // Taken before the row, in the order acquires take them.
     store::lock_key_group(client, NAMESPACE, name).await?;
@@ -204,7 +235,8 @@ async fn renew(
     let (Some(row), Some(held_owner)) = (held, held_owner) else {
         return Ok(LockOutcome::RenewLost { holders: holders(client, name).await? });
     };
-    if owner.is_some_and(|owner| owner != held_owner) {
+    let other_owner = owner.is_some_and(|owner| owner != held_owner);
+    if other_owner || !may_act(subject_of(row.value.as_deref()).as_deref(), caller) {
         return Ok(LockOutcome::RenewLost { holders: holders(client, name).await? });
     }
     let write = store::Write {
@@ -220,11 +252,20 @@ async fn renew(
     Ok(LockOutcome::Renewed { permit })
 }
 
-async fn release(client: &impl GenericClient, name: &str, token: i64, slot: u32) -> Result<LockOutcome, BrokerError> {
+async fn release(
+    client: &impl GenericClient,
+    name: &str,
+    token: i64,
+    slot: u32,
+    caller: Option<&str>,
+) -> Result<LockOutcome, BrokerError> {
     let key = (NAMESPACE.to_owned(), permit_key(name, slot));
     let locked = store::lock(client, &BTreeMap::from([(key.clone(), true)])).await?;
     let now = locked.now;
-    let Some(row) = locked.rows.get(&key).filter(|row| row.is_live(now) && row.version == token) else {
+    let held = |row: &&store::Row| {
+        row.is_live(now) && row.version == token && may_act(subject_of(row.value.as_deref()).as_deref(), caller)
+    };
+    let Some(row) = locked.rows.get(&key).filter(held) else {
         return Ok(LockOutcome::ReleaseLost);
     };
     // Dead, keeping its version: the next acquire's token is above this one.
@@ -261,6 +302,7 @@ fn holder(prefix: &str, entry: &Entry) -> Option<Holder> {
     Some(Holder {
         slot,
         owner: owner_of(entry.value.as_deref())?,
+        subject: subject_of(entry.value.as_deref()),
         token: entry.version,
         since: entry.created_at,
         expires_at: entry.expires_at,
@@ -269,8 +311,16 @@ fn holder(prefix: &str, entry: &Entry) -> Option<Holder> {
 }
 
 fn owner_of(value: Option<&str>) -> Option<String> {
+    field_of(value, "owner")
+}
+
+fn subject_of(value: Option<&str>) -> Option<String> {
+    field_of(value, "subject")
+}
+
+fn field_of(value: Option<&str>, field: &str) -> Option<String> {
     let value: serde_json::Value = serde_json::from_str(value?).ok()?;
-    value.get("owner")?.as_str().map(str::to_owned)
+    value.get(field)?.as_str().map(str::to_owned)
 }
 
 /// Refuses a lock name holding the separator of a permit's key (the edge checks what every name

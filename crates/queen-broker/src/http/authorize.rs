@@ -73,8 +73,9 @@ impl Access {
 pub struct Caller(pub Option<Identity>);
 
 impl Caller {
-    /// What pushed messages record as `producerSub`: the token's subject with auth on, else none.
-    pub fn producer(&self) -> Option<&str> {
+    /// The token's subject with auth on, else none: what pushed messages record as
+    /// `producerSub`, and whom a lock's permit is bound to.
+    pub fn subject(&self) -> Option<&str> {
         self.0.as_ref().and_then(|identity| identity.subject.as_deref())
     }
 

@@ -5,6 +5,7 @@
 use actix_web::{HttpResponse, web};
 use serde::Serialize;
 
+use super::authorize::Caller;
 use super::body::{JsonObject, NoQuery, read_body};
 use super::kv::{Fields, Refusal, StateError, only};
 use super::timestamp;
@@ -15,12 +16,17 @@ use crate::broker::locks::{self, Holder, LockOp, LockOutcome, Permit};
 /// Most operations one call holds.
 const MAX_OPERATIONS: usize = 256;
 
-pub async fn handle(broker: web::Data<Broker>, _: NoQuery, payload: web::Payload) -> Result<HttpResponse, StateError> {
+pub async fn handle(
+    broker: web::Data<Broker>,
+    _: NoQuery,
+    caller: Caller,
+    payload: web::Payload,
+) -> Result<HttpResponse, StateError> {
     let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
     let body = JsonObject::parse_body(&body, false)?;
     only(&body, &["operations"], "a locks call", "lock_unknown_field")?;
     let operations = parse_operations(&body)?;
-    let outcomes = locks::run(&broker, &operations).await?;
+    let outcomes = locks::run(&broker, caller.subject(), &operations).await?;
     let results: Vec<ResultJson<'_>> = outcomes.iter().map(ResultJson::of).collect();
     Ok(HttpResponse::Ok().json(Results { results }))
 }

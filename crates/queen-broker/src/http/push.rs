@@ -51,7 +51,7 @@ pub async fn handle(
 /// Checks that the caller may push to every item's queue, and records it as their producer.
 pub fn stamp(caller: &Caller, items: &mut [PushItem]) -> Result<(), ApiError> {
     caller.check_queues(items.iter().map(|item| item.queue.as_str()))?;
-    if let Some(producer) = caller.producer() {
+    if let Some(producer) = caller.subject() {
         for item in items {
             item.producer = Some(producer.to_owned());
         }

@@ -151,7 +151,7 @@ pub fn parse_rider(body: &JsonObject<'_>, broker: &Broker) -> Result<Vec<TimerOp
 /// the messages its timers will deliver.
 pub fn stamp(caller: &Caller, ops: &mut [TimerOp]) -> Result<(), ApiError> {
     caller.check_queues(ops.iter().map(TimerOp::queue))?;
-    if let Some(producer) = caller.producer() {
+    if let Some(producer) = caller.subject() {
         for op in ops {
             if let TimerOp::Schedule(timer) = op {
                 timer.producer = Some(producer.to_owned());

@@ -6,7 +6,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::helpers::TestApp;
+use crate::helpers::{TestApp, TokensFile};
 use crate::kv::until;
 
 /// One call; insists on a 200 with one result per operation.
@@ -241,4 +241,49 @@ async fn a_guard_commits_a_step_only_while_the_permit_is_its_holders() {
     let delivered = app.pop("queue/guarded", "batch=10").await;
     let ids: Vec<Value> = delivered.messages().iter().map(|m| m["data"].clone()).collect();
     assert_eq!(ids, [json!("m1"), json!("m3")], "only the steps under a live guard were pushed");
+}
+
+/// With auth on, a permit is bound to the identity that took it: a token is no secret (every
+/// holder is listed with it), so another client knowing it, and the owner's name, can neither
+/// take the permit as its own, renew it nor release it. The holder still can.
+#[actix_web::test]
+async fn another_identity_cannot_take_renew_or_release_a_held_permit() {
+    const ALICE: &str = "alice-token-0123456789abcdef";
+    const MALLORY: &str = "mallory-token-0123456789abcdef";
+    let tokens = TokensFile::new(&format!(
+        "[[token]]\nname = \"alice\"\ntoken = \"{ALICE}\"\nrole = \"read-write\"\n\
+         [[token]]\nname = \"mallory\"\ntoken = \"{MALLORY}\"\nrole = \"read-write\"\n"
+    ));
+    let file = tokens.path();
+    let app = TestApp::spawn_with(move |config| config.auth.tokens_file = Some(file)).await;
+    let call = |token: &'static str, operation: Value| {
+        let request =
+            app.http.post(app.url("/api/v1/locks")).bearer_auth(token).json(&json!({"operations": [operation]}));
+        async move {
+            let answer = request.send().await.expect("a call");
+            assert_eq!(answer.status(), StatusCode::OK);
+            answer.json::<Value>().await.expect("JSON")["results"][0].clone()
+        }
+    };
+
+    let held = call(ALICE, acquire("report", "alice-worker", 30)).await;
+    assert_eq!(held["acquired"], true, "{held}");
+    let listed = call(MALLORY, json!({"op": "get", "name": "report"})).await;
+    assert_eq!(listed["holders"][0]["token"], held["token"], "the token is listed: {listed}");
+
+    let posing = call(MALLORY, acquire("report", "alice-worker", 30)).await;
+    assert_eq!((&posing["acquired"], &posing["reason"]), (&json!(false), &json!("held")), "{posing}");
+    let renew =
+        json!({"op": "renew", "name": "report", "token": held["token"], "ttlSeconds": 30, "owner": "alice-worker"});
+    let renewed = call(MALLORY, renew.clone()).await;
+    assert_eq!(renewed["renewed"], false, "{renewed}");
+    let release = json!({"op": "release", "name": "report", "token": held["token"]});
+    let released = call(MALLORY, release.clone()).await;
+    assert_eq!(released["released"], false, "{released}");
+    let still = call(ALICE, json!({"op": "get", "name": "report"})).await;
+    assert_eq!(still["holders"][0]["token"], held["token"], "still alice's, unchanged: {still}");
+
+    let again = call(ALICE, acquire("report", "alice-worker", 30)).await;
+    assert_eq!((&again["acquired"], &again["already"]), (&json!(true), &json!(true)), "{again}");
+    assert_eq!(call(ALICE, release).await["released"], true);
 }
