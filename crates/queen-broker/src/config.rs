@@ -818,18 +818,24 @@ impl Config {
 impl DatabaseConfig {
     /// The connection settings for an external server (the URL without our TLS parameters:
     /// [`DatabaseConfig::tls`] has them).
+    /// Every connection of the broker (the pool's, LISTEN's, start-up's) is bounded by
+    /// `connect_timeout_ms`, host by host (`queen_store::connect`).
     pub fn pg_config(&self) -> tokio_postgres::Config {
-        if let Some(url) = &self.url {
-            // Checked by `Config::validate`.
-            if let Ok(config) = queen_store::tls::split_tls_params(url).0.parse() {
-                return config;
+        // Checked by `Config::validate`.
+        let from_url = self.url.as_ref().and_then(|url| queen_store::tls::split_tls_params(url).0.parse().ok());
+        let mut config: tokio_postgres::Config = from_url.unwrap_or_else(|| {
+            let mut config = tokio_postgres::Config::new();
+            config
+                .host(self.host.as_deref().unwrap_or("localhost"))
+                .port(self.port)
+                .dbname(&self.name)
+                .user(&self.user);
+            if let Some(password) = &self.password {
+                config.password(password);
             }
-        }
-        let mut config = tokio_postgres::Config::new();
-        config.host(self.host.as_deref().unwrap_or("localhost")).port(self.port).dbname(&self.name).user(&self.user);
-        if let Some(password) = &self.password {
-            config.password(password);
-        }
+            config
+        });
+        config.connect_timeout(Duration::from_millis(self.connect_timeout_ms));
         config
     }
 

@@ -138,10 +138,12 @@ fn without_hosts(config: &Config) -> Config {
     one
 }
 
-/// How long opening one connection through [`connect`] may take in all: `connect_timeout` for
-/// each host but the last, then the last host's connect and its start-up exchange.
-pub(crate) fn whole_attempt(connect_timeout: Duration, hosts: usize) -> Duration {
-    let hosts = u32::try_from(hosts.max(1)).unwrap_or(u32::MAX);
+/// How long opening one connection to `config` through [`connect`] may take in all:
+/// `connect_timeout` for each host but the last, then the last host's connect and its start-up
+/// exchange.
+pub(crate) fn whole_attempt(connect_timeout: Duration, config: &Config) -> Duration {
+    let hosts = config.get_hosts().len().max(config.get_hostaddrs().len()).max(1);
+    let hosts = u32::try_from(hosts).unwrap_or(u32::MAX);
     connect_timeout.saturating_mul(hosts.saturating_add(1))
 }
 
@@ -182,8 +184,10 @@ mod tests {
     #[test]
     fn opening_a_connection_may_try_every_host_in_turn_then_start_up() {
         let connect = Duration::from_secs(5);
-        assert_eq!(whole_attempt(connect, 1), Duration::from_secs(10));
-        assert_eq!(whole_attempt(connect, 3), Duration::from_secs(20), "a primary and two standbys");
-        assert_eq!(whole_attempt(connect, 0), Duration::from_secs(10), "a socket path counts as one host");
+        let hosts = |settings: &str| settings.parse::<Config>().expect("a setting string");
+        assert_eq!(whole_attempt(connect, &hosts("host=a")), Duration::from_secs(10));
+        assert_eq!(whole_attempt(connect, &hosts("host=a,b,c")), Duration::from_secs(20), "a primary and two standbys");
+        assert_eq!(whole_attempt(connect, &hosts("hostaddr=10.0.0.1,10.0.0.2,10.0.0.3")), Duration::from_secs(20));
+        assert_eq!(whole_attempt(connect, &hosts("user=u")), Duration::from_secs(10), "the default host counts as one");
     }
 }

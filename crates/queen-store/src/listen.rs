@@ -31,7 +31,18 @@ pub struct Notice {
 pub async fn listen(target: &PgTarget) -> Result<Listening, StoreError> {
     let mut pg = target.config.clone();
     pg.application_name(LISTEN_APPLICATION_NAME);
-    let (client, mut connection) = crate::connect::connect(&pg, &target.tls).await?;
+    let connecting = crate::connect::connect(&pg, &target.tls);
+    // Bounded as the pool's connections are: a host that accepts and never answers would
+    // otherwise hold the attempt for good.
+    let (client, mut connection) = match pg.get_connect_timeout() {
+        Some(&bound) => {
+            let whole = crate::connect::whole_attempt(bound, &pg);
+            tokio::time::timeout(whole, connecting)
+                .await
+                .map_err(|_| StoreError::Unavailable(format!("no host answered within {} ms", whole.as_millis())))??
+        }
+        None => connecting.await?,
+    };
     let (sender, events) = mpsc::unbounded_channel();
     tokio::spawn(async move {
         let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));

@@ -40,7 +40,7 @@ pub fn build_pool(target: impl Into<PgTarget>, settings: &PoolSettings) -> Resul
         settings.lock_timeout.as_millis(),
         settings.statement_timeout.as_millis().max(1000) * 2,
     ));
-    let create_timeout = crate::connect::whole_attempt(settings.connect_timeout, pg.get_hosts().len());
+    let create_timeout = crate::connect::whole_attempt(settings.connect_timeout, &pg);
     let manager = Manager::from_connect(
         pg,
         crate::connect::HostByHost { tls },
@@ -69,14 +69,20 @@ pub fn build_pool(target: impl Into<PgTarget>, settings: &PoolSettings) -> Resul
         .map_err(|e| StoreError::Unavailable(format!("cannot build the connection pool: {e}")))
 }
 
-/// Gives up on a write `client` ran for longer than `waited` without an answer: the connection,
-/// whose commit may still go through, leaves the pool rather than serve anyone else, and is not
-/// cancelled (a commit cancelled while it waits for a synchronous standby stays on the primary
-/// alone, while a retry of the request would be answered as already done). The error says the
-/// outcome is unknown.
+/// Gives up on a write `client` ran for longer than `waited` without an answer ([`discard`]),
+/// with the error that says its outcome is unknown.
 pub fn abandon(client: deadpool_postgres::Object, what: &'static str, waited: Duration) -> StoreError {
-    drop(deadpool_postgres::Object::take(client));
+    discard(client);
     StoreError::unanswered(what, waited)
+}
+
+/// Takes a connection whose write went unanswered out of the pool rather than let it serve anyone
+/// else. Its commit, already written locally if PostgreSQL reached it, is not cancelled (a commit
+/// cancelled while it waits for a synchronous standby stays on the primary alone, while a retry
+/// of the request would be answered as already done): closing the connection does not stop a
+/// backend waiting for its standby.
+pub fn discard(client: deadpool_postgres::Object) {
+    drop(deadpool_postgres::Object::take(client));
 }
 
 /// Commits `tx`, waiting at most `bound` for PostgreSQL's answer: `Ok(false)` when none came,

@@ -276,17 +276,13 @@ impl Drop for TokensFile {
 
 /// A pool of one connection of the store's own kind to `target`, named `application_name`.
 pub fn store_pool(target: tokio_postgres::Config, application_name: &str) -> deadpool_postgres::Pool {
-    queen_store::pool::build_pool(target, &pool_settings(application_name)).expect("a pool")
-}
-
-/// The settings of [`store_pool`]: one connection, generous bounds.
-pub fn pool_settings(application_name: &str) -> queen_store::pool::PoolSettings {
-    queen_store::pool::PoolSettings {
+    let settings = queen_store::pool::PoolSettings {
         max_size: 1,
         wait_timeout: Duration::from_secs(10),
         connect_timeout: Duration::from_secs(10),
         statement_timeout: Duration::from_secs(30),
         lock_timeout: Duration::from_secs(10),
         application_name: application_name.into(),
-    }
+    };
+    queen_store::pool::build_pool(target, &settings).expect("a pool")
 }

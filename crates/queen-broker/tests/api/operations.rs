@@ -4,12 +4,11 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use queen_store::pool::PoolSettings;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 
-use crate::helpers::{TestApp, pool_settings, store_pool};
+use crate::helpers::{TestApp, store_pool};
 
 /// The `promtool` to check metrics with: `QUEEN_PROMTOOL`, else the one on the PATH.
 fn promtool() -> String {
@@ -313,36 +312,37 @@ async fn a_read_only_database_is_a_503_that_says_so_and_not_ready_until_it_takes
 }
 
 /// A host of a multi-host URL that accepts connections and never answers (a frozen server, a
-/// proxy whose backend hung) is passed over after `connect_timeout`, as libpq does: the pool
-/// reaches the next host instead of spending its whole create timeout on the silent one.
+/// proxy whose backend hung) is passed over after `connect_timeout`, as libpq does: a broker
+/// whose URL names one first starts (its TLS check and migrations), serves through its pool and
+/// listens, all on the next host, where each connection used to spend its whole bound on the
+/// silent one and never reach the next.
 #[actix_web::test]
 async fn a_host_that_accepts_connections_and_never_answers_is_passed_over_for_the_next() {
-    let app = TestApp::spawn().await;
+    let db = queen_testkit::TestDatabase::create("silent_host").await;
     // The kernel completes the handshake on a listening socket; nothing ever answers on it.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
-    let real: tokio_postgres::Config = app.db.url().parse().expect("the database URL");
-    let silent_first = format!(
-        "host=127.0.0.1,{host} port={},{port} user={user} dbname={dbname}",
-        silent.local_addr().expect("its address").port(),
-        host = match &real.get_hosts()[0] {
-            tokio_postgres::config::Host::Tcp(name) => name.clone(),
-            tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
-        },
-        port = real.get_ports()[0],
-        user = real.get_user().expect("a user"),
-        dbname = real.get_dbname().expect("a database"),
-    );
-    let mut config: tokio_postgres::Config = silent_first.parse().expect("two hosts");
-    if let Some(password) = real.get_password() {
-        config.password(password);
+    let (scheme, rest) = db.url().split_once("://").expect("a URL");
+    let (user, hosts_and_rest) = rest.split_once('@').expect("a URL with a user");
+    let port = silent.local_addr().expect("its address").port();
+    let url = format!("{scheme}://{user}@127.0.0.1:{port},{hosts_and_rest}");
+    let base = TestApp::spawn_on(&db, move |config| {
+        config.database.url = Some(url);
+        config.database.connect_timeout_ms = 1000;
+    })
+    .await;
+    let http = queen_testkit::http().build().expect("a client");
+    let push = json!({"items": [{"queue": "silent-first", "partition": "p", "transactionId": "t1", "payload": 1}]});
+    let pushed = http.post(format!("{base}/api/v1/push")).json(&push).send().await.expect("a push");
+    assert_eq!(pushed.status(), StatusCode::CREATED);
+    let popped = http.get(format!("{base}/api/v1/pop/queue/silent-first?wait=false")).send().await.expect("a pop");
+    assert_eq!(popped.status(), StatusCode::OK);
+    let listening = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'queen-listen'";
+    let sql = db.connect().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while sql.query_one(listening, &[]).await.expect("a count").get::<_, i64>(0) < 1 {
+        assert!(std::time::Instant::now() < deadline, "the broker never listened");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let settings = PoolSettings { connect_timeout: Duration::from_secs(1), ..pool_settings("silent-host") };
-    let pool = queen_store::pool::build_pool(config, &settings).expect("a pool");
-    // Within the pool's create timeout (three connect timeouts), which the silent host alone
-    // would use up.
-    let client = pool.get().await.expect("a connection to the second host");
-    let answered: i32 = client.query_one("SELECT 1", &[]).await.expect("an answer").get(0);
-    assert_eq!(answered, 1);
 }
 
 /// A server with no connection slot left for the broker (SQLSTATE 53300: `max_connections`, or a
