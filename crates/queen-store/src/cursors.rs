@@ -4,6 +4,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
@@ -827,19 +828,28 @@ impl AckBatchFailure {
 /// so neither holds cursor locks while the other takes its own. When the second fails, the
 /// failure carries what the first committed, so that those acks can still be answered as
 /// committed and the leases they released announced.
+///
+/// Each of the two waits at most `answer_within` for PostgreSQL's answer (a commit waits for as
+/// long as a synchronous standby is silent); past it, the failure is
+/// [`StoreError::Unanswered`], and the connection must be discarded
+/// ([`crate::pool::discard`]).
 pub async fn acknowledge_batch(
     client: &mut deadpool_postgres::Object,
     calls: &[Vec<AckRequest>],
     keys: Option<&Cipher>,
+    answer_within: Duration,
 ) -> Result<AckBatch, AckBatchFailure> {
-    let completed = completed_spans::commit(&*client, calls)
-        .await
-        .map_err(|error| AckBatchFailure::nothing_committed(calls, error))?;
+    let unanswered = || StoreError::unanswered("an ack commit", answer_within);
+    let completed = match tokio::time::timeout(answer_within, completed_spans::commit(&*client, calls)).await {
+        Ok(completed) => completed.map_err(|error| AckBatchFailure::nothing_committed(calls, error))?,
+        Err(_) => return Err(AckBatchFailure::nothing_committed(calls, unanswered())),
+    };
     let (rest, places) = undecided(calls, &completed);
     let by_rules = if rest.iter().all(Vec::is_empty) {
         AckBatch { outcomes: rest.iter().map(|_| Vec::new()).collect(), ..AckBatch::default() }
     } else {
-        match rules_transaction(client, &rest, keys).await {
+        let ruled = tokio::time::timeout(answer_within, rules_transaction(client, &rest, keys)).await;
+        match ruled.unwrap_or_else(|_| Err(unanswered())) {
             Ok(by_rules) => by_rules,
             Err(error) => {
                 return Err(AckBatchFailure { error, committed: completed.outcomes, released: completed.released });

@@ -42,7 +42,7 @@ pub enum StoreError {
     Unavailable(String),
     /// PostgreSQL did not answer a write within `waited`: its commit may be waiting on a
     /// synchronous standby or the WAL disk, which PostgreSQL never times out. Whether it took
-    /// effect is unknown; its connection was taken out of the pool ([`crate::pool::abandon`]).
+    /// effect is unknown; its connection is taken out of the pool ([`crate::pool::discard`]).
     #[error("PostgreSQL did not answer {what} within {} ms; whether it took effect is unknown", waited.as_millis())]
     Unanswered { what: &'static str, waited: std::time::Duration },
     #[error("database error: {0}")]
@@ -142,7 +142,7 @@ pub struct LimitReached {
 
 impl StoreError {
     /// A write PostgreSQL did not answer within `waited`, counted.
-    pub(crate) fn unanswered(what: &'static str, waited: std::time::Duration) -> Self {
+    pub fn unanswered(what: &'static str, waited: std::time::Duration) -> Self {
         UNANSWERED.fetch_add(1, Ordering::Relaxed);
         StoreError::Unanswered { what, waited }
     }

@@ -18,10 +18,10 @@
 //! answered as committed (not sent again, when they would be no-ops), and the leases it released
 //! are announced. Only a call with an ack left undone is answered with the error.
 //!
-//! A commit PostgreSQL does not answer within `answer_within` (its commit waiting on a silent
-//! synchronous standby, say) is given up on: its batches are answered with the error, none sent
-//! again, since what it committed is unknown (an ack sent again by its client is a no-op if the
-//! first went through).
+//! A statement of a commit PostgreSQL does not answer within `answer_within` (its commit waiting
+//! on a silent synchronous standby, say) is given up on, and its connection discarded: its
+//! batches are answered as above, none sent again, since what the unanswered statement did is
+//! unknown (an ack sent again by its client is a no-op if it went through).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -196,15 +196,17 @@ impl AckLane {
             let commit = async move {
                 let result = match pool.get().await {
                     Ok(mut client) => {
-                        let acked = queen_store::cursors::acknowledge_batch(&mut client, &calls, keys.as_deref());
-                        match tokio::time::timeout(answer_within, acked).await {
-                            Ok(result) => result,
-                            // Nothing known to be committed: each batch is answered with the error.
-                            Err(_) => {
-                                let error = queen_store::pool::abandon(client, "an ack commit", answer_within);
-                                Err(AckBatchFailure::nothing_committed(&calls, error))
-                            }
+                        let acked = queen_store::cursors::acknowledge_batch(
+                            &mut client,
+                            &calls,
+                            keys.as_deref(),
+                            answer_within,
+                        )
+                        .await;
+                        if acked.as_ref().is_err_and(|failed| matches!(failed.error, StoreError::Unanswered { .. })) {
+                            queen_store::pool::discard(client);
                         }
+                        acked
                     }
                     Err(e) => Err(AckBatchFailure::nothing_committed(&calls, e.into())),
                 };
