@@ -11,10 +11,10 @@
 //! the database (it may be about to go away for its maintenance). Brokers read the state at
 //! start-up and whenever their LISTEN connection is restored, since notices may have been missed.
 //! Every state has a revision, and an older one never replaces a newer one, in whatever order a
-//! notice and a read arrive, with one exception: a read that is older than what the broker holds
-//! twice in a row, the second begun after the first was found older, says the database went back
-//! (restored from a backup, or failed over to a standby that missed the latest change), and is
-//! applied. The push and pop paths read the switches from atomics.
+//! notice and a read arrive, with one exception: two reads in a row older than what the broker
+//! holds, with no state applied from the start of the first to the end of the second, say the
+//! database went back (restored from a backup, or failed over to a standby that missed the
+//! latest change), and the second is applied. The push and pop paths read the switches from atomics.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -30,9 +30,16 @@ use crate::actors::push_journal::PushRoute;
 use crate::backoff::Backoff;
 use crate::metrics::{GaugeHeld, Metrics};
 
+/// The switches in effect, and how many states were put into effect so far.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    modes: Modes,
+    applied: u64,
+}
+
 /// The switches as this broker applies them.
 pub struct MaintenanceMode {
-    modes: Mutex<Modes>,
+    held: Mutex<Held>,
     route: Arc<PushRoute>,
     pops_paused: AtomicBool,
     /// Long polls held by pop maintenance wait for this to turn false.
@@ -46,7 +53,7 @@ impl MaintenanceMode {
     /// The switches as read at start-up. `route` is shared with the journal.
     pub fn new(modes: Modes, route: Arc<PushRoute>, metrics: Arc<Metrics>) -> Self {
         let mode = MaintenanceMode {
-            modes: Mutex::new(modes),
+            held: Mutex::new(Held { modes, applied: 0 }),
             route,
             pops_paused: AtomicBool::new(false),
             pops_held: watch::Sender::new(false),
@@ -59,16 +66,21 @@ impl MaintenanceMode {
 
     /// Puts a state into effect, unless a newer one already is.
     pub fn apply(&self, modes: Modes) {
-        self.put_into_effect(modes, false);
+        self.put_into_effect(modes, None);
     }
 
-    /// Puts `modes` into effect; with `even_older`, also when the broker holds a newer revision.
-    fn put_into_effect(&self, modes: Modes, even_older: bool) {
-        let mut current = self.modes.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if modes.revision < current.revision && !even_older {
-            return;
+    /// Puts `modes` into effect unless a newer revision is. With `replacing`, instead only if
+    /// what is in effect is still that, whatever the revisions.
+    fn put_into_effect(&self, modes: Modes, replacing: Option<Held>) -> bool {
+        let mut held = self.held.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let allowed = match replacing {
+            None => modes.revision >= held.modes.revision,
+            Some(seen) => seen.applied == held.applied,
+        };
+        if !allowed {
+            return false;
         }
-        if *current != modes {
+        if held.modes != modes {
             tracing::info!(
                 push = modes.push_maintenance,
                 pop = modes.pop_maintenance,
@@ -76,7 +88,7 @@ impl MaintenanceMode {
                 "maintenance mode"
             );
         }
-        *current = modes;
+        *held = Held { modes, applied: held.applied + 1 };
         self.route.set_maintenance(modes.push_maintenance);
         self.pops_paused.store(modes.pop_maintenance, Ordering::SeqCst);
         self.pops_held.send_replace(modes.pop_maintenance);
@@ -84,6 +96,7 @@ impl MaintenanceMode {
         let gauge = &self.metrics.maintenance_mode;
         gauge.with_label_values(&["push"]).set(i64::from(modes.push_maintenance));
         gauge.with_label_values(&["pop"]).set(i64::from(modes.pop_maintenance));
+        true
     }
 
     /// Reads the switches from PostgreSQL and applies them, retrying until it can (after the
@@ -91,8 +104,10 @@ impl MaintenanceMode {
     /// another one).
     pub async fn refresh(&self, pool: &Pool) {
         let mut backoff = Backoff::default();
-        let mut found_older = false;
+        // What was in effect when a read came back older than it.
+        let mut older_than: Option<Held> = None;
         loop {
+            let before = self.held();
             let modes = match read(pool).await {
                 Ok(modes) => modes,
                 Err(e) => {
@@ -101,25 +116,31 @@ impl MaintenanceMode {
                     continue;
                 }
             };
-            if modes.revision >= self.modes().revision {
+            if modes.revision >= before.modes.revision {
                 return self.apply(modes);
             }
-            if found_older {
+            // Older than what was in effect: a change may have been applied while the read ran,
+            // so read again. Older again, with nothing applied since the first such read began,
+            // the database went back.
+            let went_back = older_than.is_some_and(|seen| seen.applied == before.applied);
+            if went_back && self.put_into_effect(modes, Some(before)) {
                 tracing::warn!(
                     revision = modes.revision,
                     "the database holds older maintenance switches than this broker did (restored, or failed \
                      over to a standby that missed a change): applying them"
                 );
-                return self.put_into_effect(modes, true);
+                return;
             }
-            // Read again once: a notice of a newer change may have been applied while this read
-            // ran, and a read begun after that notice sees its change.
-            found_older = true;
+            older_than = Some(before);
         }
     }
 
+    fn held(&self) -> Held {
+        *self.held.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     pub fn modes(&self) -> Modes {
-        *self.modes.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.held().modes
     }
 
     /// Whether pushes go to the journal: push maintenance is on, or the journal still holds pushes.
