@@ -11,7 +11,8 @@
 //! else's hand, released, expired or taken again.
 //!
 //! With auth on, a permit is also bound to the identity that took it (the token's subject,
-//! stored in its row): only that identity may repeat its acquire, renew or release it. A token
+//! stored in its row): only that identity may repeat its acquire, renew or release it (tokens
+//! without a subject, a JWT without `sub`, are one identity). A token
 //! is no secret (every holder is listed with it, and tokens rise by one), so without the binding
 //! any client could release another's lock.
 //!
@@ -172,8 +173,8 @@ fn may_act(subject: Option<&str>, caller: Option<&str>) -> bool {
 }
 
 /// Acquires of one name take turns (a transaction advisory lock), so each sees every permit the
-/// ones before it took, and an owner repeating its acquire finds its permit (under the identity
-/// that took it; under another, the permit is someone else's).
+/// ones before it took, and an owner repeating its acquire under the same identity finds its
+/// permit.
 async fn acquire(
     client: &impl GenericClient,
     name: &str,
@@ -184,11 +185,9 @@ async fn acquire(
     let Holding { owner, subject } = holding;
     store::lock_key_group(client, NAMESPACE, name).await?;
     let holders = holders(client, name).await?;
-    if let Some(same_owner) = holders.iter().find(|holder| holder.owner == owner) {
-        if !may_act(same_owner.subject.as_deref(), subject) {
-            return Ok(LockOutcome::Held { holders });
-        }
-        let mine = same_owner;
+    // The owner's name alone is not enough: another identity may hold a permit under it.
+    let mine = holders.iter().find(|holder| holder.owner == owner && may_act(holder.subject.as_deref(), subject));
+    if let Some(mine) = mine {
         let permit = Permit { name: name.to_owned(), slot: mine.slot, token: mine.token, owner };
         return Ok(LockOutcome::Acquired { permit, already: true });
     }

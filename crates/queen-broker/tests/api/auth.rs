@@ -409,8 +409,6 @@ async fn static_tokens_confine_their_holder_to_their_queue_prefixes() {
     assert_eq!(unknown.status, StatusCode::UNAUTHORIZED);
 }
 
-/// A JWT's `queues` claim confines it as a static token's list does; one that is not an array of
-/// non-empty prefixes (a lone string, say) is refused rather than read as no confinement.
 /// A namespace pop serves every queue labelled with the namespace: a token confined to queue
 /// prefixes may not label its queues with a namespace it does not hold whole, which would send
 /// its messages to that namespace's consumers.
@@ -446,6 +444,8 @@ async fn a_confined_token_cannot_place_its_queues_in_another_namespace() {
     assert_eq!(unconfined.status, StatusCode::OK, "{unconfined:?}");
 }
 
+/// A JWT's `queues` claim confines it as a static token's list does; one that is not an array of
+/// non-empty prefixes (a lone string, say) is refused rather than read as no confinement.
 #[actix_web::test]
 async fn a_jwts_queues_claim_confines_it_and_a_malformed_one_is_refused() {
     let app = TestApp::spawn_with(with_hs256).await;

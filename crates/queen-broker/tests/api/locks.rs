@@ -286,4 +286,13 @@ async fn another_identity_cannot_take_renew_or_release_a_held_permit() {
     let again = call(ALICE, acquire("report", "alice-worker", 30)).await;
     assert_eq!((&again["acquired"], &again["already"]), (&json!(true), &json!(true)), "{again}");
     assert_eq!(call(ALICE, release).await["released"], true);
+
+    // On a semaphore, a permit taken under alice's owner name by another identity is not hers,
+    // and does not lock her out of the free slot.
+    let semaphore = json!({"op": "acquire", "name": "pool", "owner": "alice-worker", "ttlSeconds": 30, "limit": 2});
+    let squatted = call(MALLORY, semaphore.clone()).await;
+    assert_eq!((&squatted["acquired"], &squatted["slot"]), (&json!(true), &json!(0)), "{squatted}");
+    let hers = call(ALICE, semaphore).await;
+    let taken = (&hers["acquired"], &hers["already"], &hers["slot"]);
+    assert_eq!(taken, (&json!(true), &json!(false), &json!(1)), "{hers}");
 }
