@@ -96,7 +96,13 @@ impl Database {
 async fn check_tls(target: &PgTarget, mode: SslMode, timeout: std::time::Duration) -> Result<(), DatabaseError> {
     let mut config = target.config.clone();
     config.connect_timeout(timeout).application_name("queen");
-    let error = match queen_store::connect::connect(&config, &target.tls).await {
+    let connecting = queen_store::connect::connect(&config, &target.tls);
+    let Ok(connected) = tokio::time::timeout(queen_store::connect::whole_attempt(timeout, &config), connecting).await
+    else {
+        // No host answered at all (a frozen server): left to the migration, as an unreachable one is.
+        return Ok(());
+    };
+    let error = match connected {
         Ok((client, connection)) => {
             drop(client);
             let _ = connection.await;

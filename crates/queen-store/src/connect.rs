@@ -141,7 +141,7 @@ fn without_hosts(config: &Config) -> Config {
 /// How long opening one connection to `config` through [`connect`] may take in all:
 /// `connect_timeout` for each host but the last, then the last host's connect and its start-up
 /// exchange.
-pub(crate) fn whole_attempt(connect_timeout: Duration, config: &Config) -> Duration {
+pub fn whole_attempt(connect_timeout: Duration, config: &Config) -> Duration {
     let hosts = config.get_hosts().len().max(config.get_hostaddrs().len()).max(1);
     let hosts = u32::try_from(hosts).unwrap_or(u32::MAX);
     connect_timeout.saturating_mul(hosts.saturating_add(1))
