@@ -423,14 +423,18 @@ async fn pop_queue(
         conflation: conflates,
         visibility,
     };
-    let answer_within = broker.config.database.answer_within();
-    let Claimed { mut claims, exhausted } =
+    // A claim that takes a lease commits asynchronously and never waits for its commit; an
+    // auto-acked one waits, and is bounded.
+    let Claimed { mut claims, exhausted } = if request.auto_ack {
+        let answer_within = broker.config.database.answer_within();
         match tokio::time::timeout(answer_within, cursors::claim(&client, &claim_request)).await {
             Ok(claimed) => claimed?,
-            // A claim that still commits leases its messages to nobody until the lease runs out
-            // (or, auto-acked, commits them undelivered, as a lost answer would).
-            Err(_) => return Err(queen_store::pool::abandon(client, "a lease claim", answer_within).into()),
-        };
+            // If it still commits, it commits its messages undelivered, as a lost answer would.
+            Err(_) => return Err(queen_store::pool::abandon(client, "an auto-acked claim", answer_within).into()),
+        }
+    } else {
+        cursors::claim(&client, &claim_request).await?
+    };
     if !exhausted.is_empty() {
         let past = serve_past_exhausted_heads(broker, &mut client, queue, &claim_request, &claims, &exhausted).await;
         match past {
