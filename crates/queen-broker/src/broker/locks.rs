@@ -12,9 +12,9 @@
 //!
 //! With auth on, a permit is also bound to the identity that took it (the token's subject,
 //! stored in its row): only that identity may repeat its acquire, renew or release it (tokens
-//! without a subject, a JWT without `sub`, are one identity). A token
-//! is no secret (every holder is listed with it, and tokens rise by one), so without the binding
-//! any client could release another's lock.
+//! without a subject, a JWT without `sub`, are one identity). A token is no secret (every holder
+//! is listed with it, and tokens rise by one), so without the binding any client could release
+//! another's lock.
 //!
 //! Each operation of a call is applied in a transaction of its own: they are independent.
 

@@ -14,7 +14,8 @@
 //! notice and a read arrive, with one exception: two reads in a row older than what the broker
 //! holds, with no state applied from the start of the first to the end of the second, say the
 //! database went back (restored from a backup, or failed over to a standby that missed the
-//! latest change), and the second is applied. The push and pop paths read the switches from atomics.
+//! latest change), and the second is applied. The push and pop paths read the switches from
+//! atomics.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
