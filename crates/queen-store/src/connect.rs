@@ -9,8 +9,8 @@
 
 use std::time::Duration;
 
-use deadpool_postgres::tokio_postgres::config::{Config, Host, LoadBalanceHosts};
 use futures::future::BoxFuture;
+use tokio_postgres::config::{Config, Host, LoadBalanceHosts};
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::{Client, Socket};
 use tokio_postgres_rustls::MakeRustlsConnect;

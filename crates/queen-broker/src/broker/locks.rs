@@ -140,7 +140,7 @@ pub async fn run(
         let outcome = match operation {
             LockOp::Acquire { name, ttl_seconds, owner, limit } => {
                 let owner = owner.clone().unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-                acquire(&tx, name, *ttl_seconds, Holding { owner, subject: caller }, *limit).await?
+                acquire(&tx, name, *ttl_seconds, owner, caller, *limit).await?
             }
             LockOp::Renew { name, token, ttl_seconds, slot, owner } => {
                 renew(&tx, name, *token, *ttl_seconds, *slot, owner.as_deref(), caller).await?
@@ -160,12 +160,6 @@ pub async fn run(
     Ok(outcomes)
 }
 
-/// Who asks for a permit: the owner it names, under the caller's subject.
-struct Holding<'a> {
-    owner: String,
-    subject: Option<&'a str>,
-}
-
 /// Whether `caller` may act on a permit taken under `subject`: the same identity, or a permit
 /// bound to none (taken with auth off).
 fn may_act(subject: Option<&str>, caller: Option<&str>) -> bool {
@@ -173,16 +167,16 @@ fn may_act(subject: Option<&str>, caller: Option<&str>) -> bool {
 }
 
 /// Acquires of one name take turns (a transaction advisory lock), so each sees every permit the
-/// ones before it took, and an owner repeating its acquire under the same identity finds its
-/// permit.
+/// ones before it took, and an owner repeating its acquire under the same identity (`subject`)
+/// finds its permit.
 async fn acquire(
     client: &impl GenericClient,
     name: &str,
     ttl_seconds: i64,
-    holding: Holding<'_>,
+    owner: String,
+    subject: Option<&str>,
     limit: u32,
 ) -> Result<LockOutcome, BrokerError> {
-    let Holding { owner, subject } = holding;
     store::lock_key_group(client, NAMESPACE, name).await?;
     let holders = holders(client, name).await?;
     // The owner's name alone is not enough: another identity may hold a permit under it.
