@@ -521,6 +521,39 @@ impl From<&MetricFamily> for FamilyJson {
         FamilyJson { name: family.name().to_owned(), help: family.help().to_owned(), kind, samples }
     }
 }
+/// What the process has used since it started, as the Prometheus process collector reads it
+/// from `/proc`; zeros where there is none.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ProcessUsage {
+    pub cpu_seconds: f64,
+    pub resident_bytes: i64,
+    pub uptime: std::time::Duration,
+}
+
+pub fn process_usage() -> ProcessUsage {
+    #[cfg(target_os = "linux")]
+    {
+        let families = prometheus::process_collector::ProcessCollector::for_self().collect();
+        let value = |name: &str| {
+            let family = families.iter().find(|f| f.name() == name)?;
+            let metric = family.get_metric().first()?;
+            Some(match family.get_field_type() {
+                MetricType::COUNTER => metric.get_counter().get_value(),
+                _ => metric.get_gauge().get_value(),
+            })
+        };
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let started = value("process_start_time_seconds").unwrap_or(now.as_secs_f64());
+        ProcessUsage {
+            cpu_seconds: value("process_cpu_seconds_total").unwrap_or(0.0),
+            resident_bytes: value("process_resident_memory_bytes").unwrap_or(0.0) as i64,
+            uptime: std::time::Duration::try_from_secs_f64(now.as_secs_f64() - started).unwrap_or_default(),
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    ProcessUsage::default()
+}
+
 /// Counts one in `gauge` for as long as it lives: a request may be dropped at any point (its
 /// client went away), and the count must drop with it.
 pub struct GaugeHeld(IntGauge);

@@ -23,6 +23,13 @@ pub struct FailureCounts {
     pub unanswered: u64,
 }
 
+impl FailureCounts {
+    /// Failures of every kind.
+    pub fn total(&self) -> u64 {
+        self.unavailable + self.refused + self.read_only + self.disk_full + self.unanswered
+    }
+}
+
 pub fn failure_counts() -> FailureCounts {
     FailureCounts {
         unavailable: UNAVAILABLE.load(Ordering::Relaxed),

@@ -1,6 +1,6 @@
-//! The fleet as the dashboard shows it: each broker's heartbeat (`brokers`), its traffic per
-//! heartbeat (`traffic_samples`), and the fleet's consumer lag sampled by one broker per interval
-//! (`lag_samples`). Everything here is kept for a day.
+//! The fleet as the dashboard shows it: each broker's heartbeat (`brokers`), its traffic and the
+//! resources it used per heartbeat (`traffic_samples`), and the fleet's consumer lag sampled by
+//! one broker per interval (`lag_samples`). Everything here is kept for a day.
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
@@ -25,10 +25,6 @@ pub struct Traffic {
 }
 
 impl Traffic {
-    fn is_empty(&self) -> bool {
-        *self == Traffic::default()
-    }
-
     /// Both together.
     pub fn plus(self, other: Traffic) -> Traffic {
         Traffic {
@@ -41,8 +37,28 @@ impl Traffic {
     }
 }
 
+/// What a broker used over one heartbeat interval, and the state of its resources at its end.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct Usage {
+    /// Seconds since the broker's previous recorded sample.
+    pub interval_seconds: f64,
+    /// Processor time the process spent in them.
+    pub cpu_seconds: f64,
+    pub resident_bytes: i64,
+    /// The database pool: connections open, of them idle, and its bound.
+    pub db_connections: i32,
+    pub db_idle_connections: i32,
+    pub db_max_connections: i32,
+    /// Requests waiting for a pooled connection.
+    pub db_waiting: i32,
+    /// Long polls parked for messages.
+    pub long_poll_waiters: i32,
+    /// Database failures of any kind in the interval.
+    pub db_errors: i64,
+}
+
 /// What a broker says of itself at a heartbeat.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Heartbeat<'a> {
     pub broker_id: &'a str,
     pub version: &'a str,
@@ -52,11 +68,12 @@ pub struct Heartbeat<'a> {
     pub buffered_messages: i64,
     pub buffer_healthy: bool,
     pub traffic: Traffic,
+    pub usage: Usage,
 }
 
-/// Records the heartbeat, and the traffic when there was any, in one statement.
+/// Records the heartbeat, its traffic and its usage, in one statement.
 pub async fn beat(client: &impl GenericClient, beat: &Heartbeat<'_>) -> Result<(), StoreError> {
-    let t = beat.traffic;
+    let (t, u) = (beat.traffic, beat.usage);
     client
         .execute(
             "WITH broker AS (
@@ -66,8 +83,11 @@ pub async fn beat(client: &impl GenericClient, beat: &Heartbeat<'_>) -> Result<(
                     SET seen_at = now(), stopping = EXCLUDED.stopping, stopped_at = NULL,
                         buffered_messages = EXCLUDED.buffered_messages, buffer_healthy = EXCLUDED.buffer_healthy
              )
-             INSERT INTO queen.traffic_samples (sampled_at, broker_id, pushed, delivered, acked, failed, dead_lettered)
-             SELECT now(), $1, $7, $8, $9, $10, $11 WHERE $12",
+             INSERT INTO queen.traffic_samples
+                    (sampled_at, broker_id, pushed, delivered, acked, failed, dead_lettered, interval_seconds,
+                     cpu_seconds, resident_bytes, db_connections, db_idle_connections, db_max_connections,
+                     db_waiting, long_poll_waiters, db_errors)
+             VALUES (now(), $1, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)",
             &[
                 &beat.broker_id,
                 &beat.version,
@@ -80,7 +100,15 @@ pub async fn beat(client: &impl GenericClient, beat: &Heartbeat<'_>) -> Result<(
                 &t.acked,
                 &t.failed,
                 &t.dead_lettered,
-                &!t.is_empty(),
+                &u.interval_seconds,
+                &u.cpu_seconds,
+                &u.resident_bytes,
+                &u.db_connections,
+                &u.db_idle_connections,
+                &u.db_max_connections,
+                &u.db_waiting,
+                &u.long_poll_waiters,
+                &u.db_errors,
             ],
         )
         .await?;
@@ -217,6 +245,18 @@ pub struct History {
     pub lag: Vec<(DateTime<Utc>, i64, f64)>,
 }
 
+/// The traffic in five columns of `row` from `first` on: pushed, delivered, acked, failed and
+/// dead-lettered.
+fn traffic_of(row: &tokio_postgres::Row, first: usize) -> Traffic {
+    Traffic {
+        pushed: row.get(first),
+        delivered: row.get(first + 1),
+        acked: row.get(first + 2),
+        failed: row.get(first + 3),
+        dead_lettered: row.get(first + 4),
+    }
+}
+
 /// The last `span_seconds` of history, oldest interval first; intervals without a sample are
 /// absent.
 pub async fn history(
@@ -237,16 +277,7 @@ pub async fn history(
         )
         .await?
         .iter()
-        .map(|row| {
-            let traffic = Traffic {
-                pushed: row.get(1),
-                delivered: row.get(2),
-                acked: row.get(3),
-                failed: row.get(4),
-                dead_lettered: row.get(5),
-            };
-            (row.get(0), traffic)
-        })
+        .map(|row| (row.get(0), traffic_of(row, 1)))
         .collect();
     let lag = client
         .query(
@@ -262,4 +293,75 @@ pub async fn history(
         .map(|row| (row.get(0), row.get(1), row.get(2)))
         .collect();
     Ok(History { now, traffic, lag })
+}
+
+/// One broker's samples of one interval: its traffic summed, and its usage. The usage is absent
+/// when every sample of the interval predates migration 18 (or came from an older broker).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BrokerInterval {
+    pub broker_id: String,
+    /// The interval's start.
+    pub at: DateTime<Utc>,
+    pub traffic: Traffic,
+    pub usage: Option<UsageSummary>,
+}
+
+/// A broker's usage over one interval of one or more samples.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct UsageSummary {
+    /// Processor time per second of the interval: the cores the process kept busy on average.
+    pub cpu_cores: f64,
+    /// The highest of the samples.
+    pub resident_bytes: i64,
+    pub db_connections: i32,
+    pub db_max_connections: i32,
+    pub db_waiting: i32,
+    pub long_poll_waiters: i32,
+    /// The lowest of the samples.
+    pub db_idle_connections: i32,
+    /// Summed.
+    pub db_errors: i64,
+}
+
+/// Every broker's samples taken from `from` to `to` (the present when `None`), in intervals of
+/// `interval_seconds` aligned to the Unix epoch; by broker, oldest interval first. Intervals
+/// without a sample are absent.
+pub async fn broker_intervals(
+    client: &impl GenericClient,
+    interval_seconds: f64,
+    from: DateTime<Utc>,
+    to: Option<DateTime<Utc>>,
+) -> Result<Vec<BrokerInterval>, StoreError> {
+    let rows = client
+        .query(
+            "SELECT broker_id, date_bin(make_interval(secs => $1), sampled_at, 'epoch'::timestamptz),
+                    sum(pushed)::bigint, sum(delivered)::bigint, sum(acked)::bigint, sum(failed)::bigint,
+                    sum(dead_lettered)::bigint,
+                    count(cpu_seconds), sum(cpu_seconds) / NULLIF(sum(interval_seconds), 0),
+                    max(resident_bytes), max(db_connections), max(db_max_connections), max(db_waiting),
+                    max(long_poll_waiters), min(db_idle_connections), sum(db_errors)::bigint
+               FROM queen.traffic_samples
+              WHERE sampled_at >= $2 AND ($3::timestamptz IS NULL OR sampled_at <= $3)
+              GROUP BY 1, 2 ORDER BY 1, 2",
+            &[&interval_seconds, &from, &to],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|row| BrokerInterval {
+            broker_id: row.get(0),
+            at: row.get(1),
+            traffic: traffic_of(row, 2),
+            usage: (row.get::<_, i64>(7) > 0).then(|| UsageSummary {
+                cpu_cores: row.get::<_, Option<f64>>(8).unwrap_or(0.0),
+                resident_bytes: row.get(9),
+                db_connections: row.get(10),
+                db_max_connections: row.get(11),
+                db_waiting: row.get(12),
+                long_poll_waiters: row.get(13),
+                db_idle_connections: row.get(14),
+                db_errors: row.get(15),
+            }),
+        })
+        .collect())
 }

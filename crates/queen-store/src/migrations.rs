@@ -44,6 +44,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(15, "0015_offset_reads"),
     migration!(16, "0016_partition_keys"),
     migration!(17, "0017_citus_distribution"),
+    migration!(18, "0018_broker_usage"),
 ];
 
 /// The newest schema version this build knows.

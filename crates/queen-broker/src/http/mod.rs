@@ -2,6 +2,7 @@
 //! `queen-mq` client speaks; every error is a JSON body.
 
 mod ack;
+mod analytics;
 #[cfg(test)]
 mod arbitrary_bodies;
 pub mod authorize;
@@ -200,6 +201,8 @@ api! {
     "/api/v1/status/analytics" { get => status::analytics, read_only(Scope::Fleet); }
     "/api/v1/status/brokers" { get => status::brokers, read_only(Scope::Fleet); }
     "/api/v1/status/history" { get => status::history, read_only(Scope::Fleet); }
+    "/api/v1/analytics/system-metrics" { get => analytics::system_metrics, read_only(Scope::Fleet); }
+    "/api/v1/analytics/worker-metrics" { get => analytics::worker_metrics, read_only(Scope::Fleet); }
     "/api/v1/messages" { get => status::list_messages, read_only(Scope::QueryQueue); }
     "/api/v1/resources/queues/{queue}/depth" { get => depth::queue_depth, read_only(Scope::PathQueue); }
     "/api/v1/resources/queues/{queue}" {

@@ -121,25 +121,28 @@ fn history_totals(history: &Value) -> (Value, Option<Value>) {
     (totals, lag)
 }
 
+/// Five messages pushed to `queue` through `app`, three through the broker at `other`; group g
+/// takes four through `app` and acknowledges three of them.
+async fn traffic_through_both(app: &TestApp, other: &str, queue: &str) {
+    let items = |from: usize, n: usize| -> Value {
+        (from..from + n)
+            .map(|i| json!({"queue": queue, "partition": "p", "transactionId": format!("t{i}"), "payload": i}))
+            .collect()
+    };
+    app.push(items(0, 5)).await;
+    let http = queen_testkit::http().build().expect("a client");
+    let pushed = http.post(format!("{other}/api/v1/push")).json(&json!({"items": items(5, 3)})).send().await;
+    assert_eq!(pushed.expect("a push").status(), StatusCode::CREATED);
+    let popped = app.pop(&format!("queue/{queue}"), "batch=4&consumerGroup=g&wait=false").await.messages();
+    assert_eq!(popped.len(), 4);
+    app.ack_all(&popped[..3], "completed", Some("g")).await;
+}
+
 #[actix_web::test]
 async fn the_history_counts_the_fleets_traffic_per_interval_and_samples_lag() {
     let app = spawn().await;
     let other = TestApp::spawn_on(&app.db, |config| config.stats.sample_interval_seconds = 1).await;
-    let http = queen_testkit::http().build().expect("a client");
-    // Five through one broker, three through the other.
-    let items = |from: usize, n: usize| -> Value {
-        (from..from + n)
-            .map(|i| json!({"queue": "traced", "partition": "p", "transactionId": format!("t{i}"), "payload": i}))
-            .collect()
-    };
-    app.push(items(0, 5)).await;
-    let pushed = http.post(format!("{other}/api/v1/push")).json(&json!({"items": items(5, 3)})).send().await;
-    assert_eq!(pushed.expect("a push").status(), StatusCode::CREATED);
-    // Group g takes four and acknowledges three of them, and fails one.
-    let popped = app.pop("queue/traced", "batch=4&consumerGroup=g&wait=false").await;
-    let messages = popped.messages();
-    assert_eq!(messages.len(), 4);
-    app.ack_all(&messages[..3], "completed", Some("g")).await;
+    traffic_through_both(&app, &other, "traced").await;
 
     let expected = json!({"pushed": 8, "delivered": 4, "acked": 3, "failed": 0, "deadLettered": 0});
     let history = eventually("the history counts the traffic of both brokers", || async {
@@ -207,4 +210,88 @@ async fn a_queue_status_lists_each_groups_cursor_with_its_lag_and_lease_holder()
     let unread = find("billing", "us");
     assert_eq!((&unread["lagMessages"], &unread["leaseId"]), (&json!(1), &Value::Null));
     assert_eq!(cursors.len(), 3, "registered groups, and queue mode where it read: {cursors:?}");
+}
+
+/// Each broker's points of one analytics series, by broker id.
+fn by_broker(answer: &Value) -> Vec<(String, Vec<Value>)> {
+    answer["brokers"]
+        .as_array()
+        .expect("brokers")
+        .iter()
+        .map(|b| (b["brokerId"].as_str().expect("an id").to_owned(), b["points"].as_array().expect("points").clone()))
+        .collect()
+}
+
+fn summed(points: &[Value], field: &str) -> i64 {
+    points.iter().map(|p| p[field].as_i64().unwrap_or(0)).sum()
+}
+
+#[actix_web::test]
+async fn the_analytics_series_show_what_each_broker_handled_and_used() {
+    let beating_with_a_pool_of = |size| {
+        move |config: &mut queen_broker::config::Config| {
+            config.stats.sample_interval_seconds = 1;
+            config.database.pool_size = size;
+        }
+    };
+    let app = TestApp::spawn_with(beating_with_a_pool_of(9)).await;
+    let other = TestApp::spawn_on(&app.db, beating_with_a_pool_of(7)).await;
+    let http = queen_testkit::http().build().expect("a client");
+    traffic_through_both(&app, &other, "watched").await;
+    // A long poll parked on the other broker for as long as the test looks for it.
+    assert_eq!(app.post("/api/v1/configure", &json!({"queue": "idle"})).await.status, StatusCode::OK);
+    let parked = tokio::spawn({
+        let (http, other) = (http.clone(), other.clone());
+        async move { http.get(format!("{other}/api/v1/pop/queue/idle?wait=true&timeout=15000")).send().await }
+    });
+
+    // What each broker handled, in the JavaScript client's form of `from` (`toISOString()`).
+    let from = (chrono::Utc::now() - chrono::TimeDelta::minutes(5)).format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string();
+    let workers = eventually("each broker's traffic and the parked long poll are sampled", || async {
+        let answer = app.get(&format!("/api/v1/analytics/worker-metrics?from={from}")).await;
+        assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+        let brokers = by_broker(&answer.body);
+        let handled: Vec<[i64; 3]> = brokers
+            .iter()
+            .map(|(_, points)| [summed(points, "pushed"), summed(points, "delivered"), summed(points, "acked")])
+            .collect();
+        let parked = brokers.iter().any(|(_, points)| points.iter().any(|p| p["longPollWaiters"].as_i64() >= Some(1)));
+        (handled.contains(&[5, 4, 3]) && handled.contains(&[3, 0, 0]) && parked && brokers.len() == 2).then_some(answer)
+    })
+    .await;
+    assert_eq!(workers.body["intervalSeconds"], 1);
+    parked.abort();
+
+    // What each broker used, through the other broker: any broker answers for the fleet.
+    let system = http.get(format!("{other}/api/v1/analytics/system-metrics")).send().await.expect("a read");
+    assert_eq!(system.status(), StatusCode::OK);
+    let system: Value = system.json().await.expect("JSON");
+    let brokers = by_broker(&system);
+    assert_eq!(brokers.len(), 2, "{system}");
+    let mut pool_maxima: Vec<i64> = Vec::new();
+    for (id, points) in &brokers {
+        assert!(!points.is_empty(), "{id} has no sample");
+        for point in points {
+            assert!(point["residentBytes"].as_i64() > Some(1 << 20), "{point}");
+            assert!(point["cpuCores"].as_f64().is_some_and(|cores| cores >= 0.0), "{point}");
+            let pool = &point["dbPool"];
+            assert!(pool["connections"].as_i64() <= pool["max"].as_i64(), "{point}");
+            assert!(pool["idle"].as_i64() <= pool["connections"].as_i64(), "{point}");
+        }
+        pool_maxima.push(points[0]["dbPool"]["max"].as_i64().expect("a pool bound"));
+    }
+    pool_maxima.sort_unstable();
+    assert_eq!(pool_maxima, vec![7, 9], "each broker reports its own pool");
+
+    // A window that ends before these brokers started holds nothing of them.
+    let before = app.get("/api/v1/analytics/worker-metrics?from=2026-01-01&to=2026-01-02T00:00:00Z").await;
+    assert_eq!(before.status, StatusCode::OK);
+    assert_eq!(before.body["brokers"], json!([]), "{before:?}");
+    for bad in ["from=yesterday", "to=2026-13-01", "from=2026-02-02&to=2026-02-01", "since=2026-01-01"] {
+        for route in ["system-metrics", "worker-metrics"] {
+            let answer = app.get(&format!("/api/v1/analytics/{route}?{bad}")).await;
+            assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{route}?{bad}: {answer:?}");
+            assert!(answer.body["error"].is_string(), "{answer:?}");
+        }
+    }
 }
