@@ -2,8 +2,8 @@
 //! `tests/compat/requirements.txt`) against a real broker.
 //!
 //! Each test starts one broker on a fresh database and runs pytest files of `tests/compat` against
-//! it: the suite, then the files that need a broker of their own (JWT auth, HTTPS). pytest reports
-//! the individual cases (`queen_testkit::pytest` says which Python).
+//! it: the suite, then the files that need a broker of their own (JWT auth, HTTPS, creation
+//! limits). pytest reports the individual cases (`queen_testkit::pytest` says which Python).
 
 use std::path::Path;
 
@@ -25,8 +25,13 @@ async fn the_official_python_client_works_against_the_broker() {
     // The encryption test configures an encrypted queue, which needs the broker's key.
     let envs = [("QUEEN_ENCRYPTION_KEY", ENCRYPTION_KEY)];
     let broker = BrokerProcess::start(Path::new(env!("CARGO_BIN_EXE_queen")), &args, &envs).await;
-    // The auth and HTTPS tests need brokers of their own (below).
-    let targets = ["tests/compat", "--ignore=tests/compat/test_auth.py", "--ignore=tests/compat/test_https.py"];
+    // The auth, HTTPS and limits tests need brokers of their own (below).
+    let targets = [
+        "tests/compat",
+        "--ignore=tests/compat/test_auth.py",
+        "--ignore=tests/compat/test_https.py",
+        "--ignore=tests/compat/test_limits.py",
+    ];
     let report = pytest::run(SUITE, &broker, &targets, &[]).await;
     println!("{report}");
 }
@@ -74,6 +79,15 @@ async fn the_official_python_client_works_against_a_broker_serving_https() {
     let ca = ca.to_string_lossy();
     println!("{}", pytest::run(SUITE, &broker, &["tests/compat/test_https.py"], &[("SSL_CERT_FILE", &*ca)]).await);
     std::fs::remove_dir_all(&dir).ok();
+}
+
+#[tokio::test]
+async fn the_official_python_client_is_told_at_once_of_a_creation_limit() {
+    let db = TestDatabase::create("compat_limits").await;
+    let envs = [("QUEEN_LIMITS__MAX_QUEUES", "3"), ("QUEEN_LIMITS__MAX_GROUPS_PER_QUEUE", "1")];
+    let broker =
+        BrokerProcess::start(Path::new(env!("CARGO_BIN_EXE_queen")), &["--database-url", db.url()], &envs).await;
+    println!("{}", pytest::run(SUITE, &broker, &["tests/compat/test_limits.py"], &[]).await);
 }
 
 /// A JWKS with the public half of the RSA private key at `path`, under `kid`.

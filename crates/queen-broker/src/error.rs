@@ -129,9 +129,9 @@ impl ResponseError for ApiError {
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
-            ApiError::Broker(BrokerError::QueueFull { .. } | BrokerError::LimitReached(_)) => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
+            ApiError::Broker(BrokerError::QueueFull { .. }) => StatusCode::TOO_MANY_REQUESTS,
+            // Final, not a rate: the official clients retry a 429 in place, a long poll for ever.
+            ApiError::Broker(BrokerError::LimitReached(_)) => StatusCode::CONFLICT,
             ApiError::Unavailable(_) | ApiError::Broker(BrokerError::Unavailable(_)) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Broker(BrokerError::Overloaded(refused)) if refused.limited.is_broker_wide() => {
                 StatusCode::SERVICE_UNAVAILABLE

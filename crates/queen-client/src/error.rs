@@ -57,7 +57,7 @@ pub enum Error {
         /// The broker's request id, to find its log lines.
         request_id: Option<String>,
     },
-    /// A request would take the fleet past one of its creation limits (429 `limit_reached`):
+    /// A request would take the fleet past one of its creation limits (409 `limit_reached`):
     /// queues, partitions per queue or consumer groups per queue. Nothing was created; retrying
     /// does not help until something is deleted or the limit raised.
     #[error("{url}: {} ({limit} is {max})", .body.error)]

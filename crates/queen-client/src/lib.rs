@@ -39,7 +39,7 @@
 //! exponential backoff) and goes round again, within the [`RetryPolicy`]'s attempts. A **429**
 //! that carries `Retry-After` (a busy partition writer or group, too many long polls from this
 //! client) is retried on the same broker after that wait. A 429 `queue_full`
-//! ([`Error::QueueFull`]) and a 429 `limit_reached` ([`Error::LimitReached`]) are returned at
+//! ([`Error::QueueFull`]) and a 409 `limit_reached` ([`Error::LimitReached`]) are returned at
 //! once: they pass only when consumers catch up or an operator acts. Every other answer (4xx,
 //! 500) is returned as it is.
 //!

@@ -166,9 +166,10 @@ impl Answer {
     pub(crate) fn into_error(self) -> Error {
         let body = ErrorBody::parse(self.status, &self.body, self.request_id);
         let url = self.url;
-        if self.status == StatusCode::TOO_MANY_REQUESTS {
+        // A creation limit is answered 409 (429 by earlier brokers).
+        if matches!(self.status, StatusCode::CONFLICT | StatusCode::TOO_MANY_REQUESTS) {
             match body.code.as_deref() {
-                Some("queue_full") => {
+                Some("queue_full") if self.status == StatusCode::TOO_MANY_REQUESTS => {
                     return Error::QueueFull {
                         queue: body.detail_str("queue").unwrap_or_default().to_owned(),
                         depth: body.detail_i64("depth").unwrap_or_default(),
@@ -370,6 +371,34 @@ mod tests {
         assert_eq!(retry_after(&headers), Some(Duration::from_millis(500)));
         headers.insert(RETRY_AFTER, "Wed, 21 Oct 2015 07:28:00 GMT".parse().unwrap());
         assert_eq!(retry_after(&headers), None);
+    }
+
+    fn answer(status: u16, body: &str) -> Answer {
+        Answer {
+            status: StatusCode::from_u16(status).unwrap(),
+            body: Bytes::copy_from_slice(body.as_bytes()),
+            url: "http://h:1/api/v1/push".into(),
+            retry_after: None,
+            request_id: None,
+            is_json: true,
+        }
+    }
+
+    #[test]
+    fn a_creation_limit_is_told_apart_from_other_refusals() {
+        let limit = r#"{"error": "queue limit reached", "code": "limit_reached", "limit": "limits.max_queues", "held": 3, "max": 3}"#;
+        for status in [409, 429] {
+            let error = answer(status, limit).into_error();
+            assert!(
+                matches!(&error, Error::LimitReached { limit, held: 3, max: 3, .. } if limit == "limits.max_queues"),
+                "{status}: {error:?}"
+            );
+            assert!(!error.is_retryable(), "waiting makes no room");
+        }
+        let full = r#"{"error": "queue q is full", "code": "queue_full", "queue": "q", "depth": 5, "maxSize": 5}"#;
+        assert!(matches!(answer(429, full).into_error(), Error::QueueFull { depth: 5, max_size: 5, .. }));
+        let conflict = answer(409, r#"{"error": "the lease is gone", "code": "conflict"}"#).into_error();
+        assert!(matches!(conflict, Error::Status { status: StatusCode::CONFLICT, .. }), "{conflict:?}");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Limits on what clients can create (`limits.max_queues`, `max_partitions_per_queue`,
 //! `max_groups_per_queue`), counted in PostgreSQL for the whole fleet: past one, the request is
-//! answered 429 `limit_reached` naming the setting, without `Retry-After`, and nothing of it is
-//! created or written. And the bound on the long polls one client address parks
+//! answered 409 `limit_reached` naming the setting (not 429, which clients retry in place), and
+//! nothing of it is created or written. And the bound on the long polls one client address parks
 //! (`limits.long_polls_per_client`, 429 `overloaded`).
 
 use std::time::{Duration, Instant};
@@ -42,11 +42,11 @@ async fn transaction_push(app: &TestApp, items: Vec<Value>) -> (Answer, Option<S
     post(&app.http, &app.base, "/api/v1/transaction", json!({"operations": [{"type": "push", "items": items}]})).await
 }
 
-/// A 429 `limit_reached` that names `setting` in its `limit` and says `text`, without
+/// A 409 `limit_reached` that names `setting` in its `limit` and says `text`, without
 /// `Retry-After` (waiting does not make room).
 fn assert_limit(answer: &(Answer, Option<String>), setting: &str, text: &str) {
     let (answer, retry_after) = answer;
-    assert_eq!(answer.status, StatusCode::TOO_MANY_REQUESTS, "{answer:?}");
+    assert_eq!(answer.status, StatusCode::CONFLICT, "{answer:?}");
     assert_eq!(answer.body["success"], false, "{answer:?}");
     assert_eq!(answer.body["code"], "limit_reached", "{answer:?}");
     assert_eq!(answer.body["limit"], setting, "{answer:?}");
@@ -199,13 +199,13 @@ async fn race(
 ) -> [StatusCode; 2] {
     let ((a, _), (b, _)) = futures::join!(a, b);
     for answer in [&a, &b] {
-        assert!(matches!(answer.status.as_u16(), 200 | 201 | 429), "{answer:?}");
+        assert!(matches!(answer.status.as_u16(), 200 | 201 | 409), "{answer:?}");
     }
     [a.status, b.status]
 }
 
 fn one_won(statuses: [StatusCode; 2]) -> bool {
-    statuses.iter().filter(|s| **s == StatusCode::TOO_MANY_REQUESTS).count() == 1
+    statuses.iter().filter(|s| **s == StatusCode::CONFLICT).count() == 1
 }
 
 #[actix_web::test]
