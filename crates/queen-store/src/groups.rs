@@ -242,8 +242,9 @@ pub async fn seek(
         .collect())
 }
 
-/// Sets the group's stored start time on every queue it is registered on. Existing cursors do
-/// not move; the queues whose registration changed come back.
+/// Sets the group's stored start time on every queue it is registered on or has cursors on (a
+/// group that only ever sought there is registered by it, not conflating). Existing cursors do
+/// not move; the queues whose registration changed come back, in name order.
 pub async fn update_subscription(
     client: &impl GenericClient,
     group: &str,
@@ -251,9 +252,17 @@ pub async fn update_subscription(
 ) -> Result<Vec<String>, StoreError> {
     let rows = client
         .query(
-            "UPDATE queen.consumer_groups_metadata
+            "INSERT INTO queen.consumer_groups_metadata (queue_name, consumer_group, subscription_mode, subscription_from)
+             SELECT queue_name, $1, 'timestamp', $2
+               FROM (SELECT queue_name FROM queen.consumer_groups_metadata WHERE consumer_group = $1
+                     UNION
+                     SELECT q.name FROM queen.log_consumers c
+                       JOIN queen.partitions p ON p.id = c.partition_id
+                       JOIN queen.queues q ON q.id = p.queue_id
+                      WHERE c.consumer_group = $1) AS known
+              ORDER BY queue_name
+             ON CONFLICT (queue_name, consumer_group) DO UPDATE
                 SET subscription_mode = 'timestamp', subscription_from = $2, updated_at = now()
-              WHERE consumer_group = $1
           RETURNING queue_name",
             &[&group, &from],
         )

@@ -134,7 +134,9 @@ pub async fn update_subscription(
     let at = iso_time("subscriptionTimestamp", &body.required_string("subscriptionTimestamp")?)?;
     let queues = groups::update_subscription(&broker, &group, at).await?;
     if queues.is_empty() {
-        return Err(ApiError::NotFound(format!("consumer group {group:?} is not registered on any queue")));
+        return Err(ApiError::NotFound(format!(
+            "consumer group {group:?} has neither a registration nor a cursor on any queue"
+        )));
     }
     Ok(HttpResponse::Ok().json(SubscriptionAnswer {
         success: true,

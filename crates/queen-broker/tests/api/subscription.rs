@@ -118,3 +118,25 @@ async fn updating_the_subscription_moves_no_cursor_but_sets_where_new_partitions
         .await;
     assert_eq!(unknown.status, StatusCode::NOT_FOUND);
 }
+
+#[actix_web::test]
+async fn a_group_that_only_sought_takes_a_subscription_update_for_partitions_to_come() {
+    let app = TestApp::spawn().await;
+    push(&app, "sought", "a", 0..3).await;
+    let sought = app.post("/api/v1/consumer-groups/g/queues/sought/seek", &json!({"toEnd": true})).await;
+    assert_eq!(sought.status, StatusCode::OK, "{sought:?}");
+    push(&app, "sought", "b", 10..12).await;
+    let later_in_b = push(&app, "sought", "b", 12..14).await;
+    let at = app.segment_time(&later_in_b[0]).await;
+
+    let answer =
+        app.post("/api/v1/consumer-groups/g/subscription", &json!({"subscriptionTimestamp": at.to_rfc3339()})).await;
+    assert_eq!(answer.status, StatusCode::OK, "the group has cursors on a queue: {answer:?}");
+    assert_eq!(answer.body["queues"], json!(["sought"]), "{answer:?}");
+    // Its cursor on a stays at the end; b, which it has never read, starts at the new time.
+    push(&app, "sought", "a", 3..4).await;
+    let mut read = app.pop("queue/sought", "batch=10&consumerGroup=g").await.data_ints("i");
+    read.extend(app.pop("queue/sought", "batch=10&consumerGroup=g").await.data_ints("i"));
+    read.sort_unstable();
+    assert_eq!(read, vec![3, 12, 13]);
+}
