@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::dev::Server;
-use actix_web::middleware::{NormalizePath, TrailingSlash, from_fn};
+use actix_web::middleware::from_fn;
 use actix_web::{App, HttpServer, web};
 use queen_store::StoreError;
 
@@ -99,7 +99,7 @@ impl Application {
             App::new()
                 .app_data(app_broker.clone())
                 .wrap(from_fn(http::gate::admit))
-                .wrap(NormalizePath::new(TrailingSlash::MergeOnly))
+                .wrap(from_fn(http::leading_slashes::collapse))
                 .wrap(from_fn(http::request_id::assign))
                 .configure(http::routes)
         })

@@ -17,6 +17,7 @@ mod framed_pop;
 pub mod gate;
 mod health;
 mod kv;
+pub mod leading_slashes;
 mod lease;
 mod locks;
 mod messages;

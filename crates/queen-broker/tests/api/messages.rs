@@ -266,3 +266,26 @@ async fn names_holding_percent_plus_or_slash_are_the_same_in_a_path_as_in_a_body
     let queue = app.get("/api/v1/resources/queues/100%25%2Bq").await;
     assert_eq!(queue.status, StatusCode::OK, "{:?}", queue.body);
 }
+
+#[actix_web::test]
+async fn a_transaction_id_holding_slashes_in_a_row_addresses_its_own_message_and_no_other() {
+    let app = TestApp::spawn().await;
+    let pushed = app
+        .push(json!([
+            {"queue": "slashes", "partition": "p", "transactionId": "a/b", "payload": "one slash"},
+            {"queue": "slashes", "partition": "p", "transactionId": "a//b", "payload": "two slashes"},
+            {"queue": "slashes", "partition": "p", "transactionId": "/c", "payload": "leading slash"},
+        ]))
+        .await;
+    let partition_id = pushed[0]["partition_id"].as_str().expect("a partition id");
+    // Raw, as the official client puts a transaction id in a path.
+    for (id, payload) in [("a//b", "two slashes"), ("a/b", "one slash"), ("/c", "leading slash")] {
+        let message = app.get(&format!("/api/v1/messages/{partition_id}/{id}")).await;
+        assert_eq!(message.status, StatusCode::OK, "{id}: {message:?}");
+        assert_eq!((message.body["transactionId"].as_str(), message.body["data"].as_str()), (Some(id), Some(payload)));
+    }
+
+    // A base URL that ends in a slash still reaches every route.
+    let popped = app.http.get(format!("{}//api/v1/pop/queue/slashes?batch=10&wait=false", app.base)).send().await;
+    assert_eq!(popped.expect("a pop").status(), StatusCode::OK);
+}
