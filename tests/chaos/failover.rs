@@ -153,9 +153,10 @@ async fn writes_whose_commit_waits_on_a_silent_standby_are_answered_503_and_take
     let envs = [("QUEEN_DATABASE__STATEMENT_TIMEOUT_MS", "1000"), ("QUEEN_DATABASE__LOCK_TIMEOUT_MS", "1000")];
     let mut brokers = start_brokers(&pair.url(), 1, &envs).await;
     let api = Api::new(&brokers[0].url());
-    // Before: the queues and partitions exist; groups `g` and `t` each hold a lease on the first
-    // message of `silent`, and `h` has read and acked it (so no row need be created while the
-    // standby is silent). The four writes touch no row another of them locks.
+    // Before: the queues and partitions exist (but `silent-new`, which a push creates while the
+    // standby is silent); groups `g`, `t` and `x` each hold a lease on the first message of
+    // `silent`, and `h` has read and acked it; `newcomer` pops for the first time while it is.
+    // The writes touch no row another of them locks.
     for id in ["first", "second", "third"] {
         assert_eq!(api.push("silent", id).await.status(), StatusCode::CREATED);
     }
@@ -164,6 +165,7 @@ async fn writes_whose_commit_waits_on_a_silent_standby_are_answered_503_and_take
     }
     let leased_to_g = api.pop("g", 1).await.expect("g pops").remove(0);
     let leased_to_t = api.pop("t", 1).await.expect("t pops").remove(0);
+    let leased_to_x = api.pop("x", 1).await.expect("x pops").remove(0);
     let first_of_h = api.pop("h", 1).await.expect("h pops").remove(0);
     assert_eq!(api.ack("h", &first_of_h).await.status(), StatusCode::OK);
 
@@ -173,27 +175,45 @@ async fn writes_whose_commit_waits_on_a_silent_standby_are_answered_503_and_take
         ack_op(&leased_to_t, "t"),
         {"type": "push", "items": [{"queue": "silent-next", "partition": "p", "transactionId": "pushed-in-transaction", "payload": 1}]},
     ]});
-    let (pushed, claimed, acked, transacted) = tokio::join!(
+    let (pushed, created, registered, claimed, acked, transacted, extended) = tokio::join!(
         api.push("silent-push", "during"),
+        api.push("silent-new", "created-during"),
+        // A group's first pop registers it.
+        api.pop_answer("newcomer", 1, ""),
         // Auto-acked: a claim that takes a lease commits without waiting for the standby.
         api.pop_answer("h", 1, "&autoAck=true"),
         api.ack("g", &leased_to_g),
         api.transaction(&transaction),
+        // A lease, taken or extended, does not wait for the standby either.
+        api.extend(&leased_to_x),
     );
     let took = sent.elapsed();
-    for (what, answer) in [("push", pushed), ("pop", claimed), ("ack", acked), ("transaction", transacted)] {
+    assert_eq!(extended.status(), StatusCode::OK, "the lease extension: {:?}", extended.text().await);
+    let answers = [
+        ("push", pushed),
+        ("creation", created),
+        ("registration", registered),
+        ("pop", claimed),
+        ("ack", acked),
+        ("transaction", transacted),
+    ];
+    for (what, answer) in answers {
         let status = answer.status();
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "the {what}: {:?}", answer.text().await);
     }
     assert!(took < SILENT_STANDBY_BOUND, "answered after {took:?}");
     let unanswered = queen_testkit::metric_at(&api.http, &api.base, "queen_db_errors_total{kind=\"unanswered\"}");
-    assert_eq!(unanswered.await, 4.0, "each write given up on is counted");
+    assert_eq!(unanswered.await, 6.0, "each write given up on is counted");
 
     // The standby answers again, and the commits it held go through; each write is sent again.
     pair.resume_standby();
     let pushed = api.until_done(|| api.push("silent-push", "during")).await;
     let status = pushed.json::<serde_json::Value>().await.expect("JSON")[0]["status"].as_str().map(str::to_owned);
     assert!(matches!(status.as_deref(), Some("duplicate" | "queued")), "{status:?}");
+    api.until_done(|| api.push("silent-new", "created-during")).await;
+    let first_of_newcomer =
+        api.until_done(|| api.pop_answer("newcomer", 1, "")).await.json::<serde_json::Value>().await;
+    assert_eq!(first_of_newcomer.expect("JSON")["messages"][0]["transactionId"], "first", "registered, it reads");
     let acked = api.until_done(|| api.ack("g", &leased_to_g)).await.json::<serde_json::Value>().await;
     assert_eq!(acked.expect("JSON")[0]["success"], true, "the ack sent again is taken (a no-op if the first was)");
     // A bundle's ack needs its lease still live, and the first commit, if it went through,
@@ -212,7 +232,7 @@ async fn writes_whose_commit_waits_on_a_silent_standby_are_answered_503_and_take
     let rest_of_h = api.pop_all("h").await;
     assert!(matches!(ids(&rest_of_h)[..], ["third"] | ["second", "third"]), "{:?}", ids(&rest_of_h));
     let primary = pair.primary.connect(DATABASE).await;
-    for id in ["during", "pushed-in-transaction"] {
+    for id in ["during", "pushed-in-transaction", "created-during"] {
         let stored: i64 = primary
             .query_one("SELECT count(*) FROM queen.log_message_ids WHERE transaction_id = $1", &[&id])
             .await
@@ -290,6 +310,17 @@ impl Api {
                          "leaseId": message["leaseId"], "status": "completed"});
         let body = json!({"acknowledgments": [ack], "consumerGroup": group});
         self.http.post(format!("{}/api/v1/ack/batch", self.base)).json(&body).send().await.expect("an answer")
+    }
+
+    async fn extend(&self, message: &serde_json::Value) -> reqwest::Response {
+        let lease = message["leaseId"].as_str().expect("a lease");
+        let body = json!({"seconds": 120});
+        self.http
+            .post(format!("{}/api/v1/lease/{lease}/extend", self.base))
+            .json(&body)
+            .send()
+            .await
+            .expect("an answer")
     }
 
     async fn transaction(&self, bundle: &serde_json::Value) -> reqwest::Response {

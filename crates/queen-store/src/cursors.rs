@@ -646,7 +646,9 @@ pub enum LeaseExtension {
 /// Extends a live lease on every partition it covers, to `seconds` from now (the queue's lease
 /// time when `None`); never shortens it. `partitions`, when the caller knows every partition the
 /// lease was granted on, confines the statement to them (on a distributed cluster, to their
-/// shards); otherwise every partition is searched by lease id.
+/// shards); otherwise every partition is searched by lease id. Like the claim that took the lease,
+/// it commits without waiting for the WAL flush (or a synchronous standby): a crash that forgets
+/// it only lets the lease end sooner, and its messages be delivered again.
 pub async fn extend_lease(
     client: &impl GenericClient,
     lease_id: Uuid,
@@ -668,7 +670,8 @@ pub async fn extend_lease(
                  SELECT (SELECT count(*) FROM extended), (SELECT min(lease_expires_at) FROM extended),
                         EXISTS (SELECT 1 FROM queen.log_consumers c WHERE ",
                 $lease_holds,
-                ")"
+                "),
+                        set_config('synchronous_commit', 'off', true)"
             )
         };
     }

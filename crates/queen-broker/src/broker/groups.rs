@@ -35,29 +35,13 @@ pub async fn register_on_first_pop(
     let unseen: Vec<&str> = queues.iter().zip(&conflates).filter(|(_, seen)| seen.is_none()).map(|(q, _)| *q).collect();
     if !unseen.is_empty() {
         let mut client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
-        // A group that asked a namespace (or task) pop for `new` messages subscribed to it when it
-        // was first registered on one of its queues: a queue joining later is read from then on,
-        // not only from the pop that first sees it.
-        let seed = match seed {
-            CursorSeed::End if queues.len() > 1 => {
-                groups::earliest_new_registration(&client, queues, group).await?.map_or(seed, CursorSeed::From)
-            }
-            _ => seed,
+        // A registration's commit waits like any other (on a silent synchronous standby, say).
+        let answer_within = broker.config.database.answer_within();
+        let registering = register(broker, &mut client, queues, &unseen, group, seed, conflation);
+        let Ok(conflating) = tokio::time::timeout(answer_within, registering).await else {
+            return Err(queen_store::pool::abandon(client, "a group's registration", answer_within).into());
         };
-        let max = broker.config.limits.creation().groups_per_queue;
-        if max == 0 {
-            for queue in &unseen {
-                groups::register(&client, queue, group, seed, conflation).await?;
-            }
-        } else {
-            let unregistered = groups::unregistered(&client, &unseen, group).await?;
-            if !unregistered.is_empty() {
-                let unregistered: Vec<&str> = unregistered.iter().map(String::as_str).collect();
-                groups::register_within(&mut client, &unregistered, group, seed, conflation, QUEUE_MODE_GROUP, max)
-                    .await?;
-            }
-        }
-        let conflating = groups::conflating(&client, &unseen, group).await?;
+        let conflating = conflating?;
         for (queue, flag) in queues.iter().zip(&mut conflates).filter(|(_, flag)| flag.is_none()) {
             let stored = conflating.iter().any(|c| c == queue);
             broker.registered.insert(key(queue), stored);
@@ -65,6 +49,41 @@ pub async fn register_on_first_pop(
         }
     }
     Ok(conflates.into_iter().map(|flag| flag.unwrap_or(false)).collect())
+}
+
+/// Registers the group on the `unseen` queues it has no registration on, within the limit; the
+/// queues of `unseen` it conflates on.
+async fn register(
+    broker: &Broker,
+    client: &mut deadpool_postgres::Object,
+    queues: &[&str],
+    unseen: &[&str],
+    group: &str,
+    seed: CursorSeed,
+    conflation: bool,
+) -> Result<Vec<String>, BrokerError> {
+    // A group that asked a namespace (or task) pop for `new` messages subscribed to it when it was
+    // first registered on one of its queues: a queue joining later is read from then on, not only
+    // from the pop that first sees it.
+    let seed = match seed {
+        CursorSeed::End if queues.len() > 1 => {
+            groups::earliest_new_registration(&*client, queues, group).await?.map_or(seed, CursorSeed::From)
+        }
+        _ => seed,
+    };
+    let max = broker.config.limits.creation().groups_per_queue;
+    if max == 0 {
+        for queue in unseen {
+            groups::register(&*client, queue, group, seed, conflation).await?;
+        }
+    } else {
+        let unregistered = groups::unregistered(&*client, unseen, group).await?;
+        if !unregistered.is_empty() {
+            let unregistered: Vec<&str> = unregistered.iter().map(String::as_str).collect();
+            groups::register_within(client, &unregistered, group, seed, conflation, QUEUE_MODE_GROUP, max).await?;
+        }
+    }
+    Ok(groups::conflating(&*client, unseen, group).await?)
 }
 
 /// Makes every broker forget what it knew about the group on the queue (every queue when

@@ -183,7 +183,7 @@ impl Broker {
             limits.coordinator_messages,
             &metrics,
         );
-        let names = Arc::new(NamesCache::new());
+        let names = Arc::new(NamesCache::new(config.database.answer_within()));
         let segments = Arc::new(SegmentCache::new(config.pop.segment_cache_bytes));
         let pop_spacing = pop_spacing::PopSpacing::new(Duration::from_millis(config.pop.dense_interval_ms));
         let announcer = Announcer::start(coordinator.clone(), pool.clone());

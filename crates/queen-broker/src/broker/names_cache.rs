@@ -18,19 +18,16 @@ const CAPACITY: u64 = 100_000;
 pub struct NamesCache {
     queues: Cache<String, Arc<Queue>>,
     partitions: Cache<(i64, String), i64>,
-}
-
-impl Default for NamesCache {
-    fn default() -> Self {
-        Self::new()
-    }
+    /// How long a creation's commit may go unanswered.
+    answer_within: Duration,
 }
 
 impl NamesCache {
-    pub fn new() -> Self {
+    pub fn new(answer_within: Duration) -> Self {
         Self {
             queues: Cache::builder().max_capacity(CAPACITY).time_to_live(TIME_TO_LIVE).build(),
             partitions: Cache::builder().max_capacity(CAPACITY).time_to_live(TIME_TO_LIVE).build(),
+            answer_within,
         }
     }
 
@@ -39,7 +36,8 @@ impl NamesCache {
     /// (`None`: whatever the limits say), all of them or none: one transaction creates everything
     /// missing, counted against the limits in PostgreSQL, so a request that would pass one
     /// creates nothing ([`StoreError::LimitReached`]). What the cache holds costs nothing more; a
-    /// queue deleted since it was cached is looked up (and created) again, once.
+    /// queue deleted since it was cached is looked up (and created) again, once. A creation whose
+    /// commit goes unanswered for `answer_within` is [`StoreError::Unanswered`].
     pub async fn resolve(
         &self,
         pool: &Pool,
@@ -127,7 +125,10 @@ impl NamesCache {
                 created_partitions.push((queue.id, name, id));
             }
         }
-        tx.commit().await?;
+        if !queen_store::pool::commit_within(tx, self.answer_within).await? {
+            // It may still commit: the request sent again finds what it created.
+            return Err(queen_store::pool::abandon(client, "a creation's commit", self.answer_within));
+        }
         for queue in queues.iter().flatten() {
             self.queues.insert(queue.name.clone(), Arc::clone(queue));
         }
