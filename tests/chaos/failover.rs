@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use base64::Engine;
 use queen_testkit::BrokerProcess;
 use reqwest::StatusCode;
 use serde_json::json;
@@ -175,7 +176,14 @@ async fn writes_whose_commit_waits_on_a_silent_standby_are_answered_503_and_take
         ack_op(&leased_to_t, "t"),
         {"type": "push", "items": [{"queue": "silent-next", "partition": "p", "transactionId": "pushed-in-transaction", "payload": 1}]},
     ]});
-    let (pushed, created, registered, claimed, acked, transacted, extended) = tokio::join!(
+    let kv_put = json!({"operations": [{"op": "put", "ns": "silent", "key": "k", "value": 1, "forever": true}]});
+    let acquire = json!({"operations": [{"op": "acquire", "name": "silent-lock", "ttlSeconds": 60, "owner": "me"}]});
+    let payload = base64::engine::general_purpose::STANDARD.encode(b"{\"timer\": 1}");
+    let schedule = json!({"operations": [{"op": "schedule", "queue": "silent-push", "timerKey": "t1",
+                                          "payload": payload, "delayMs": 3_600_000, "txn": "timer-1"}]});
+    let (kv_written, locked, scheduled) =
+        (api.post("kv", &kv_put), api.post("locks", &acquire), api.post("timers", &schedule));
+    let (pushed, created, registered, claimed, acked, transacted, extended, kv_written, locked, scheduled) = tokio::join!(
         api.push("silent-push", "during"),
         api.push("silent-new", "created-during"),
         // A group's first pop registers it.
@@ -186,6 +194,9 @@ async fn writes_whose_commit_waits_on_a_silent_standby_are_answered_503_and_take
         api.transaction(&transaction),
         // A lease, taken or extended, does not wait for the standby either.
         api.extend(&leased_to_x),
+        kv_written,
+        locked,
+        scheduled,
     );
     let took = sent.elapsed();
     assert_eq!(extended.status(), StatusCode::OK, "the lease extension: {:?}", extended.text().await);
@@ -196,6 +207,9 @@ async fn writes_whose_commit_waits_on_a_silent_standby_are_answered_503_and_take
         ("pop", claimed),
         ("ack", acked),
         ("transaction", transacted),
+        ("key/value write", kv_written),
+        ("lock", locked),
+        ("timer", scheduled),
     ];
     for (what, answer) in answers {
         let status = answer.status();
@@ -203,7 +217,7 @@ async fn writes_whose_commit_waits_on_a_silent_standby_are_answered_503_and_take
     }
     assert!(took < SILENT_STANDBY_BOUND, "answered after {took:?}");
     let unanswered = queen_testkit::metric_at(&api.http, &api.base, "queen_db_errors_total{kind=\"unanswered\"}");
-    assert_eq!(unanswered.await, 6.0, "each write given up on is counted");
+    assert_eq!(unanswered.await, 9.0, "each write given up on is counted");
 
     // The standby answers again, and the commits it held go through; each write is sent again.
     pair.resume_standby();
@@ -211,6 +225,9 @@ async fn writes_whose_commit_waits_on_a_silent_standby_are_answered_503_and_take
     let status = pushed.json::<serde_json::Value>().await.expect("JSON")[0]["status"].as_str().map(str::to_owned);
     assert!(matches!(status.as_deref(), Some("duplicate" | "queued")), "{status:?}");
     api.until_done(|| api.push("silent-new", "created-during")).await;
+    for (route, body) in [("kv", &kv_put), ("locks", &acquire), ("timers", &schedule)] {
+        api.until_done(|| api.post(route, body)).await;
+    }
     let first_of_newcomer =
         api.until_done(|| api.pop_answer("newcomer", 1, "")).await.json::<serde_json::Value>().await;
     assert_eq!(first_of_newcomer.expect("JSON")["messages"][0]["transactionId"], "first", "registered, it reads");
@@ -321,6 +338,10 @@ impl Api {
             .send()
             .await
             .expect("an answer")
+    }
+
+    async fn post(&self, route: &str, body: &serde_json::Value) -> reqwest::Response {
+        self.http.post(format!("{}/api/v1/{route}", self.base)).json(body).send().await.expect("an answer")
     }
 
     async fn transaction(&self, bundle: &serde_json::Value) -> reqwest::Response {

@@ -127,13 +127,15 @@ pub enum LockOutcome {
 }
 
 /// Applies each operation in its own transaction, in order, for `caller` (the token's subject;
-/// `None` with auth off).
+/// `None` with auth off). A commit unanswered for `answer_within` ends the call with
+/// [`StoreError::Unanswered`]; the operations committed before it stand.
 pub async fn run(
     broker: &Broker,
     caller: Option<&str>,
     operations: &[LockOp],
 ) -> Result<Vec<LockOutcome>, BrokerError> {
     let mut client = broker.pool.get().await.map_err(StoreError::from)?;
+    let answer_within = broker.config.database.answer_within();
     let mut outcomes = Vec::with_capacity(operations.len());
     for operation in operations {
         let tx = client.transaction().await.map_err(StoreError::from)?;
@@ -152,8 +154,10 @@ pub async fn run(
         if matches!(
             outcome,
             LockOutcome::Acquired { already: false, .. } | LockOutcome::Renewed { .. } | LockOutcome::Released
-        ) {
-            tx.commit().await.map_err(StoreError::from)?;
+        ) && !queen_store::pool::commit_within(tx, answer_within).await?
+        {
+            // The operations before it stand; this one may still commit.
+            return Err(queen_store::pool::abandon(client, "a lock's commit", answer_within).into());
         }
         outcomes.push(outcome);
     }
