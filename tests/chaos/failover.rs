@@ -167,6 +167,11 @@ async fn writes_whose_commit_waits_on_a_silent_standby_are_answered_503_and_take
     let leased_to_g = api.pop("g", 1).await.expect("g pops").remove(0);
     let leased_to_t = api.pop("t", 1).await.expect("t pops").remove(0);
     let leased_to_x = api.pop("x", 1).await.expect("x pops").remove(0);
+    // Group `c` reads partition p1 of `silent-cursor`; p2, new to it, needs a cursor made.
+    for (partition, id) in [("p1", "cursor-1"), ("p2", "cursor-2")] {
+        assert_eq!(api.push_to("silent-cursor", partition, id).await.status(), StatusCode::CREATED);
+    }
+    assert_eq!(api.pop_partition("c", "p1").await.status(), StatusCode::OK);
     let first_of_h = api.pop("h", 1).await.expect("h pops").remove(0);
     assert_eq!(api.ack("h", &first_of_h).await.status(), StatusCode::OK);
 
@@ -183,11 +188,12 @@ async fn writes_whose_commit_waits_on_a_silent_standby_are_answered_503_and_take
                                           "payload": payload, "delayMs": 3_600_000, "txn": "timer-1"}]});
     let (kv_written, locked, scheduled) =
         (api.post("kv", &kv_put), api.post("locks", &acquire), api.post("timers", &schedule));
-    let (pushed, created, registered, claimed, acked, transacted, extended, kv_written, locked, scheduled) = tokio::join!(
+    let (pushed, created, registered, cursor_made, claimed, acked, transacted, extended, kv_written, locked, scheduled) = tokio::join!(
         api.push("silent-push", "during"),
         api.push("silent-new", "created-during"),
         // A group's first pop registers it.
         api.pop_answer("newcomer", 1, ""),
+        api.pop_partition("c", "p2"),
         // Auto-acked: a claim that takes a lease commits without waiting for the standby.
         api.pop_answer("h", 1, "&autoAck=true"),
         api.ack("g", &leased_to_g),
@@ -204,6 +210,7 @@ async fn writes_whose_commit_waits_on_a_silent_standby_are_answered_503_and_take
         ("push", pushed),
         ("creation", created),
         ("registration", registered),
+        ("cursor creation", cursor_made),
         ("pop", claimed),
         ("ack", acked),
         ("transaction", transacted),
@@ -217,7 +224,7 @@ async fn writes_whose_commit_waits_on_a_silent_standby_are_answered_503_and_take
     }
     assert!(took < SILENT_STANDBY_BOUND, "answered after {took:?}");
     let unanswered = queen_testkit::metric_at(&api.http, &api.base, "queen_db_errors_total{kind=\"unanswered\"}");
-    assert_eq!(unanswered.await, 9.0, "each write given up on is counted");
+    assert_eq!(unanswered.await, 10.0, "each write given up on is counted");
 
     // The standby answers again, and the commits it held go through; each write is sent again.
     pair.resume_standby();
@@ -225,6 +232,8 @@ async fn writes_whose_commit_waits_on_a_silent_standby_are_answered_503_and_take
     let status = pushed.json::<serde_json::Value>().await.expect("JSON")[0]["status"].as_str().map(str::to_owned);
     assert!(matches!(status.as_deref(), Some("duplicate" | "queued")), "{status:?}");
     api.until_done(|| api.push("silent-new", "created-during")).await;
+    let second_of_c = api.until_done(|| api.pop_partition("c", "p2")).await.json::<serde_json::Value>().await;
+    assert_eq!(second_of_c.expect("JSON")["messages"][0]["transactionId"], "cursor-2");
     for (route, body) in [("kv", &kv_put), ("locks", &acquire), ("timers", &schedule)] {
         api.until_done(|| api.post(route, body)).await;
     }
@@ -282,7 +291,11 @@ impl Api {
     }
 
     async fn push(&self, queue: &str, id: &str) -> reqwest::Response {
-        let item = json!({"queue": queue, "partition": "p", "transactionId": id, "payload": id});
+        self.push_to(queue, "p", id).await
+    }
+
+    async fn push_to(&self, queue: &str, partition: &str, id: &str) -> reqwest::Response {
+        let item = json!({"queue": queue, "partition": partition, "transactionId": id, "payload": id});
         let body = json!({ "items": [item] });
         self.http.post(format!("{}/api/v1/push", self.base)).json(&body).send().await.expect("an answer")
     }
@@ -291,6 +304,13 @@ impl Api {
     async fn pop_answer(&self, group: &str, batch: u32, options: &str) -> reqwest::Response {
         let query = format!("batch={batch}&consumerGroup={group}&wait=false&leaseSeconds=60{options}");
         self.http.get(format!("{}/api/v1/pop/queue/silent?{query}", self.base)).send().await.expect("an answer")
+    }
+
+    /// A pop of one partition of queue `silent-cursor`, without waiting.
+    async fn pop_partition(&self, group: &str, partition: &str) -> reqwest::Response {
+        let path = format!("/api/v1/pop/queue/silent-cursor/partition/{partition}");
+        let query = format!("batch=1&consumerGroup={group}&wait=false");
+        self.http.get(format!("{}{path}?{query}", self.base)).send().await.expect("an answer")
     }
 
     async fn pop(&self, group: &str, batch: u32) -> Option<Vec<serde_json::Value>> {

@@ -11,6 +11,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use deadpool_postgres::Object;
 use queen_store::cursors::{self, ClaimRequest, Claimed, CursorSeed, Expiry, Scope, Visibility};
 use queen_store::log::{Span, StoredSegment};
 use queen_store::queues::{self, Queue};
@@ -403,11 +404,20 @@ async fn pop_queue(
         return Ok(Attempt::Empty { retry_at });
     }
     let uncursored: Vec<i64> = free.iter().filter(|c| !c.has_cursor).map(|c| c.partition_id).collect();
-    cursors::ensure_cursors(&client, &request.group, &uncursored, request.seed).await?;
+    if !uncursored.is_empty() {
+        let ensure =
+            async |c: &mut Object| cursors::ensure_cursors(&*c, &request.group, &uncursored, request.seed).await;
+        let (answered, ensured) = committed_within(broker, client, "a cursor's creation", ensure).await?;
+        client = answered;
+        ensured?;
+    }
 
     let partition_ids: Vec<i64> = free.iter().map(|c| c.partition_id).collect();
     if queue.options.expiry_seconds().is_some() {
-        expire_old_messages(broker, &mut client, queue, &request.group, &partition_ids).await?;
+        let expire = async |c: &mut Object| expire_old_messages(broker, c, queue, &request.group, &partition_ids).await;
+        let (answered, expired) = committed_within(broker, client, "an expiry", expire).await?;
+        client = answered;
+        expired?;
     }
     let max_partitions = i64::from(if only_partition.is_some() { 1 } else { budget.partitions });
     let claim_request = ClaimRequest {
@@ -426,17 +436,30 @@ async fn pop_queue(
     // A claim that takes a lease commits asynchronously and never waits for its commit; an
     // auto-acked one waits, and is bounded.
     let Claimed { mut claims, exhausted } = if request.auto_ack {
-        let answer_within = broker.config.database.answer_within();
-        match tokio::time::timeout(answer_within, cursors::claim(&client, &claim_request)).await {
-            Ok(claimed) => claimed?,
-            // If it still commits, it commits its messages undelivered, as a lost answer would.
-            Err(_) => return Err(queen_store::pool::abandon(client, "an auto-acked claim", answer_within).into()),
-        }
+        // If it still commits, it commits its messages undelivered, as a lost answer would.
+        let claim = async |c: &mut Object| cursors::claim(&*c, &claim_request).await;
+        let (answered, claimed) = committed_within(broker, client, "an auto-acked claim", claim).await?;
+        client = answered;
+        claimed?
     } else {
         cursors::claim(&client, &claim_request).await?
     };
     if !exhausted.is_empty() {
-        let past = serve_past_exhausted_heads(broker, &mut client, queue, &claim_request, &claims, &exhausted).await;
+        let serve = async |c: &mut Object| {
+            serve_past_exhausted_heads(broker, c, queue, &claim_request, &claims, &exhausted).await
+        };
+        let past = match committed_within(broker, client, "giving up exhausted heads", serve).await {
+            Ok((answered, past)) => {
+                client = answered;
+                past
+            }
+            Err(e) if claims.is_empty() => return Err(e),
+            // What is claimed is read on another connection.
+            Err(e) => {
+                client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
+                Err(e)
+            }
+        };
         match past {
             Ok(more) => claims.extend(more),
             Err(e) if claims.is_empty() => return Err(e),
@@ -630,6 +653,23 @@ async fn read_claimed(
         }
     }
     Ok((messages, segments))
+}
+
+/// Runs `write`, whose commit waits (on a silent synchronous standby, say), on the pop's
+/// connection, and hands the connection back with its outcome; past
+/// `database.answer_within` the connection is abandoned instead and the pop answered 503, its
+/// outcome unknown.
+async fn committed_within<T, E: Into<BrokerError>>(
+    broker: &Broker,
+    mut client: Object,
+    what: &'static str,
+    write: impl AsyncFnOnce(&mut Object) -> Result<T, E>,
+) -> Result<(Object, Result<T, BrokerError>), BrokerError> {
+    let answer_within = broker.config.database.answer_within();
+    match tokio::time::timeout(answer_within, write(&mut client)).await {
+        Ok(outcome) => Ok((client, outcome.map_err(Into::into))),
+        Err(_) => Err(queen_store::pool::abandon(client, what, answer_within).into()),
+    }
 }
 
 /// Moves the group past the messages of these partitions that are older than the queue's `ttl`
