@@ -254,3 +254,51 @@ def screenshot(driver, directory, name, size=LAPTOP, full_page=True):
     assert driver.save_screenshot(str(path)), f"could not write {path}"
     driver.set_window_size(*LAPTOP)
     return path
+
+
+# Holds back, in the page, the answers to the calls whose URL contains `needle`: each call goes to
+# the broker at once, but its answer reaches the page only when released, as over a slow network.
+# `window.__held` holds a release for each answer held back.
+_HOLD_JS = """
+const needle = arguments[0];
+const real = window.fetch;
+window.__held = [];
+window.__release = () => {
+  window.fetch = real;
+  for (const release of window.__held.splice(0)) release();
+};
+window.fetch = (url, init) => {
+  const answer = real(url, init);
+  if (!String(url).includes(needle)) return answer;
+  // A failure is the page's to handle once released, not an unhandled rejection meanwhile.
+  answer.catch(() => {});
+  return new Promise((resolve) => window.__held.push(() => resolve(answer)));
+};
+"""
+
+
+def hold_answers(driver, needle):
+    """Holds back the answers to the page's calls to URLs containing `needle` (see _HOLD_JS)."""
+    driver.execute_script(_HOLD_JS, needle)
+
+
+def held_answers(driver):
+    """How many answers hold_answers is holding back now."""
+    return driver.execute_script("return window.__held ? window.__held.length : 0")
+
+
+def release_answers(driver):
+    """Lets every held answer through and stops holding."""
+    driver.execute_script("if (window.__release) window.__release()")
+
+
+def never_answer(driver, url_pattern):
+    """Makes the browser's requests to `url_pattern` (a DevTools pattern, `*` for any text) wait
+    for ever for their answer, as from a broker that never answers: they are paused in the
+    browser's network layer and never let through. Ended by let_answer()."""
+    driver.execute_cdp_cmd("Fetch.enable", {"patterns": [{"urlPattern": url_pattern}]})
+
+
+def let_answer(driver):
+    """Ends never_answer()."""
+    driver.execute_cdp_cmd("Fetch.disable", {})

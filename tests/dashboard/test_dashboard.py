@@ -1,6 +1,7 @@
 """The dashboard in a real browser against a real broker: each page shows what the API holds, and
 the actions taken through the page (skip to end, seek, push, delete a group, re-queue and delete
-dead letters) reach the broker, checked through the API.
+dead letters) reach the broker, checked through the API. Answers that come late or never, and
+more queues or partitions than the API lists at once, are shown for what they are.
 
 The tests run in file order and share the data made once by `data`. The page redraws what changed
 at every poll (every 2 s here), so rows are read in one script call (`snapshot`) and clicks find
@@ -8,6 +9,7 @@ their element again if a redraw replaced it.
 """
 
 import json
+import re
 
 import pytest
 from selenium.common.exceptions import TimeoutException
@@ -15,7 +17,23 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import Select
 
-from dashboard_helpers import PHONE, click, css_string, screenshot, snapshot, text_of, unique, wait_for, wait_until
+from dashboard_helpers import (
+    PHONE,
+    WAIT_SECONDS,
+    click,
+    css_string,
+    held_answers,
+    hold_answers,
+    let_answer,
+    never_answer,
+    release_answers,
+    screenshot,
+    snapshot,
+    text_of,
+    unique,
+    wait_for,
+    wait_until,
+)
 
 # A queue whose name is markup: the page must show it as text and never parse it.
 HOSTILE = "<img src=x onerror=window.__injected=1>"
@@ -80,7 +98,7 @@ def confirm_dialog(browser, dialog_id):
     wait_for(browser, lambda d: not d.find_elements(By.CSS_SELECTOR, f"dialog#{dialog_id}"), f"the {dialog_id} closes")
 
 
-def shows(browser, css, check, message):
+def shows(browser, css, check, message, timeout=WAIT_SECONDS):
     """Waits until the element at `css` passes `check(snapshot)`; returns that snapshot."""
 
     last = []
@@ -91,13 +109,18 @@ def shows(browser, css, check, message):
         return seen if check(seen) else None
 
     try:
-        return wait_for(browser, attempt, message)
+        return wait_for(browser, attempt, message, timeout)
     except TimeoutException:
         raise AssertionError(f"{message}: {css} never did; it last showed {last[0] if last else 'nothing'}") from None
 
 
 def cursor_row(queue_or_group_page, partition, group):
     return f'{queue_or_group_page} tr[data-partition="{partition}"][data-group={css_string(group)}]'
+
+
+def plain_numbers(text):
+    """`text` with the thousands separators the browser's locale puts in numbers taken out."""
+    return re.sub(r"(?<=\d)[,.\u00a0\u202f](?=\d{3})", "", text)
 
 
 def test_overview_shows_totals_history_queues_and_the_fleet(browser, queen_url, api, data, screenshots):
@@ -324,7 +347,7 @@ def test_deleting_a_group_asks_for_its_name(browser, queen_url, api, data):
     shows(browser, "#groups", lambda g: data["billing"] in g["text"] and group not in g["text"], "the group is gone from the list")
 
 
-def test_dead_letters_filter_inspect_retry_and_delete(browser, queen_url, api, data, screenshots):
+def test_dead_letters_filter_and_inspect(browser, queen_url, api, data, screenshots):
     dead = data["dead"]
     open_page(browser, queen_url, "#/dlq")
     form = wait_for(browser, lambda d: d.find_element(By.ID, "dlq-filter"), "the filter")
@@ -350,9 +373,26 @@ def test_dead_letters_filter_inspect_retry_and_delete(browser, queen_url, api, d
     screenshot(browser, screenshots, "dlq-inspect", full_page=False)
     confirm_dialog(browser, "dead-letter-dialog")
 
-    # Retry: the dead letter goes, and the message is back in its partition for the group.
-    click(browser, '#dlq tr[data-transaction-id="dead-1"] [data-action="retry"]')
-    wait_for(browser, lambda d: not d.find_elements(By.CSS_SELECTOR, '#dlq tr[data-transaction-id="dead-1"]'), "dead-1 leaves the list")
+
+def test_retrying_a_dead_letter_asks_first(browser, queen_url, api, data):
+    dead, row = data["dead"], '#dlq tr[data-transaction-id="dead-1"]'
+    open_page(browser, queen_url, f"#/dlq?queue={dead}")
+    shows(browser, row, lambda r: True, "dead-1")
+
+    # Cancelled: the dead letter stays, listed, and nothing is pushed again.
+    click(browser, f'{row} [data-action="retry"]')
+    dialog = open_dialog(browser, "retry-dead-letter-dialog")
+    assert "dead-1" in dialog.text and dead in dialog.text, dialog.text
+    dialog.find_element(By.CSS_SELECTOR, "[data-role=cancel]").click()
+    wait_for(browser, lambda d: not d.find_elements(By.CSS_SELECTOR, "dialog#retry-dead-letter-dialog"), "the dialog closes")
+    assert sorted(m["transactionId"] for m in api.get("/api/v1/dlq", queue=dead)["messages"]) == ["dead-1", "dead-2"]
+    assert api.pop(dead, data["reader"])[0] == [], "nothing was re-queued"
+    assert snapshot(browser, row)["data"]["transactionId"] == "dead-1"
+
+    # Confirmed: the dead letter goes, and the message is back in its partition for the group.
+    click(browser, f'{row} [data-action="retry"]')
+    confirm_dialog(browser, "retry-dead-letter-dialog")
+    wait_for(browser, lambda d: not d.find_elements(By.CSS_SELECTOR, row), "dead-1 leaves the list")
     assert "back in" in text_of(browser, "#flash")
     left = api.get("/api/v1/dlq", queue=dead)
     assert [m["transactionId"] for m in left["messages"]] == ["dead-2"] and left["total"] == 1, left
@@ -360,12 +400,36 @@ def test_dead_letters_filter_inspect_retry_and_delete(browser, queen_url, api, d
     assert again[0]["data"] == {"note": "<b>bold</b>", "n": 1} and again[0]["transactionId"].startswith("dlq:"), again
     api.ack(data["reader"], again)
 
-    # Delete, confirmed.
+
+def test_deleting_a_dead_letter_once_confirmed(browser, queen_url, api, data):
+    dead = data["dead"]
+    open_page(browser, queen_url, f"#/dlq?queue={dead}")
     click(browser, '#dlq tr[data-transaction-id="dead-2"] [data-action="delete"]')
     confirm_dialog(browser, "delete-dead-letter-dialog")
     shows(browser, "#dlq", lambda r: "No dead letters" in r["text"], "the list is empty")
     assert api.get("/api/v1/dlq", queue=dead)["total"] == 0
-    assert api.status_of("GET", f"/api/v1/messages/{again[0]['partitionId']}/dead-2") == 200, "the message itself stays in the log"
+    partition = api.get("/api/v1/messages", queue=dead, limit=1)["messages"][0]["partitionId"]
+    assert api.status_of("GET", f"/api/v1/messages/{partition}/dead-2") == 200, "the message itself stays in the log"
+
+
+def test_a_dead_letter_whose_payload_is_json_null_shows_null(browser, queen_url, api):
+    queue, group = unique("null"), unique("null-reader")
+    api.push(queue, "Default", [None], ["null-payload"])
+    letters, _ = api.pop_until(queue, group, 1)
+    api.ack(group, letters, status="dlq")
+    letter = wait_until(lambda: api.get("/api/v1/dlq", queue=queue)["messages"], "the dead letter")[0]
+    # What the page has to tell apart: data null with the message's id (a JSON null payload), or
+    # without it (retention removed the payload).
+    assert letter["data"] is None and letter["id"], letter
+
+    open_page(browser, queen_url, f"#/dlq?queue={queue}")
+    row = '#dlq tr[data-transaction-id="null-payload"]'
+    assert shows(browser, row, lambda r: True, "the dead letter")["fields"]["payload"] == "null"
+    click(browser, f'{row} [data-action="inspect"]')
+    dialog = open_dialog(browser, "dead-letter-dialog")
+    assert dialog.find_element(By.CSS_SELECTOR, "pre.json").text == "null"
+    assert "retention" not in dialog.text and "unavailable" not in dialog.text, dialog.text
+    confirm_dialog(browser, "dead-letter-dialog")
 
 
 def test_what_is_typed_survives_the_live_updates(browser, queen_url):
@@ -377,3 +441,118 @@ def test_what_is_typed_survives_the_live_updates(browser, queen_url):
         wait_for(browser, lambda d: d.find_element(By.ID, "live").text != before, "a refresh")
     assert field.get_attribute("value") == "typed-while-polling"
     assert browser.execute_script("return document.activeElement.name") == "consumerGroup"
+
+
+def test_a_late_answer_for_an_earlier_history_window_does_not_replace_the_latest(browser, queen_url):
+    open_page(browser, queen_url, "#/")
+    Select(browser.find_element(By.ID, "refresh-interval")).select_by_value("2")
+    Select(browser.find_element(By.ID, "history-window")).select_by_value("15")
+    shows(browser, "#history-note", lambda n: n["text"].startswith("Last 15 minutes:"), "the last 15 minutes")
+
+    # The next poll asks for the last 15 minutes again, and its answer is held back; meanwhile the
+    # operator switches to the last 6 hours, which is answered at once.
+    hold_answers(browser, "/api/v1/status/history?minutes=15")
+    try:
+        wait_for(browser, lambda d: held_answers(d) > 0, "a poll asks for the last 15 minutes")
+        polled = text_of(browser, "#live")
+        Select(browser.find_element(By.ID, "history-window")).select_by_value("360")
+        shows(browser, "#history-note", lambda n: n["text"].startswith("Last 6 hours:"), "the last 6 hours")
+    finally:
+        release_answers(browser)
+    # The poll ends (its time shows) only once the late answer was handled.
+    wait_for(browser, lambda d: text_of(d, "#live") != polled, "the poll with the late answer ends")
+    note = text_of(browser, "#history-note")
+    assert note.startswith("Last 6 hours:"), f"the late answer for 15 minutes replaced the 6 hours asked for: {note}"
+    assert Select(browser.find_element(By.ID, "history-window")).first_selected_option.get_attribute("value") == "360"
+
+
+def test_a_request_the_broker_never_answers_ends_in_an_error(browser, queen_url, data):
+    never_answer(browser, "*/api/v1/messages/*")
+    try:
+        open_page(browser, queen_url, f"#/message?pid={data['p1']}&tid=p1-0")
+        shows(browser, "#message", lambda m: "Loading" in m["text"], "the lookup, under way")
+        # The dashboard gives up after 15 s, and says so where the answer would have been.
+        error = shows(browser, "#message .error", lambda e: True, "the lookup fails", timeout=15 + WAIT_SECONDS)["text"]
+    finally:
+        let_answer(browser)
+    assert "did not answer" in error and "15 s" in error and f"/api/v1/messages/{data['p1']}/p1-0" in error, error
+
+
+def test_the_overview_pages_through_every_queue(browser, queen_url, api):
+    # More queues than the API lists at once (1,000), so than any page of the overview.
+    prefix = unique("many")
+    names = [f"{prefix}-{i:04d}" for i in range(1001)]
+    pushed = api.post("/api/v1/push", {"items": [{"queue": name, "payload": {"i": i}} for i, name in enumerate(names)]})
+    assert [r["status"] for r in pushed] == ["queued"] * len(names)
+    every = []
+    while True:
+        page = api.get("/api/v1/status/queues", limit=1000, offset=len(every))["queues"]
+        every += [q["name"] for q in page]
+        if len(page) < 1000:
+            break
+    assert set(names) <= set(every) and len(every) == api.get("/api/v1/status")["queues"]
+
+    listing = """
+        const pager = document.querySelector('#queues .pager-text');
+        return {pager: pager ? pager.innerText : null,
+                queues: [...document.querySelectorAll('#queues tr[data-queue]')].map((r) => r.dataset.queue),
+                next: Boolean(document.querySelector('#queues [data-action="next-queues"]'))};
+    """
+
+    def page_after(pager):
+        """A wait for a page of queues whose pager says something else than `pager`."""
+
+        def shown(d):
+            page = d.execute_script(listing)
+            return page if page["pager"] not in (None, pager) and page["queues"] else None
+
+        return shown
+
+    open_page(browser, queen_url, "#/")
+    page = wait_for(browser, page_after(None), "the first page of queues, with its pager")
+    assert plain_numbers(page["pager"]).startswith("Queues 1–") and f"of {len(every)}," in plain_numbers(page["pager"]), page["pager"]
+    pages = [page]
+    while page["next"]:
+        click(browser, '#queues [data-action="next-queues"]')
+        page = wait_for(browser, page_after(page["pager"]), "the next page of queues")
+        pages.append(page)
+    # Every queue, each once, in the order of their names, and the last page says where it ends.
+    seen = [name for p in pages for name in p["queues"]]
+    assert len(pages) > 1 and seen == every, f"{len(seen)} queues shown of {len(every)}, on {len(pages)} page(s)"
+    assert plain_numbers(page["pager"]).endswith(f"–{len(every)} of {len(every)}, by name"), page["pager"]
+
+    click(browser, '#queues [data-action="previous-queues"]')
+    back = wait_for(browser, page_after(page["pager"]), "the previous page of queues")
+    assert back == pages[-2], back["pager"]
+
+
+def test_a_queue_page_shows_every_cursor_and_counts_the_partitions_it_leaves_out(browser, queen_url, api):
+    queue, group = unique("wide"), unique("wide-reader")
+    # Two partitions, then 1,000 newer ones: more than the queue's status lists (the 1,000 most
+    # recently pushed).
+    api.push(queue, "oldest", [{"n": 0}])
+    api.push(queue, "older", [{"n": 1}])
+    newer = api.post("/api/v1/push", {"items": [{"queue": queue, "partition": f"p{i:04d}", "payload": {"i": i}} for i in range(1000)]})
+    assert [r["status"] for r in newer] == ["queued"] * 1000
+    status = api.get(f"/api/v1/status/queues/{queue}")
+    listed = {p["name"] for p in status["partitions"]}
+    assert status["queue"]["partitions"] == 1002 and len(listed) == 1000 and not {"oldest", "older"} & listed, status["queue"]
+
+    # No group reads the queue: the two older partitions are not shown, and the page says so.
+    open_page(browser, queen_url, f"#/queues/{queue}")
+    page = "#queue-partitions"
+    note = shows(browser, f"{page} .partitions-note", lambda n: n["data"]["notShown"] == "2", "how many partitions are not shown")
+    text = plain_numbers(note["text"])
+    assert "1002 partitions" in text and "most recently pushed" in text and "Not shown: 2 partition" in text, note
+    assert len(browser.find_elements(By.CSS_SELECTOR, f"{page} tr.partition-first")) == 1000
+    assert not browser.find_elements(By.CSS_SELECTOR, f'{page} tr[data-partition="oldest"], {page} tr[data-partition="older"]')
+
+    # A group reads the oldest partition, and so has a cursor on every one: all are listed.
+    api.pop_until(queue, group, 1, partition="oldest", lease_seconds=600)
+    oldest = shows(browser, cursor_row(page, "oldest", group), lambda r: r["fields"]["lag"] == "1", "the cursor on the oldest partition")
+    assert "until" in oldest["fields"]["lease"], oldest
+    older = snapshot(browser, cursor_row(page, "older", group))
+    assert older["fields"]["lag"] == "1" and older["fields"]["lease"] == "none", older
+    note = snapshot(browser, f"{page} .partitions-note")
+    assert note["data"]["notShown"] == "0" and "Every partition is shown" in note["text"], note
+    assert len(browser.find_elements(By.CSS_SELECTOR, f"{page} tr.partition-first")) == 1002

@@ -4,6 +4,10 @@
 
 const TOKEN_KEY = "queen.dashboard.token";
 
+// How long a call may take, its answer read in full: a broker that never answers must not leave
+// a page loading for ever.
+const TIMEOUT_SECONDS = 15;
+
 export class ApiError extends Error {
   constructor(method, path, status, body, requestId) {
     const said = body && typeof body.error === "string" ? body.error : null;
@@ -72,18 +76,20 @@ export async function call(method, url, body, { token: given } = {}) {
   const headers = { Accept: "application/json" };
   const bearer = given === undefined ? token() : given;
   if (bearer) headers.Authorization = `Bearer ${bearer}`;
-  const init = { method, headers, cache: "no-store", credentials: "omit" };
+  const init = { method, headers, cache: "no-store", credentials: "omit", signal: AbortSignal.timeout(TIMEOUT_SECONDS * 1000) };
   if (body !== undefined) {
     headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(body);
   }
   let response;
+  let text;
   try {
     response = await fetch(url, init);
+    text = await response.text();
   } catch (e) {
-    throw new ApiError(method, url, 0, { error: e && e.message ? e.message : String(e) });
+    const said = e && e.name === "TimeoutError" ? `gave up after ${TIMEOUT_SECONDS} s` : e && e.message ? e.message : String(e);
+    throw new ApiError(method, url, 0, { error: said });
   }
-  const text = await response.text();
   let parsed = null;
   if (text) {
     try {

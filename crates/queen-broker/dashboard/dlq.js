@@ -9,6 +9,10 @@ import { groupLabel } from "./actions.js";
 const PAGE_SIZES = [20, 50, 100, 500];
 const FILTERS = ["queue", "consumerGroup", "partition", "from", "to"];
 
+// The broker answers `data: null` both for a payload that is JSON null and for one retention
+// removed before the message was dead-lettered; only the latter comes without the message's id.
+const removed = (d) => d.id === null;
+
 function inspect(d) {
   const facts = [
     ["Queue", d.queue],
@@ -31,20 +35,31 @@ function inspect(d) {
       h("h3", {}, "Error"),
       h("pre", { class: "error-text" }, d.errorMessage || "–"),
       h("h3", {}, "Payload"),
-      d.data === null ? h("p", { class: "muted" }, "The payload is unavailable: retention removed the message first.") : prettyJson(d.data),
+      removed(d) ? h("p", { class: "muted" }, "The payload is unavailable: retention removed the message first.") : prettyJson(d.data),
     ],
     "dead-letter-dialog",
   );
 }
 
 async function retry(d, changed) {
-  const answer = await post(path("messages", d.partitionId, d.transactionId, "retry"));
-  flash(
-    answer.result === "moved"
-      ? `Message ${d.transactionId} is back in ${answer.queue} (partition id ${answer.partitionId}, offset ${answer.offset}) as ${answer.transactionId}; ${answer.deadLetters} dead letter(s) removed.`
-      : `Message ${d.transactionId} was already re-queued as ${answer.transactionId}; ${answer.deadLetters} dead letter(s) removed.`,
-  );
-  changed();
+  const answer = await openDialog({
+    id: "retry-dead-letter-dialog",
+    title: "Retry the message",
+    confirm: "Retry",
+    content: [
+      h("p", {}, "Push message ", h("code", {}, d.transactionId), " of queue ", h("strong", {}, d.queue), ", partition ", h("strong", {}, d.partition), " again, as a new message at the end of the partition?"),
+      h("p", { class: "muted" }, "Every group that reads the partition receives it; the message's dead letters (all its groups) go."),
+    ],
+    action: () => post(path("messages", d.partitionId, d.transactionId, "retry")),
+  });
+  if (answer) {
+    flash(
+      answer.result === "moved"
+        ? `Message ${d.transactionId} is back in ${answer.queue} (partition id ${answer.partitionId}, offset ${answer.offset}) as ${answer.transactionId}; ${answer.deadLetters} dead letter(s) removed.`
+        : `Message ${d.transactionId} was already re-queued as ${answer.transactionId}; ${answer.deadLetters} dead letter(s) removed.`,
+    );
+    changed();
+  }
 }
 
 async function remove(d, changed) {
@@ -82,12 +97,12 @@ function rows(page, changed) {
         h("td", {}, h("code", {}, d.transactionId || "–")),
         h("td", { class: "error-cell" }, d.errorMessage || "–"),
         h("td", { class: "num" }, num(d.retryCount)),
-        h("td", { class: "payload-cell" }, h("code", {}, d.data === null ? "(unavailable)" : preview(d.data, 60))),
+        h("td", { class: "payload-cell", "data-field": "payload" }, h("code", {}, removed(d) ? "(unavailable)" : preview(d.data, 60))),
         h(
           "td",
           { class: "actions" },
           actionButton("Inspect", () => inspect(d), { kind: "small", dataset: { action: "inspect" } }),
-          usable ? actionButton("Retry", () => retry(d, changed), { kind: "small", title: "Push the message again into its partition", dataset: { action: "retry" } }) : h("button", { class: "button button-small", disabled: true, title: why }, "Retry"),
+          usable ? actionButton("Retry…", () => retry(d, changed), { kind: "small", title: "Push the message again into its partition", dataset: { action: "retry" } }) : h("button", { class: "button button-small", disabled: true, title: why }, "Retry…"),
           usable ? actionButton("Delete…", () => remove(d, changed), { kind: "small-danger", dataset: { action: "delete" } }) : null,
         ),
       );

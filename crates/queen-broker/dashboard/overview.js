@@ -17,6 +17,8 @@ const WINDOWS = [
 ];
 const WINDOW_KEY = "queen.dashboard.historyMinutes";
 
+const windowLabel = (minutes) => WINDOWS.find(([m]) => m === minutes)[1];
+
 function historyMinutes() {
   const stored = Number(localStorage.getItem(WINDOW_KEY));
   return WINDOWS.some(([m]) => m === stored) ? stored : 60;
@@ -97,13 +99,30 @@ function series(history) {
   return out;
 }
 
-/** Most queues the overview lists (the API's largest page). */
-const MAX_QUEUES = 1000;
+/**
+ * Queues a page of the list shows, by name. One more is asked for, to know whether another page
+ * follows: the API answers no total, and at most 1,000 queues at a time.
+ */
+const QUEUE_PAGE = 500;
 
-function queueRows(queues) {
-  if (!queues.length) return empty("No queues yet: a queue is created by its first push or by configure.");
-  const more = queues.length >= MAX_QUEUES ? h("p", { class: "muted small" }, `The first ${MAX_QUEUES} queues, by name.`) : null;
-  return [more, table(
+/** Where the list is, with previous and next controls; nothing when every queue fits one page. */
+function queuePager({ queues, offset, more, total }, turn) {
+  if (offset === 0 && !more) return null;
+  const of = total === null ? "" : ` of ${num(total)}`;
+  return h(
+    "div",
+    { class: "pager" },
+    queues.length ? h("span", { class: "pager-text" }, `Queues ${num(offset + 1)}–${num(offset + queues.length)}${of}, by name`) : null,
+    offset > 0 ? h("button", { type: "button", class: "button", "data-action": "previous-queues", onclick: () => turn(Math.max(0, offset - QUEUE_PAGE)) }, "← Previous") : null,
+    more ? h("button", { type: "button", class: "button", "data-action": "next-queues", onclick: () => turn(offset + QUEUE_PAGE) }, "Next →") : null,
+  );
+}
+
+function queueRows(page, turn) {
+  const { queues, offset } = page;
+  if (!queues.length && offset === 0) return empty("No queues yet: a queue is created by its first push or by configure.");
+  if (!queues.length) return [queuePager(page, turn), empty(`No queues after the first ${num(offset)}.`)];
+  return [queuePager(page, turn), table(
     ["Queue", "Partitions", "Messages", "Pushed", "Last push", "Consumer groups: behind, oldest unread"],
     queues.map((q) =>
       h(
@@ -182,7 +201,7 @@ export function mount(root) {
   const throughput = h("div", { class: "chart", id: "chart-throughput" });
   const lagMessages = h("div", { class: "chart", id: "chart-lag-messages" });
   const lagSeconds = h("div", { class: "chart", id: "chart-lag-seconds" });
-  const chartNote = h("p", { class: "muted small" });
+  const chartNote = h("p", { class: "muted small", id: "history-note" });
   const windowSelect = h(
     "select",
     { class: "input input-small", "aria-label": "History window", id: "history-window" },
@@ -207,6 +226,9 @@ export function mount(root) {
 
   let historyShown = null;
   let historyFetched = 0;
+  // Which history request is the latest: switching the window quickly can leave an earlier,
+  // slower answer arriving last, and it must not replace the one the window asks for.
+  let historyAsked = 0;
 
   windowSelect.addEventListener("change", () => {
     localStorage.setItem(WINDOW_KEY, windowSelect.value);
@@ -216,16 +238,19 @@ export function mount(root) {
   async function refreshHistory(force = false) {
     const minutes = historyMinutes();
     if (!force && historyShown && Date.now() - historyFetched < historyRefreshMs(minutes)) return;
+    const asked = ++historyAsked;
     let history;
     try {
       history = await get(withQuery("/api/v1/status/history", { minutes }));
-      historyFetched = Date.now();
     } catch (e) {
+      if (asked !== historyAsked) return;
       historyShown = null;
       chartNote.textContent = describe(e);
       chartNote.className = "error";
       return;
     }
+    if (asked !== historyAsked) return;
+    historyFetched = Date.now();
     if (!history.points.length) {
       historyShown = null;
       chartNote.textContent = "No samples yet: the brokers record one every few seconds.";
@@ -237,7 +262,7 @@ export function mount(root) {
     historyShown = key;
     const s = series(history);
     chartNote.className = "muted small";
-    chartNote.textContent = `${history.points.length} samples of ${history.intervalSeconds} s, ${new Date(history.from).toLocaleTimeString()} to ${new Date(history.to).toLocaleTimeString()}, the whole fleet.`;
+    chartNote.textContent = `${windowLabel(minutes)}: ${history.points.length} samples of ${history.intervalSeconds} s, ${new Date(history.from).toLocaleTimeString()} to ${new Date(history.to).toLocaleTimeString()}, the whole fleet.`;
     const span = { times: s.times, from: Date.parse(history.from), to: Date.parse(history.to) };
     drawChart(throughput, {
       ...span,
@@ -253,20 +278,36 @@ export function mount(root) {
     drawChart(lagSeconds, { ...span, label: "Oldest unread", format: duration, tick: durationTick, axis: "time", series: [{ key: "lagSeconds", label: "oldest unread", values: s.lagSeconds }] });
   }
 
+  // How many queues there are in all, from the totals, for the list's pager.
+  let queueTotal = null;
+  let queueOffset = 0;
+
   async function refreshStatus() {
     try {
-      summary.show(await get("/api/v1/status"), totals);
+      const status = await get("/api/v1/status");
+      queueTotal = status.queues;
+      summary.show(status, totals);
     } catch (e) {
+      queueTotal = null;
       summary.fail(e);
     }
   }
 
+  function turn(offset) {
+    queueOffset = offset;
+    refreshQueues();
+  }
+
   async function refreshQueues() {
+    const offset = queueOffset;
     try {
-      const answer = await get(withQuery("/api/v1/status/queues", { limit: MAX_QUEUES }));
-      queues.show(answer.queues, queueRows);
+      const answer = await get(withQuery("/api/v1/status/queues", { limit: QUEUE_PAGE + 1, offset }));
+      // An answer for a page the operator has since left is not shown.
+      if (offset !== queueOffset) return;
+      const page = { queues: answer.queues.slice(0, QUEUE_PAGE), offset, more: answer.queues.length > QUEUE_PAGE, total: queueTotal };
+      queues.show(page, (p) => queueRows(p, turn));
     } catch (e) {
-      queues.fail(e);
+      if (offset === queueOffset) queues.fail(e);
     }
   }
 

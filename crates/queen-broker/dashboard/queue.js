@@ -72,9 +72,41 @@ function groupsTable(queue, groups, onChange) {
   );
 }
 
+/**
+ * The partitions to list: those of the answer (the most recently pushed, at most 1,000), then
+ * every other one a group has a cursor on (the answer holds every cursor), known from its cursors
+ * only, without depth or last push. How many partitions that leaves out is said above the table.
+ */
+function listedPartitions(partitions, cursors) {
+  const answered = new Set(partitions.map((p) => String(p.id)));
+  const others = new Map();
+  for (const c of cursors) {
+    const id = String(c.partitionId);
+    if (answered.has(id)) continue;
+    const p = others.get(id) || { id, name: c.partition, lastOffset: c.lastOffset, fromCursors: true };
+    p.lastOffset = Math.max(p.lastOffset, c.lastOffset);
+    others.set(id, p);
+  }
+  return [...partitions, ...[...others.values()].sort((a, b) => a.name.localeCompare(b.name))];
+}
+
+/** What the table leaves out, when the answer did not hold every partition. */
+function partitionsNote(total, answered, listed) {
+  if (answered >= total) return null;
+  const older = listed > answered ? `, and ${num(listed - answered)} older one(s) a group has a cursor on (their depth is not read)` : "";
+  const left = Math.max(0, total - listed);
+  return h(
+    "p",
+    { class: "muted partitions-note", "data-not-shown": left },
+    `The queue has ${num(total)} partitions. Listed: the ${num(answered)} most recently pushed${older}. `,
+    left ? `Not shown: ${num(left)} partition(s) on which no group has a cursor.` : "Every partition is shown.",
+  );
+}
+
 /** Partitions, each followed by every group's cursor on it. */
-function partitionsTable(queue, partitions, cursors, onChange) {
-  if (!partitions.length) return empty("No partitions: the first push to a partition creates it.");
+function partitionsTable(queue, answered, cursors, total, onChange) {
+  if (!answered.length) return empty("No partitions: the first push to a partition creates it.");
+  const partitions = listedPartitions(answered, cursors);
   const byPartition = new Map();
   for (const c of cursors) {
     const list = byPartition.get(String(c.partitionId)) || [];
@@ -89,7 +121,7 @@ function partitionsTable(queue, partitions, cursors, onChange) {
       h("td", { rowspan: span, class: "partition-cell" }, h("strong", {}, p.name), h("span", { class: "muted small block" }, `id ${p.id}`)),
       h("td", { rowspan: span, class: "num", "data-field": "depth" }, num(p.messagesStored)),
       h("td", { rowspan: span, class: "num" }, num(p.lastOffset)),
-      h("td", { rowspan: span }, p.lastPushAt ? ago(p.lastPushAt) : "never"),
+      h("td", { rowspan: span }, p.lastPushAt ? ago(p.lastPushAt) : p.fromCursors ? "–" : "never"),
     ];
     if (!list.length) {
       rows.push(h("tr", { class: "partition-first", "data-partition": p.name }, partitionCells, h("td", { colspan: 6, class: "muted" }, "no consumer group has a cursor here")));
@@ -131,7 +163,10 @@ function partitionsTable(queue, partitions, cursors, onChange) {
       );
     });
   }
-  return table(["Partition", "Depth", "Last offset", "Last push", "Group", "Committed", "Behind", "Oldest unread", "Lease", ""], rows, { class: "partitions-table" });
+  return [
+    partitionsNote(total, answered.length, partitions.length),
+    table(["Partition", "Depth", "Last offset", "Last push", "Group", "Committed", "Behind", "Oldest unread", "Lease", ""], rows, { class: "partitions-table" }),
+  ];
 }
 
 function messagesTable(messages) {
@@ -257,7 +292,7 @@ export function mount(root, { params }) {
       knownPartitions = names;
       replace(partitionsList, answer.partitions.map((p) => h("option", { value: p.name })));
     }
-    parts.show({ partitions: answer.partitions, cursors: answer.cursors }, (d) => partitionsTable(queue, d.partitions, d.cursors, changed));
+    parts.show({ partitions: answer.partitions, cursors: answer.cursors, total: answer.queue.partitions }, (d) => partitionsTable(queue, d.partitions, d.cursors, d.total, changed));
     await refreshMessages();
   }
 
