@@ -218,13 +218,7 @@ async fn writes_whose_commit_waits_on_a_silent_standby_are_answered_503_and_take
         ("lock", locked),
         ("timer", scheduled),
     ];
-    for (what, answer) in answers {
-        let status = answer.status();
-        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "the {what}: {:?}", answer.text().await);
-    }
-    assert!(took < SILENT_STANDBY_BOUND, "answered after {took:?}");
-    let unanswered = queen_testkit::metric_at(&api.http, &api.base, "queen_db_errors_total{kind=\"unanswered\"}");
-    assert_eq!(unanswered.await, 10.0, "each write given up on is counted");
+    api.assert_unanswered(answers, took).await;
 
     // The standby answers again, and the commits it held go through; each write is sent again.
     pair.resume_standby();
@@ -269,6 +263,50 @@ async fn writes_whose_commit_waits_on_a_silent_standby_are_answered_503_and_take
     assert_running(&mut brokers).await;
 }
 
+/// The admin routes' writes wait for their commit too: configure, a seek, a group's deletion and
+/// a subscription update are answered 503 while the synchronous standby is silent, and take
+/// effect when sent again once it streams.
+#[tokio::test]
+async fn admin_writes_whose_commit_waits_on_a_silent_standby_are_answered_503() {
+    let pair = Pair::start("silent_admin", Replication::Synchronous).await;
+    let envs = [("QUEEN_DATABASE__STATEMENT_TIMEOUT_MS", "1000"), ("QUEEN_DATABASE__LOCK_TIMEOUT_MS", "1000")];
+    let mut brokers = start_brokers(&pair.url(), 1, &envs).await;
+    let api = Api::new(&brokers[0].url());
+    for id in ["one", "two"] {
+        assert_eq!(api.push_to("admin", "p", id).await.status(), StatusCode::CREATED);
+    }
+    for group in ["sought", "deleted", "subscribed"] {
+        assert_eq!(api.pop_from("admin", "p", group).await.status(), StatusCode::OK, "group {group}");
+    }
+
+    pair.stall_standby().await;
+    let sent = Instant::now();
+    let configure = json!({"queue": "admin", "options": {"leaseTime": 45}});
+    let to_end = json!({"toEnd": true});
+    let start = json!({"subscriptionTimestamp": "2026-01-01T00:00:00Z"});
+    let (configured, sought, deleted, subscribed) = tokio::join!(
+        api.post("configure", &configure),
+        api.post("consumer-groups/sought/queues/admin/seek", &to_end),
+        api.delete("consumer-groups/deleted/queues/admin"),
+        api.post("consumer-groups/subscribed/subscription", &start),
+    );
+    let took = sent.elapsed();
+    let answers = [("configure", configured), ("seek", sought), ("deletion", deleted), ("subscription", subscribed)];
+    api.assert_unanswered(answers, took).await;
+
+    pair.resume_standby();
+    api.until_done(|| api.post("configure", &configure)).await;
+    api.until_done(|| api.post("consumer-groups/sought/queues/admin/seek", &to_end)).await;
+    api.until_done(|| api.delete("consumer-groups/deleted/queues/admin")).await;
+    api.until_done(|| api.post("consumer-groups/subscribed/subscription", &start)).await;
+    assert_eq!(api.get("resources/queues/admin").await["options"]["leaseTime"], 45);
+    // At the end, `sought` has nothing to read; `deleted` starts over from the first message.
+    assert_eq!(api.pop_from("admin", "p", "sought").await.status(), StatusCode::NO_CONTENT);
+    let again = api.pop_from("admin", "p", "deleted").await.json::<serde_json::Value>().await.expect("JSON");
+    assert_eq!(again["messages"][0]["transactionId"], "one");
+    assert_running(&mut brokers).await;
+}
+
 fn ids(messages: &[serde_json::Value]) -> Vec<&str> {
     messages.iter().map(|m| m["transactionId"].as_str().unwrap_or_default()).collect()
 }
@@ -308,7 +346,12 @@ impl Api {
 
     /// A pop of one partition of queue `silent-cursor`, without waiting.
     async fn pop_partition(&self, group: &str, partition: &str) -> reqwest::Response {
-        let path = format!("/api/v1/pop/queue/silent-cursor/partition/{partition}");
+        self.pop_from("silent-cursor", partition, group).await
+    }
+
+    /// A pop of one message of one partition, without waiting.
+    async fn pop_from(&self, queue: &str, partition: &str, group: &str) -> reqwest::Response {
+        let path = format!("/api/v1/pop/queue/{queue}/partition/{partition}");
         let query = format!("batch=1&consumerGroup={group}&wait=false");
         self.http.get(format!("{}{path}?{query}", self.base)).send().await.expect("an answer")
     }
@@ -364,8 +407,28 @@ impl Api {
         self.http.post(format!("{}/api/v1/{route}", self.base)).json(body).send().await.expect("an answer")
     }
 
+    async fn delete(&self, route: &str) -> reqwest::Response {
+        self.http.delete(format!("{}/api/v1/{route}", self.base)).send().await.expect("an answer")
+    }
+
+    async fn get(&self, route: &str) -> serde_json::Value {
+        let answer = self.http.get(format!("{}/api/v1/{route}", self.base)).send().await.expect("an answer");
+        answer.json().await.expect("JSON")
+    }
+
     async fn transaction(&self, bundle: &serde_json::Value) -> reqwest::Response {
         self.http.post(format!("{}/api/v1/transaction", self.base)).json(bundle).send().await.expect("an answer")
+    }
+
+    /// Each write was answered 503 within the bound, and counted as given up on.
+    async fn assert_unanswered<const N: usize>(&self, answers: [(&str, reqwest::Response); N], took: Duration) {
+        for (what, answer) in answers {
+            let status = answer.status();
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "the {what}: {:?}", answer.text().await);
+        }
+        assert!(took < SILENT_STANDBY_BOUND, "answered after {took:?}");
+        let unanswered = queen_testkit::metric_at(&self.http, &self.base, "queen_db_errors_total{kind=\"unanswered\"}");
+        assert_eq!(unanswered.await, N as f64, "each write given up on is counted");
     }
 
     /// Sends a write again until it succeeds (503 meanwhile, within a minute).

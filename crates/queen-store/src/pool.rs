@@ -85,6 +85,21 @@ pub fn discard(client: deadpool_postgres::Object) {
     drop(deadpool_postgres::Object::take(client));
 }
 
+/// Runs `work` on `client` (writes whose commit PostgreSQL may never answer: a silent synchronous
+/// standby), waiting at most `bound`, and hands the connection back with the outcome. Past the
+/// bound the connection is [`abandon`]ed and the outcome unknown ([`StoreError::Unanswered`]).
+pub async fn answered_within<T>(
+    mut client: deadpool_postgres::Object,
+    bound: Duration,
+    what: &'static str,
+    work: impl AsyncFnOnce(&mut deadpool_postgres::Object) -> T,
+) -> Result<(deadpool_postgres::Object, T), StoreError> {
+    match tokio::time::timeout(bound, work(&mut client)).await {
+        Ok(outcome) => Ok((client, outcome)),
+        Err(_) => Err(abandon(client, what, bound)),
+    }
+}
+
 /// Commits `tx`, waiting at most `bound` for PostgreSQL's answer: `Ok(false)` when none came,
 /// and then the connection must be [`abandon`]ed.
 pub async fn commit_within(tx: deadpool_postgres::Transaction<'_>, bound: Duration) -> Result<bool, StoreError> {

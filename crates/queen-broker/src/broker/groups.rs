@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use deadpool_postgres::Object;
 use queen_store::cursors::CursorSeed;
 use queen_store::groups::{self, CursorLag, GroupDeleted, Registration, SeekTarget, SeekedPartition};
 
@@ -34,14 +35,8 @@ pub async fn register_on_first_pop(
     let mut conflates: Vec<Option<bool>> = queues.iter().map(|queue| broker.registered.get(&key(queue))).collect();
     let unseen: Vec<&str> = queues.iter().zip(&conflates).filter(|(_, seen)| seen.is_none()).map(|(q, _)| *q).collect();
     if !unseen.is_empty() {
-        let mut client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
-        // A registration's commit waits like any other (on a silent synchronous standby, say).
-        let answer_within = broker.config.database.answer_within();
-        let registering = register(broker, &mut client, queues, &unseen, group, seed, conflation);
-        let Ok(conflating) = tokio::time::timeout(answer_within, registering).await else {
-            return Err(queen_store::pool::abandon(client, "a group's registration", answer_within).into());
-        };
-        let conflating = conflating?;
+        let registering = async |c: &mut Object| register(broker, c, queues, &unseen, group, seed, conflation).await;
+        let conflating = broker.write_within("a group's registration", registering).await?.1?;
         for (queue, flag) in queues.iter().zip(&mut conflates).filter(|(_, flag)| flag.is_none()) {
             let stored = conflating.iter().any(|c| c == queue);
             broker.registered.insert(key(queue), stored);
@@ -55,7 +50,7 @@ pub async fn register_on_first_pop(
 /// queues of `unseen` it conflates on.
 async fn register(
     broker: &Broker,
-    client: &mut deadpool_postgres::Object,
+    client: &mut Object,
     queues: &[&str],
     unseen: &[&str],
     group: &str,
@@ -113,20 +108,22 @@ pub async fn seek(
     target: SeekTarget,
 ) -> Result<Option<Vec<SeekedPartition>>, BrokerError> {
     let Some(queue_id) = broker.names.queue(&broker.pool, queue).await?.map(|q| q.id) else { return Ok(None) };
-    let mut client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
     let max = broker.config.limits.creation().groups_per_queue;
     let known = group == QUEUE_MODE_GROUP || broker.registered.contains_key(&(queue.to_owned(), group.to_owned()));
-    let moved = if known || max == 0 {
-        groups::seek(&client, queue_id, partition_id, group, target).await?
-    } else {
+    let seeking = async |client: &mut Object| {
+        if known || max == 0 {
+            return groups::seek(&*client, queue_id, partition_id, group, target).await;
+        }
         // A seek creates the cursors of a group that has none: a group new to the queue comes to
         // exist, within the limit.
-        let tx = client.transaction().await.map_err(queen_store::StoreError::from)?;
+        let tx = client.transaction().await?;
         groups::admit(&tx, queue, group, QUEUE_MODE_GROUP, max).await?;
         let moved = groups::seek(&tx, queue_id, partition_id, group, target).await?;
-        tx.commit().await.map_err(queen_store::StoreError::from)?;
-        moved
+        tx.commit().await?;
+        Ok(moved)
     };
+    let (client, moved) = broker.write_within("a seek", seeking).await?;
+    let moved = moved?;
     if moved.is_empty() {
         return Ok(None);
     }
@@ -140,8 +137,9 @@ pub async fn update_subscription(
     group: &str,
     from: chrono::DateTime<chrono::Utc>,
 ) -> Result<Vec<String>, BrokerError> {
-    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
-    let queues = groups::update_subscription(&client, group, from).await?;
+    let updating = async |c: &mut Object| groups::update_subscription(&*c, group, from).await;
+    let (client, queues) = broker.write_within("a subscription update", updating).await?;
+    let queues = queues?;
     if !queues.is_empty() {
         forget(broker, &client, 0, None, group).await?;
     }
@@ -156,8 +154,9 @@ pub async fn delete(
     queue: Option<&str>,
     delete_metadata: bool,
 ) -> Result<GroupDeleted, BrokerError> {
-    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
-    let deleted = groups::delete_group(&client, group, queue, delete_metadata).await?;
+    let deleting = async |c: &mut Object| groups::delete_group(&*c, group, queue, delete_metadata).await;
+    let (client, deleted) = broker.write_within("a group's deletion", deleting).await?;
+    let deleted = deleted?;
     for queue in &deleted.queues {
         broker.registered.invalidate(&(queue.clone(), group.to_owned()));
     }

@@ -202,9 +202,8 @@ pub async fn status(broker: &Broker) -> Result<MaintenanceStatus, BrokerError> {
 
 /// Turns a switch on or off for the whole fleet; this broker applies it before answering.
 pub async fn set(broker: &Broker, mode: Mode, enabled: bool) -> Result<MaintenanceStatus, BrokerError> {
-    let mut client = broker.pool.get().await.map_err(StoreError::from)?;
-    let modes = system_state::set(&mut client, mode, enabled).await?;
-    drop(client);
+    let setting = async |c: &mut deadpool_postgres::Object| system_state::set(c, mode, enabled).await;
+    let modes = broker.write_within("a maintenance switch", setting).await?.1?;
     broker.maintenance.apply(modes);
     status(broker).await
 }

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use deadpool_postgres::Object;
 use queen_store::StoreError;
 use queen_store::dlq::{self, DeadLetter, DeadLetterFilter, Requeue};
 use queen_store::messages::{self, ListedMessage, StoredMessage};
@@ -43,9 +44,10 @@ pub async fn dead_letters(broker: &Broker, filter: &DeadLetterFilter) -> Result<
 /// Moves the message's dead letters back into its partition as one new message, announced like
 /// a push.
 pub async fn requeue(broker: &Broker, partition_id: i64, transaction_id: &str) -> Result<Requeue, BrokerError> {
-    let mut client = broker.pool.get().await.map_err(StoreError::from)?;
     let limits = broker.config.limits.creation();
-    let moved = dlq::requeue(&mut client, partition_id, transaction_id, broker.cipher.as_deref(), limits).await?;
+    let requeue =
+        async |c: &mut Object| dlq::requeue(c, partition_id, transaction_id, broker.cipher.as_deref(), limits).await;
+    let moved = broker.write_within("a dead letter's retry", requeue).await?.1?;
     if let Requeue::Moved(moved) = &moved {
         let queue = Arc::from(moved.queue.as_str());
         broker.announcer.announce(DataAvailable { queue, queue_id: moved.queue_id, partition_id: moved.partition_id });
@@ -55,6 +57,6 @@ pub async fn requeue(broker: &Broker, partition_id: i64, transaction_id: &str) -
 
 /// Deletes the message's dead letters; how many there were.
 pub async fn delete_dead_letters(broker: &Broker, partition_id: i64, transaction_id: &str) -> Result<u64, BrokerError> {
-    let client = broker.pool.get().await.map_err(StoreError::from)?;
-    Ok(dlq::delete(&client, partition_id, transaction_id).await?)
+    let delete = async |c: &mut Object| dlq::delete(&*c, partition_id, transaction_id).await;
+    Ok(broker.write_within("a dead letter's deletion", delete).await?.1?)
 }

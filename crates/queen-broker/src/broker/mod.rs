@@ -112,6 +112,28 @@ impl Drop for UnderWay<'_> {
 }
 
 impl Broker {
+    /// Takes a pooled connection and runs `work` on it, bounded by `database.answer_within`: a
+    /// write whose commit PostgreSQL does not answer in time (a silent synchronous standby) is
+    /// given up on, its connection discarded, and its outcome unknown (a 503).
+    pub async fn write_within<T>(
+        &self,
+        what: &'static str,
+        work: impl AsyncFnOnce(&mut deadpool_postgres::Object) -> T,
+    ) -> Result<(deadpool_postgres::Object, T), queen_store::StoreError> {
+        let client = self.pool.get().await?;
+        queen_store::pool::answered_within(client, self.config.database.answer_within(), what, work).await
+    }
+
+    /// [`Broker::write_within`] on a connection already taken.
+    pub async fn continue_within<T>(
+        &self,
+        client: deadpool_postgres::Object,
+        what: &'static str,
+        work: impl AsyncFnOnce(&mut deadpool_postgres::Object) -> T,
+    ) -> Result<(deadpool_postgres::Object, T), queen_store::StoreError> {
+        queen_store::pool::answered_within(client, self.config.database.answer_within(), what, work).await
+    }
+
     /// Whether the broker is shutting down: it is not ready, and long polls answer at once.
     pub fn is_shutting_down(&self) -> bool {
         self.shutting_down.load(Ordering::SeqCst)

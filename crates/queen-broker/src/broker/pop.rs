@@ -407,7 +407,7 @@ async fn pop_queue(
     if !uncursored.is_empty() {
         let ensure =
             async |c: &mut Object| cursors::ensure_cursors(&*c, &request.group, &uncursored, request.seed).await;
-        let (answered, ensured) = committed_within(broker, client, "a cursor's creation", ensure).await?;
+        let (answered, ensured) = broker.continue_within(client, "a cursor's creation", ensure).await?;
         client = answered;
         ensured?;
     }
@@ -415,7 +415,7 @@ async fn pop_queue(
     let partition_ids: Vec<i64> = free.iter().map(|c| c.partition_id).collect();
     if queue.options.expiry_seconds().is_some() {
         let expire = async |c: &mut Object| expire_old_messages(broker, c, queue, &request.group, &partition_ids).await;
-        let (answered, expired) = committed_within(broker, client, "an expiry", expire).await?;
+        let (answered, expired) = broker.continue_within(client, "an expiry", expire).await?;
         client = answered;
         expired?;
     }
@@ -438,7 +438,7 @@ async fn pop_queue(
     let Claimed { mut claims, exhausted } = if request.auto_ack {
         // If it still commits, it commits its messages undelivered, as a lost answer would.
         let claim = async |c: &mut Object| cursors::claim(&*c, &claim_request).await;
-        let (answered, claimed) = committed_within(broker, client, "an auto-acked claim", claim).await?;
+        let (answered, claimed) = broker.continue_within(client, "an auto-acked claim", claim).await?;
         client = answered;
         claimed?
     } else {
@@ -448,16 +448,16 @@ async fn pop_queue(
         let serve = async |c: &mut Object| {
             serve_past_exhausted_heads(broker, c, queue, &claim_request, &claims, &exhausted).await
         };
-        let past = match committed_within(broker, client, "giving up exhausted heads", serve).await {
+        let past = match broker.continue_within(client, "giving up exhausted heads", serve).await {
             Ok((answered, past)) => {
                 client = answered;
                 past
             }
-            Err(e) if claims.is_empty() => return Err(e),
+            Err(e) if claims.is_empty() => return Err(e.into()),
             // What is claimed is read on another connection.
             Err(e) => {
                 client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
-                Err(e)
+                Err(e.into())
             }
         };
         match past {
@@ -653,23 +653,6 @@ async fn read_claimed(
         }
     }
     Ok((messages, segments))
-}
-
-/// Runs `write`, whose commit waits (on a silent synchronous standby, say), on the pop's
-/// connection, and hands the connection back with its outcome; past
-/// `database.answer_within` the connection is abandoned instead and the pop answered 503, its
-/// outcome unknown.
-async fn committed_within<T, E: Into<BrokerError>>(
-    broker: &Broker,
-    mut client: Object,
-    what: &'static str,
-    write: impl AsyncFnOnce(&mut Object) -> Result<T, E>,
-) -> Result<(Object, Result<T, BrokerError>), BrokerError> {
-    let answer_within = broker.config.database.answer_within();
-    match tokio::time::timeout(answer_within, write(&mut client)).await {
-        Ok(outcome) => Ok((client, outcome.map_err(Into::into))),
-        Err(_) => Err(queen_store::pool::abandon(client, what, answer_within).into()),
-    }
 }
 
 /// Moves the group past the messages of these partitions that are older than the queue's `ttl`

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use deadpool_postgres::Object;
 use queen_store::StoreError;
 use queen_store::queues::{self, Queue, QueueSize};
 use serde_json::{Map, Value};
@@ -28,10 +29,11 @@ pub async fn configure(broker: &Broker, name: &str, request: &Configure) -> Resu
              encryption.key) to 64 hexadecimal characters, the same on every broker",
         ));
     }
-    let mut client = broker.pool.get().await.map_err(StoreError::from)?;
     let (namespace, task) = (request.namespace.as_deref(), request.task.as_deref());
     let max_queues = broker.config.limits.creation().queues;
-    let queue = queues::configure_queue(&mut client, name, namespace, task, &patch, max_queues).await?;
+    let configuring =
+        async |c: &mut Object| queues::configure_queue(c, name, namespace, task, &patch, max_queues).await;
+    let queue = broker.write_within("a queue's configuration", configuring).await?.1?;
     broker.names.forget_queue(name);
     Ok(queue)
 }
@@ -47,8 +49,10 @@ pub async fn describe(broker: &Broker, name: &str) -> Result<Option<(Arc<Queue>,
 /// Deletes the queue and everything of it, and its metric series; whether it existed. (Other
 /// brokers remove its series when they hear of the deletion.)
 pub async fn delete(broker: &Broker, name: &str) -> Result<bool, BrokerError> {
-    let mut client = broker.pool.get().await.map_err(StoreError::from)?;
-    let existed = queues::delete_queue(&mut client, name).await?;
+    let existed = broker
+        .write_within("a queue's deletion", async |c: &mut Object| queues::delete_queue(c, name).await)
+        .await?
+        .1?;
     broker.names.forget_queue(name);
     if existed {
         broker.metrics.forget_queue(name);
