@@ -5,8 +5,10 @@
 const TOKEN_KEY = "queen.dashboard.token";
 
 // How long a call may take, its answer read in full: a broker that never answers must not leave
-// a page loading for ever.
-const TIMEOUT_SECONDS = 15;
+// a page loading for ever. An action (a write) may take longer than a read, and when it gives up
+// its outcome is unknown.
+const READ_TIMEOUT_SECONDS = 15;
+const WRITE_TIMEOUT_SECONDS = 120;
 
 export class ApiError extends Error {
   constructor(method, path, status, body, requestId) {
@@ -76,7 +78,9 @@ export async function call(method, url, body, { token: given } = {}) {
   const headers = { Accept: "application/json" };
   const bearer = given === undefined ? token() : given;
   if (bearer) headers.Authorization = `Bearer ${bearer}`;
-  const init = { method, headers, cache: "no-store", credentials: "omit", signal: AbortSignal.timeout(TIMEOUT_SECONDS * 1000) };
+  const reads = method === "GET";
+  const seconds = reads ? READ_TIMEOUT_SECONDS : WRITE_TIMEOUT_SECONDS;
+  const init = { method, headers, cache: "no-store", credentials: "omit", signal: AbortSignal.timeout(seconds * 1000) };
   if (body !== undefined) {
     headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(body);
@@ -87,7 +91,8 @@ export async function call(method, url, body, { token: given } = {}) {
     response = await fetch(url, init);
     text = await response.text();
   } catch (e) {
-    const said = e && e.name === "TimeoutError" ? `gave up after ${TIMEOUT_SECONDS} s` : e && e.message ? e.message : String(e);
+    const gaveUp = `gave up after ${seconds} s${reads ? "" : "; whether it was done is unknown"}`;
+    const said = e && e.name === "TimeoutError" ? gaveUp : e && e.message ? e.message : String(e);
     throw new ApiError(method, url, 0, { error: said });
   }
   let parsed = null;

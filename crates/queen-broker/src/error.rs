@@ -74,9 +74,8 @@ impl ApiError {
     }
 
     /// Whether the client should come back later (with `Retry-After`). A creation limit is not:
-    /// it passes only when something is deleted or the limit is raised, so its 429 carries no
-    /// `Retry-After`, and a client that retries 429s in place (the official one does) backs off
-    /// exponentially instead of coming back every second.
+    /// it passes only when something is deleted or the limit is raised (a 409, without
+    /// `Retry-After`).
     fn is_transient(&self) -> bool {
         matches!(
             self,

@@ -521,8 +521,9 @@ impl From<&MetricFamily> for FamilyJson {
         FamilyJson { name: family.name().to_owned(), help: family.help().to_owned(), kind, samples }
     }
 }
-/// What the process has used since it started, as the Prometheus process collector reads it
-/// from `/proc`; zeros where there is none.
+/// What the process has used since it started: its processor time (getrusage), and its resident
+/// memory and start as the Prometheus process collector reads them from `/proc`; zeros where there
+/// is none.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ProcessUsage {
     pub cpu_seconds: f64,
@@ -544,8 +545,12 @@ pub fn process_usage() -> ProcessUsage {
         };
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         let started = value("process_start_time_seconds").unwrap_or(now.as_secs_f64());
+        // The collector's processor time is in whole seconds; getrusage's, in microseconds.
+        let seconds = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+        let cpu_seconds = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
+            .map_or(0.0, |usage| seconds(usage.user_time()) + seconds(usage.system_time()));
         ProcessUsage {
-            cpu_seconds: value("process_cpu_seconds_total").unwrap_or(0.0),
+            cpu_seconds,
             resident_bytes: value("process_resident_memory_bytes").unwrap_or(0.0) as i64,
             uptime: std::time::Duration::try_from_secs_f64(now.as_secs_f64() - started).unwrap_or_default(),
         }

@@ -88,15 +88,34 @@ pub fn discard(client: deadpool_postgres::Object) {
 /// Runs `work` on `client` (writes whose commit PostgreSQL may never answer: a silent synchronous
 /// standby), waiting at most `bound`, and hands the connection back with the outcome. Past the
 /// bound the connection is [`abandon`]ed and the outcome unknown ([`StoreError::Unanswered`]).
+/// The same when the caller goes away first (a request whose client disconnected is dropped
+/// mid-write): the connection is discarded, not handed back with its write still waiting on it.
 pub async fn answered_within<T>(
-    mut client: deadpool_postgres::Object,
+    client: deadpool_postgres::Object,
     bound: Duration,
     what: &'static str,
     work: impl AsyncFnOnce(&mut deadpool_postgres::Object) -> T,
 ) -> Result<(deadpool_postgres::Object, T), StoreError> {
-    match tokio::time::timeout(bound, work(&mut client)).await {
+    // The slot is emptied only below, so both lookups find the connection.
+    let lost = || StoreError::Unavailable("the connection went missing".into());
+    let mut under_way = UnderWay(Some(client));
+    let working = under_way.0.as_mut().ok_or_else(lost)?;
+    let answered = tokio::time::timeout(bound, work(working)).await;
+    let client = under_way.0.take().ok_or_else(lost)?;
+    match answered {
         Ok(outcome) => Ok((client, outcome)),
         Err(_) => Err(abandon(client, what, bound)),
+    }
+}
+
+/// A connection with a write under way: discarded if dropped before the write was answered.
+struct UnderWay(Option<deadpool_postgres::Object>);
+
+impl Drop for UnderWay {
+    fn drop(&mut self) {
+        if let Some(client) = self.0.take() {
+            discard(client);
+        }
     }
 }
 

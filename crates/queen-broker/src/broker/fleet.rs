@@ -40,9 +40,16 @@ pub async fn keep_beating(broker: web::Data<Broker>) {
     loop {
         ticks.tick().await;
         let totals = Totals::of(&broker.metrics);
-        match beat(&broker, started_at, &totals, &recorded).await {
+        let beaten = match beat(&broker, started_at, &totals, &recorded).await {
             Ok(()) => {
+                // Recorded: not reported again, whatever comes of the lag sample.
                 recorded = totals;
+                sample_lag(&broker).await
+            }
+            Err(e) => Err(e),
+        };
+        match beaten {
+            Ok(()) => {
                 if failing {
                     tracing::info!("heartbeats are recorded again");
                 }
@@ -62,7 +69,7 @@ async fn beat(broker: &Broker, started_at: DateTime<Utc>, now: &Totals, recorded
     let journal = super::maintenance_mode::status(broker).await?;
     // The pool as the requests see it, before this beat takes a connection of it.
     let pool = broker.pool.status();
-    let mut client = broker.pool.get().await.map_err(StoreError::from)?;
+    let client = broker.pool.get().await.map_err(StoreError::from)?;
     let as_i32 = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
     let usage = Usage {
         interval_seconds: now.at.duration_since(recorded.at).as_secs_f64(),
@@ -86,6 +93,12 @@ async fn beat(broker: &Broker, started_at: DateTime<Utc>, now: &Totals, recorded
         usage,
     };
     fleet::beat(&client, &heartbeat).await?;
+    Ok(())
+}
+
+/// Takes the lag sampler's turn if it is free.
+async fn sample_lag(broker: &Broker) -> Result<(), BrokerError> {
+    let mut client = broker.pool.get().await.map_err(StoreError::from)?;
     fleet::sample_lag(&mut client, interval(broker).as_secs_f64()).await?;
     Ok(())
 }
@@ -208,7 +221,8 @@ pub async fn usage(
 ) -> Result<(Duration, Vec<BrokerSeries>), BrokerError> {
     let sample = interval(broker);
     let span = (to.unwrap_or_else(Utc::now) - from).to_std().unwrap_or_default();
-    let samples_per_step = span.div_duration_f64(sample * MAX_USAGE_POINTS).ceil().max(1.0);
+    // One interval fewer than the most: the span's ends fall inside intervals aligned to the epoch.
+    let samples_per_step = span.div_duration_f64(sample * (MAX_USAGE_POINTS - 1)).ceil().max(1.0);
     let step = sample.mul_f64(samples_per_step);
     let client = broker.pool.get().await.map_err(StoreError::from)?;
     let found = fleet::broker_intervals(&client, step.as_secs_f64(), from, to).await?;

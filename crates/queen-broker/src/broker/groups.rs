@@ -131,12 +131,18 @@ pub async fn seek(
     Ok(Some(moved))
 }
 
-/// Changes where the group starts on partitions it has not read yet; no cursor moves.
+/// Changes where the group starts on partitions it has not read yet; no cursor moves. Queue mode
+/// has none to change: it always starts at the oldest retained message.
 pub async fn update_subscription(
     broker: &Broker,
     group: &str,
     from: chrono::DateTime<chrono::Utc>,
 ) -> Result<Vec<String>, BrokerError> {
+    if group == QUEUE_MODE_GROUP {
+        return Err(BrokerError::invalid(format!(
+            "{QUEUE_MODE_GROUP} (queue mode) has no subscription: it always starts at the oldest retained message"
+        )));
+    }
     let updating = async |c: &mut Object| groups::update_subscription(&*c, group, from).await;
     let (client, queues) = broker.write_within("a subscription update", updating).await?;
     let queues = queues?;

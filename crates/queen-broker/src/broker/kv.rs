@@ -228,19 +228,18 @@ pub enum Outcome {
     },
 }
 
-/// Applies a batch in a transaction of its own, committed unless the batch aborted. A commit
-/// unanswered for `answer_within` is [`StoreError::Unanswered`].
+/// Applies a batch in a transaction of its own, committed unless the batch aborted, within
+/// [`Broker::write_within`]'s bound.
 pub async fn apply(broker: &Broker, batch: &Batch) -> Result<Outcome, BrokerError> {
-    let mut client = broker.pool.get().await.map_err(StoreError::from)?;
-    let tx = client.transaction().await.map_err(StoreError::from)?;
-    let outcome = apply_in(&tx, batch).await?;
-    if let Outcome::Applied(_) = outcome {
-        let answer_within = broker.config.database.answer_within();
-        if !queen_store::pool::commit_within(tx, answer_within).await? {
-            return Err(queen_store::pool::abandon(client, "a key/value commit", answer_within).into());
+    let applying = async |client: &mut deadpool_postgres::Object| -> Result<Outcome, BrokerError> {
+        let tx = client.transaction().await.map_err(StoreError::from)?;
+        let outcome = apply_in(&tx, batch).await?;
+        if let Outcome::Applied(_) = outcome {
+            tx.commit().await.map_err(StoreError::from)?;
         }
-    }
-    Ok(outcome)
+        Ok(outcome)
+    };
+    broker.write_within("a key/value batch", applying).await?.1
 }
 
 /// Applies a batch inside the caller's transaction. On [`Outcome::Aborted`] the caller must roll

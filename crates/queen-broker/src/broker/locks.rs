@@ -127,41 +127,40 @@ pub enum LockOutcome {
 }
 
 /// Applies each operation in its own transaction, in order, for `caller` (the token's subject;
-/// `None` with auth off). A commit unanswered for `answer_within` ends the call with
-/// [`StoreError::Unanswered`]; the operations committed before it stand.
+/// `None` with auth off), within [`Broker::write_within`]'s bound: past it the call is answered
+/// 503, and the operations committed before stand.
 pub async fn run(
     broker: &Broker,
     caller: Option<&str>,
     operations: &[LockOp],
 ) -> Result<Vec<LockOutcome>, BrokerError> {
-    let mut client = broker.pool.get().await.map_err(StoreError::from)?;
-    let answer_within = broker.config.database.answer_within();
-    let mut outcomes = Vec::with_capacity(operations.len());
-    for operation in operations {
-        let tx = client.transaction().await.map_err(StoreError::from)?;
-        let outcome = match operation {
-            LockOp::Acquire { name, ttl_seconds, owner, limit } => {
-                let owner = owner.clone().unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-                acquire(&tx, name, *ttl_seconds, owner, caller, *limit).await?
+    let running = async |client: &mut deadpool_postgres::Object| -> Result<Vec<LockOutcome>, BrokerError> {
+        let mut outcomes = Vec::with_capacity(operations.len());
+        for operation in operations {
+            let tx = client.transaction().await.map_err(StoreError::from)?;
+            let outcome = match operation {
+                LockOp::Acquire { name, ttl_seconds, owner, limit } => {
+                    let owner = owner.clone().unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+                    acquire(&tx, name, *ttl_seconds, owner, caller, *limit).await?
+                }
+                LockOp::Renew { name, token, ttl_seconds, slot, owner } => {
+                    renew(&tx, name, *token, *ttl_seconds, *slot, owner.as_deref(), caller).await?
+                }
+                LockOp::Release { name, token, slot } => release(&tx, name, *token, *slot, caller).await?,
+                LockOp::Get { name } => LockOutcome::State { holders: holders(&tx, name).await? },
+            };
+            // Refusals wrote nothing worth keeping (a placeholder row at most): roll them back.
+            if matches!(
+                outcome,
+                LockOutcome::Acquired { already: false, .. } | LockOutcome::Renewed { .. } | LockOutcome::Released
+            ) {
+                tx.commit().await.map_err(StoreError::from)?;
             }
-            LockOp::Renew { name, token, ttl_seconds, slot, owner } => {
-                renew(&tx, name, *token, *ttl_seconds, *slot, owner.as_deref(), caller).await?
-            }
-            LockOp::Release { name, token, slot } => release(&tx, name, *token, *slot, caller).await?,
-            LockOp::Get { name } => LockOutcome::State { holders: holders(&tx, name).await? },
-        };
-        // Refusals wrote nothing worth keeping (a placeholder row at most): roll them back.
-        if matches!(
-            outcome,
-            LockOutcome::Acquired { already: false, .. } | LockOutcome::Renewed { .. } | LockOutcome::Released
-        ) && !queen_store::pool::commit_within(tx, answer_within).await?
-        {
-            // The operations before it stand; this one may still commit.
-            return Err(queen_store::pool::abandon(client, "a lock's commit", answer_within).into());
+            outcomes.push(outcome);
         }
-        outcomes.push(outcome);
-    }
-    Ok(outcomes)
+        Ok(outcomes)
+    };
+    broker.write_within("a lock operation", running).await?.1
 }
 
 /// Whether `caller` may act on a permit taken under `subject`: the same identity, or a permit

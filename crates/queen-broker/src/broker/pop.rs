@@ -445,20 +445,14 @@ async fn pop_queue(
         cursors::claim(&client, &claim_request).await?
     };
     if !exhausted.is_empty() {
+        // On a connection of its own: what is claimed already is read on this one whatever
+        // comes of giving the heads up.
         let serve = async |c: &mut Object| {
             serve_past_exhausted_heads(broker, c, queue, &claim_request, &claims, &exhausted).await
         };
-        let past = match broker.continue_within(client, "giving up exhausted heads", serve).await {
-            Ok((answered, past)) => {
-                client = answered;
-                past
-            }
-            Err(e) if claims.is_empty() => return Err(e.into()),
-            // What is claimed is read on another connection.
-            Err(e) => {
-                client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
-                Err(e.into())
-            }
+        let past = match broker.write_within("giving up exhausted heads", serve).await {
+            Ok((_, past)) => past,
+            Err(e) => Err(e.into()),
         };
         match past {
             Ok(more) => claims.extend(more),

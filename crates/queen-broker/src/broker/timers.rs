@@ -112,17 +112,17 @@ pub struct TimerResult {
     pub outcome: TimerOutcome,
 }
 
-/// Applies the operations in one transaction; one result per operation, in their order. A commit
-/// unanswered for `answer_within` is [`StoreError::Unanswered`].
+/// Applies the operations in one transaction, within [`Broker::write_within`]'s bound; one
+/// result per operation, in their order.
 pub async fn apply(broker: &Broker, mut ops: Vec<TimerOp>) -> Result<Vec<TimerResult>, BrokerError> {
     seal_payloads(broker, &mut ops).await?;
-    let mut client = broker.pool.get().await.map_err(StoreError::from)?;
-    let tx = client.transaction().await.map_err(StoreError::from)?;
-    let results = apply_in(&tx, &ops).await?;
-    let answer_within = broker.config.database.answer_within();
-    if !queen_store::pool::commit_within(tx, answer_within).await? {
-        return Err(queen_store::pool::abandon(client, "a timers commit", answer_within).into());
-    }
+    let applying = async |client: &mut deadpool_postgres::Object| -> Result<Vec<TimerResult>, BrokerError> {
+        let tx = client.transaction().await.map_err(StoreError::from)?;
+        let results = apply_in(&tx, &ops).await?;
+        tx.commit().await.map_err(StoreError::from)?;
+        Ok(results)
+    };
+    let results = broker.write_within("a timers batch", applying).await?.1?;
     wake_sweeper(broker, &ops, &results);
     Ok(results)
 }

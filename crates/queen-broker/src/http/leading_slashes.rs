@@ -15,11 +15,8 @@ pub async fn collapse(
 ) -> Result<ServiceResponse<impl MessageBody>, Error> {
     if req.path().starts_with("//") {
         let uri = &req.head().uri;
-        let path = format!("/{}", uri.path().trim_start_matches('/'));
-        let path_and_query = match uri.query() {
-            Some(query) => format!("{path}?{query}"),
-            None => path,
-        };
+        // The path comes first: trimming the whole keeps the query string as it was.
+        let path_and_query = format!("/{}", uri.path_and_query().map_or("", |pq| pq.as_str()).trim_start_matches('/'));
         let mut parts = uri.clone().into_parts();
         // Built from a valid path and query with slashes taken away: still valid.
         if let Ok(path_and_query) = PathAndQuery::try_from(path_and_query)

@@ -366,3 +366,24 @@ async fn a_server_out_of_connection_slots_is_unavailable_for_now() {
     let answered = queen_broker::broker::BrokerError::from(refused);
     assert!(matches!(answered, queen_broker::broker::BrokerError::Unavailable(_)), "{answered:?}");
 }
+
+/// A bounded write whose caller went away mid-statement (its request dropped: the client
+/// disconnected) does not hand its connection back with the statement still running on it: the
+/// next user of the pool gets a connection that answers at once.
+#[actix_web::test]
+async fn a_write_dropped_mid_statement_does_not_leave_its_connection_to_the_next_user() {
+    let app = TestApp::spawn().await;
+    let target: tokio_postgres::Config = app.db.url().parse().expect("the database URL");
+    let pool = store_pool(target, "dropped-write");
+    let client = pool.get().await.expect("a connection");
+    let sleeping = queen_store::pool::answered_within(client, Duration::from_secs(60), "a sleep", async |c| {
+        c.batch_execute("SELECT pg_sleep(30)").await
+    });
+    // The caller goes away while the statement runs.
+    assert!(tokio::time::timeout(Duration::from_millis(300), sleeping).await.is_err(), "the sleep still ran");
+    let next = tokio::time::timeout(Duration::from_secs(10), async {
+        pool.get().await.expect("a connection").query_one("SELECT 1", &[]).await.expect("an answer").get::<_, i32>(0)
+    })
+    .await;
+    assert_eq!(next.ok(), Some(1), "the next user waited behind the abandoned sleep");
+}

@@ -139,4 +139,15 @@ async fn a_group_that_only_sought_takes_a_subscription_update_for_partitions_to_
     read.extend(app.pop("queue/sought", "batch=10&consumerGroup=g").await.data_ints("i"));
     read.sort_unstable();
     assert_eq!(read, vec![3, 12, 13]);
+
+    // Queue mode has cursors too, but no start to change: it always reads from the oldest message.
+    app.pop("queue/sought", "batch=10").await;
+    let queue_mode = app
+        .post("/api/v1/consumer-groups/__QUEUE_MODE__/subscription", &json!({"subscriptionTimestamp": at.to_rfc3339()}))
+        .await;
+    assert_eq!(queue_mode.status, StatusCode::BAD_REQUEST, "{queue_mode:?}");
+    assert_eq!(
+        app.count("SELECT count(*) FROM queen.consumer_groups_metadata WHERE consumer_group = '__QUEUE_MODE__'").await,
+        0
+    );
 }
