@@ -3,9 +3,10 @@
 //!
 //! Each test starts one broker on a fresh database and runs pytest files of `tests/compat` against
 //! it: the suite, then the files that need a broker of their own (JWT auth, HTTPS, creation
-//! limits). pytest reports the individual cases (`queen_testkit::pytest` says which Python).
+//! limits, a database outage). pytest reports the individual cases (`queen_testkit::pytest` says which Python).
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use queen_testkit::tls_cluster::TestCertificates;
 use queen_testkit::{BrokerProcess, JsonServer, TestDatabase, pytest, target_dir};
@@ -31,6 +32,7 @@ async fn the_official_python_client_works_against_the_broker() {
         "--ignore=tests/compat/test_auth.py",
         "--ignore=tests/compat/test_https.py",
         "--ignore=tests/compat/test_limits.py",
+        "--ignore=tests/compat/test_outage.py",
     ];
     let report = pytest::run(SUITE, &broker, &targets, &[]).await;
     println!("{report}");
@@ -88,6 +90,46 @@ async fn the_official_python_client_is_told_at_once_of_a_creation_limit() {
     let broker =
         BrokerProcess::start(Path::new(env!("CARGO_BIN_EXE_queen")), &["--database-url", db.url()], &envs).await;
     println!("{}", pytest::run(SUITE, &broker, &["tests/compat/test_limits.py"], &[]).await);
+}
+
+/// How long the database stays cut off: longer than the client's own retries of a request
+/// (three attempts over 3 s), so that its consume loop sees the pops fail.
+const OUTAGE: Duration = Duration::from_secs(8);
+
+#[tokio::test]
+async fn the_official_python_clients_consumer_outlives_a_database_outage() {
+    let db = TestDatabase::create("compat_outage").await;
+    let broker = BrokerProcess::start(Path::new(env!("CARGO_BIN_EXE_queen")), &["--database-url", db.url()], &[]).await;
+    let suite = pytest::run(SUITE, &broker, &["tests/compat/test_outage.py"], &[]);
+    let url = broker.url();
+    let (report, ()) = tokio::join!(suite, cut_off_once_consumed(&db, &url));
+    println!("{report}");
+}
+
+/// Once test_outage.py's consumer has acknowledged its first message, refuses new connections to
+/// the database and ends the broker's own for [`OUTAGE`], then lets them in again.
+async fn cut_off_once_consumed(db: &TestDatabase, broker: &str) {
+    let admin = db.connect().await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let acknowledged = "SELECT count(*) FROM queen.log_consumers
+                         WHERE consumer_group = 'outlives-the-outage' AND committed >= 1";
+    while admin.query_one(acknowledged, &[]).await.map_or(0, |row| row.get::<_, i64>(0)) == 0 {
+        assert!(Instant::now() < deadline, "the consumer never acknowledged its first message");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // From outside the database: PostgreSQL cannot cut off the one it is connected to.
+    let name = db.name();
+    let mut outside: tokio_postgres::Config = db.url().parse().expect("the database URL");
+    let (cluster, connection) = outside.dbname("postgres").connect(tokio_postgres::NoTls).await.expect("a connection");
+    tokio::spawn(connection);
+    cluster.batch_execute(&format!("ALTER DATABASE \"{name}\" ALLOW_CONNECTIONS false")).await.expect("cut off");
+    let ended = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1";
+    cluster.execute(ended, &[&name]).await.expect("the broker's connections ended");
+    tokio::time::sleep(OUTAGE).await;
+    let http = queen_testkit::http().build().expect("a client");
+    let failures = queen_testkit::metric_at(&http, broker, "queen_db_errors_total{kind=\"unavailable\"}").await;
+    cluster.batch_execute(&format!("ALTER DATABASE \"{name}\" ALLOW_CONNECTIONS true")).await.expect("let back");
+    assert!(failures >= 3.0, "the consumer's pops failed meanwhile ({failures} database failures)");
 }
 
 /// A JWKS with the public half of the RSA private key at `path`, under `kid`.

@@ -105,7 +105,7 @@ async fn the_broker_answers_503_while_postgresql_is_down_and_recovers_when_it_is
     let request_id = down.headers().get("x-request-id").cloned().expect("a request id");
     let error: serde_json::Value = down.json().await.expect("a JSON error");
     assert_eq!(error["code"], "unavailable", "{error}");
-    assert_eq!(error["error"], "the database is unavailable; retry later", "the broker's words, not PostgreSQL's");
+    assert_eq!(error["error"], queen_broker::broker::DATABASE_UNAVAILABLE, "the broker's words, not PostgreSQL's");
     assert_eq!(error["requestId"].as_str().map(str::as_bytes), Some(request_id.as_bytes()));
     let health = http.get(format!("{}/health", broker.url())).send().await.expect("health");
     assert_eq!(health.status(), StatusCode::OK, "liveness does not fail because PostgreSQL is down");

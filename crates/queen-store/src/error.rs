@@ -50,7 +50,10 @@ pub enum StoreError {
     /// PostgreSQL did not answer a write within `waited`: its commit may be waiting on a
     /// synchronous standby or the WAL disk, which PostgreSQL never times out. Whether it took
     /// effect is unknown; its connection is taken out of the pool ([`crate::pool::discard`]).
-    #[error("PostgreSQL did not answer {what} within {} ms; whether it took effect is unknown", waited.as_millis())]
+    #[error(
+        "PostgreSQL did not answer {what} within {} ms, and its connection was closed; whether it took effect is unknown",
+        waited.as_millis()
+    )]
     Unanswered { what: &'static str, waited: std::time::Duration },
     #[error("database error: {0}")]
     Db(tokio_postgres::Error),
@@ -231,6 +234,16 @@ impl From<tokio_postgres::Error> for StoreError {
 impl From<deadpool_postgres::PoolError> for StoreError {
     fn from(e: deadpool_postgres::PoolError) -> Self {
         match e {
+            // Opening a connection failed on something PostgreSQL said that is no connection
+            // failure on a live session: it refuses new connections for now (a database with
+            // ALLOW_CONNECTIONS off while it is restored, 55000). Away for now, as an unreachable
+            // server is; a refused login (class 28) stays the configuration's fault.
+            deadpool_postgres::PoolError::Backend(e)
+                if e.code().is_some_and(|code| !code.code().starts_with("28")) && !is_connection_failure(&e) =>
+            {
+                UNAVAILABLE.fetch_add(1, Ordering::Relaxed);
+                StoreError::Unavailable(e.to_string())
+            }
             deadpool_postgres::PoolError::Backend(e) => e.into(),
             other => {
                 UNAVAILABLE.fetch_add(1, Ordering::Relaxed);

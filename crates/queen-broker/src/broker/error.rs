@@ -36,12 +36,16 @@ pub enum BrokerError {
     Internal(String),
 }
 
-/// What a 5xx caused by the database says, whatever PostgreSQL said.
-pub const DATABASE_UNAVAILABLE: &str = "the database is unavailable; retry later";
+/// What a 5xx caused by the database says, whatever PostgreSQL said. It names the connection:
+/// the official clients' consume loop keeps polling (after a second) on an error that says
+/// "connection", and stops on any other, so a database outage would end every consumer.
+pub const DATABASE_UNAVAILABLE: &str =
+    "the database is unavailable; retry later (the broker renews its connections by itself)";
 
-/// What a 503 caused by PostgreSQL refusing writes says: why, and that it passes.
+/// What a 503 caused by PostgreSQL refusing writes says: why, and that it passes (named as
+/// [`DATABASE_UNAVAILABLE`] is, for the same reason).
 fn writes_refused(refusal: WriteRefusal) -> String {
-    format!("{}; retry later", refusal.message())
+    format!("{}; retry later (the broker renews its connections by itself)", refusal.message())
 }
 
 impl BrokerError {

@@ -21,8 +21,10 @@ pub async fn admit(
     };
     let _under_way = broker.request_under_way();
     if broker.is_shutting_down() && req.path().starts_with("/api/") {
-        let mut refusal =
-            ApiError::Unavailable("the broker is shutting down; retry on another broker".into()).error_response();
+        let mut refusal = ApiError::Unavailable(
+            "the broker is shutting down and closes this connection; retry on another broker".into(),
+        )
+        .error_response();
         refusal.head_mut().set_connection_type(ConnectionType::Close);
         return Ok(req.into_response(refusal).map_into_right_body());
     }

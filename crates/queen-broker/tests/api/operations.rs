@@ -292,10 +292,14 @@ async fn a_read_only_database_is_a_503_that_says_so_and_not_ready_until_it_takes
 
     let refused = push_until(&app, "refused", |answer| {
         answer.status == StatusCode::SERVICE_UNAVAILABLE
-            && answer.body["error"] != "the database is unavailable; retry later"
+            && answer.body["error"] != queen_broker::broker::DATABASE_UNAVAILABLE
     })
     .await;
-    assert_eq!(refused.body["error"], "PostgreSQL is read-only and not accepting writes; retry later", "{refused:?}");
+    assert_eq!(
+        refused.body["error"],
+        "PostgreSQL is read-only and not accepting writes; retry later (the broker renews its connections by itself)",
+        "{refused:?}"
+    );
     assert_eq!(refused.body["code"], "unavailable");
     let popped = app.pop("queue/fenced", "batch=1").await;
     assert_eq!(popped.status, StatusCode::SERVICE_UNAVAILABLE, "a pop leases (a write): {popped:?}");
