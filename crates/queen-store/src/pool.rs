@@ -98,7 +98,7 @@ pub async fn answered_within<T>(
 ) -> Result<(deadpool_postgres::Object, T), StoreError> {
     // The slot is emptied only below, so both lookups find the connection.
     let lost = || StoreError::Unavailable("the connection went missing".into());
-    let mut under_way = UnderWay(Some(client));
+    let mut under_way = WriteUnderWay(Some(client));
     let working = under_way.0.as_mut().ok_or_else(lost)?;
     let answered = tokio::time::timeout(bound, work(working)).await;
     let client = under_way.0.take().ok_or_else(lost)?;
@@ -109,9 +109,9 @@ pub async fn answered_within<T>(
 }
 
 /// A connection with a write under way: discarded if dropped before the write was answered.
-struct UnderWay(Option<deadpool_postgres::Object>);
+struct WriteUnderWay(Option<deadpool_postgres::Object>);
 
-impl Drop for UnderWay {
+impl Drop for WriteUnderWay {
     fn drop(&mut self) {
         if let Some(client) = self.0.take() {
             discard(client);

@@ -120,8 +120,7 @@ impl Broker {
         what: &'static str,
         work: impl AsyncFnOnce(&mut deadpool_postgres::Object) -> T,
     ) -> Result<(deadpool_postgres::Object, T), queen_store::StoreError> {
-        let client = self.pool.get().await?;
-        queen_store::pool::answered_within(client, self.config.database.answer_within(), what, work).await
+        self.continue_within(self.pool.get().await?, what, work).await
     }
 
     /// [`Broker::write_within`] on a connection already taken.
