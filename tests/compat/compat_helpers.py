@@ -39,6 +39,20 @@ async def client(url, **options):
         await q.close()
 
 
+async def until(what, probe, within=60.0):
+    """Waits (checking every 0.2 s) until the async `probe()` is true, failing after `within`
+    seconds with `what` it waited for."""
+
+    async def wait():
+        while not await probe():
+            await asyncio.sleep(0.2)
+
+    try:
+        await asyncio.wait_for(wait(), within)
+    except asyncio.TimeoutError:
+        raise AssertionError(f"gave up waiting until {what}") from None
+
+
 async def pop_retry(builder, attempts=20, delay=0.15):
     """`builder.pop()` until it returns messages (push-to-visibility may lag a few ms); [] if never.
 

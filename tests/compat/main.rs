@@ -3,7 +3,7 @@
 //!
 //! Each test starts one broker on a fresh database and runs pytest files of `tests/compat` against
 //! it: the suite, then the files that need a broker of their own (JWT auth, HTTPS, creation
-//! limits, a database outage). pytest reports the individual cases (`queen_testkit::pytest` says which Python).
+//! limits, a database outage, a full broker). pytest reports the individual cases (`queen_testkit::pytest` says which Python).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -33,6 +33,7 @@ async fn the_official_python_client_works_against_the_broker() {
         "--ignore=tests/compat/test_https.py",
         "--ignore=tests/compat/test_limits.py",
         "--ignore=tests/compat/test_outage.py",
+        "--ignore=tests/compat/test_overload.py",
     ];
     let report = pytest::run(SUITE, &broker, &targets, &[]).await;
     println!("{report}");
@@ -90,6 +91,15 @@ async fn the_official_python_client_is_told_at_once_of_a_creation_limit() {
     let broker =
         BrokerProcess::start(Path::new(env!("CARGO_BIN_EXE_queen")), &["--database-url", db.url()], &envs).await;
     println!("{}", pytest::run(SUITE, &broker, &["tests/compat/test_limits.py"], &[]).await);
+}
+
+#[tokio::test]
+async fn the_official_python_clients_consumer_outlives_a_full_broker() {
+    let db = TestDatabase::create("compat_overload").await;
+    let envs = [("QUEEN_LIMITS__PARKED_LONG_POLLS", "1")];
+    let broker =
+        BrokerProcess::start(Path::new(env!("CARGO_BIN_EXE_queen")), &["--database-url", db.url()], &envs).await;
+    println!("{}", pytest::run(SUITE, &broker, &["tests/compat/test_overload.py"], &[]).await);
 }
 
 /// How long the database stays cut off: longer than the client's own retries of a request

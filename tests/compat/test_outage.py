@@ -7,25 +7,13 @@ message, for longer than the client's own retries last, then lets it back."""
 
 import asyncio
 
-from compat_helpers import client, push_all, run
+from compat_helpers import client, push_all, run, until
 
 # The names the harness watches.
 QUEUE = "compat-outage"
 GROUP = "outlives-the-outage"
 
 DEADLINE_SECONDS = 90.0
-
-
-async def until(what, probe, within=60.0):
-    """Waits (checking every 0.2 s) until `probe()` is true, failing after `within` seconds."""
-    async def wait():
-        while not await probe():
-            await asyncio.sleep(0.2)
-
-    try:
-        await asyncio.wait_for(wait(), within)
-    except asyncio.TimeoutError:
-        raise AssertionError(f"gave up waiting until {what}") from None
 
 
 def test_a_consumer_outlives_a_database_outage(queen_url):

@@ -72,7 +72,9 @@ impl Limited {
 
 /// Work refused because a bound was reached; nothing of it was done.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("overloaded: {limit} {}, the most allowed; retry later", limited.what())]
+// The text names a connection: the official clients' consume loop polls again on an error that
+// says "connection", and stops on any other, so a full broker would end its consumers.
+#[error("overloaded: {limit} {}, the most allowed; retry later, on a new connection to this broker or another", limited.what())]
 pub struct Refused {
     pub limited: Limited,
     pub limit: usize,
