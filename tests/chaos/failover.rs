@@ -143,17 +143,26 @@ async fn failover_to_a_lagging_asynchronous_standby_loses_only_what_it_had_not_r
 /// floor of the broker's bound on such a write, and slack for two busy cores.
 const SILENT_STANDBY_BOUND: Duration = Duration::from_secs(15);
 
+/// A broker on a primary with a synchronous standby, its statement and lock timeouts at 1 s (so
+/// its bound on an unanswered write is the 10 s floor), and the calls to it.
+async fn broker_on_a_synchronous_pair(name: &str) -> (Pair, Vec<BrokerProcess>, Api) {
+    let pair = Pair::start(name, Replication::Synchronous).await;
+    let envs = [("QUEEN_DATABASE__STATEMENT_TIMEOUT_MS", "1000"), ("QUEEN_DATABASE__LOCK_TIMEOUT_MS", "1000")];
+    let brokers = start_brokers(&pair.url(), 1, &envs).await;
+    let api = Api::new(&brokers[0].url());
+    (pair, brokers, api)
+}
+
 /// A synchronous standby that stops answering: PostgreSQL never times out a commit, so without a
 /// bound of the broker's own each write of the delivery path would wait for as long as the
-/// standby stays silent. A push, an auto-acked pop's claim, an ack and a transaction are each
-/// answered 503 instead (whether they took effect is unknown), and once the standby answers
-/// again, each sent again takes effect once: nothing is stored or acked twice.
+/// standby stays silent. A push (creating its queue or not), a group's first pop and first pop of
+/// a partition, an auto-acked pop's claim, an ack, a transaction and a key/value, lock or timers
+/// call are each answered 503 instead (whether they took effect is unknown), a lease extension
+/// does not wait, and once the standby answers again, each sent again takes effect once: nothing
+/// is stored or acked twice.
 #[tokio::test]
 async fn writes_whose_commit_waits_on_a_silent_standby_are_answered_503_and_take_effect_once() {
-    let pair = Pair::start("silent_standby", Replication::Synchronous).await;
-    let envs = [("QUEEN_DATABASE__STATEMENT_TIMEOUT_MS", "1000"), ("QUEEN_DATABASE__LOCK_TIMEOUT_MS", "1000")];
-    let mut brokers = start_brokers(&pair.url(), 1, &envs).await;
-    let api = Api::new(&brokers[0].url());
+    let (pair, mut brokers, api) = broker_on_a_synchronous_pair("silent_standby").await;
     // Before: the queues and partitions exist (but `silent-new`, which a push creates while the
     // standby is silent); groups `g`, `t` and `x` each hold a lease on the first message of
     // `silent`, and `h` has read and acked it; `newcomer` pops for the first time while it is.
@@ -268,10 +277,7 @@ async fn writes_whose_commit_waits_on_a_silent_standby_are_answered_503_and_take
 /// effect when sent again once it streams.
 #[tokio::test]
 async fn admin_writes_whose_commit_waits_on_a_silent_standby_are_answered_503() {
-    let pair = Pair::start("silent_admin", Replication::Synchronous).await;
-    let envs = [("QUEEN_DATABASE__STATEMENT_TIMEOUT_MS", "1000"), ("QUEEN_DATABASE__LOCK_TIMEOUT_MS", "1000")];
-    let mut brokers = start_brokers(&pair.url(), 1, &envs).await;
-    let api = Api::new(&brokers[0].url());
+    let (pair, mut brokers, api) = broker_on_a_synchronous_pair("silent_admin").await;
     for id in ["one", "two"] {
         assert_eq!(api.push_to("admin", "p", id).await.status(), StatusCode::CREATED);
     }

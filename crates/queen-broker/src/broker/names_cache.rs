@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use deadpool_postgres::Object;
 use moka::sync::Cache;
 use queen_store::queues::{self, CreationLimits, Queue};
 use queen_store::{Pool, StoreError};
@@ -80,7 +81,7 @@ impl NamesCache {
         }
 
         // Not cached: what exists already.
-        let mut client = pool.get().await?;
+        let client = pool.get().await?;
         let unknown: Vec<&str> =
             wanted.iter().zip(&queues).filter(|(_, q)| q.is_none()).map(|((n, _), _)| *n).collect();
         if !unknown.is_empty() {
@@ -105,30 +106,32 @@ impl NamesCache {
             return Ok(finish(queues, ids));
         }
 
-        // The rest is created, all of it or none.
+        // The rest is created, all of it or none; unanswered, the creation may still commit, and
+        // the request sent again finds what it created.
         let limits = limits.unwrap_or_default();
-        let tx = client.transaction().await?;
-        let new: Vec<&str> = wanted.iter().zip(&queues).filter(|(_, q)| q.is_none()).map(|((n, _), _)| *n).collect();
-        for created in queues::create_queues(&tx, &new, limits.queues).await? {
-            place(&mut queues, wanted, &Arc::new(created));
-        }
-        // Partition-creation locks in queue id order, whoever takes several.
-        let mut order: Vec<usize> = (0..wanted.len()).filter(|&at| ids[at].iter().any(Option::is_none)).collect();
-        order.sort_by_key(|&at| queues[at].as_ref().map_or(0, |q| q.id));
         let mut created_partitions = Vec::new();
-        for at in order {
-            let (queue, partitions) = (queues[at].as_ref().ok_or(StoreError::Missing("queue"))?, &wanted[at].1);
-            let new = missing(partitions, &ids[at]);
-            let max = limits.partitions_per_queue;
-            for (name, id) in queues::create_partitions(&tx, queue.id, &queue.name, &new, max).await? {
-                fill(&mut ids[at], partitions, &name, id);
-                created_partitions.push((queue.id, name, id));
+        let creating = async |client: &mut Object| -> Result<(), StoreError> {
+            let tx = client.transaction().await?;
+            let new: Vec<&str> =
+                wanted.iter().zip(&queues).filter(|(_, q)| q.is_none()).map(|((n, _), _)| *n).collect();
+            for created in queues::create_queues(&tx, &new, limits.queues).await? {
+                place(&mut queues, wanted, &Arc::new(created));
             }
-        }
-        if !queen_store::pool::commit_within(tx, self.answer_within).await? {
-            // It may still commit: the request sent again finds what it created.
-            return Err(queen_store::pool::abandon(client, "a creation's commit", self.answer_within));
-        }
+            // Partition-creation locks in queue id order, whoever takes several.
+            let mut order: Vec<usize> = (0..wanted.len()).filter(|&at| ids[at].iter().any(Option::is_none)).collect();
+            order.sort_by_key(|&at| queues[at].as_ref().map_or(0, |q| q.id));
+            for at in order {
+                let (queue, partitions) = (queues[at].as_ref().ok_or(StoreError::Missing("queue"))?, &wanted[at].1);
+                let new = missing(partitions, &ids[at]);
+                let max = limits.partitions_per_queue;
+                for (name, id) in queues::create_partitions(&tx, queue.id, &queue.name, &new, max).await? {
+                    fill(&mut ids[at], partitions, &name, id);
+                    created_partitions.push((queue.id, name, id));
+                }
+            }
+            Ok(tx.commit().await?)
+        };
+        queen_store::pool::answered_within(client, self.answer_within, "a creation", creating).await?.1?;
         for queue in queues.iter().flatten() {
             self.queues.insert(queue.name.clone(), Arc::clone(queue));
         }
