@@ -119,15 +119,6 @@ impl Drop for WriteUnderWay {
     }
 }
 
-/// Commits `tx`, waiting at most `bound` for PostgreSQL's answer: `Ok(false)` when none came,
-/// and then the connection must be [`abandon`]ed.
-pub async fn commit_within(tx: deadpool_postgres::Transaction<'_>, bound: Duration) -> Result<bool, StoreError> {
-    match tokio::time::timeout(bound, tx.commit()).await {
-        Ok(committed) => committed.map(|()| true).map_err(StoreError::from),
-        Err(_) => Ok(false),
-    }
-}
-
 /// When a connection of this process was last found lost (`None`: never).
 static LAST_LOST: Mutex<Option<Instant>> = Mutex::new(None);
 

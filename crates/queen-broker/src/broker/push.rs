@@ -218,48 +218,57 @@ async fn write_capped(
     if shares.is_empty() {
         return Ok(Vec::new());
     }
-    let mut client = broker.pool.get().await.map_err(StoreError::from)?;
-    let tx = client.transaction().await.map_err(StoreError::from)?;
-    // Capacity locks in queue id order, before any partition lock, as transactions take them.
-    let mut by_queue: Vec<usize> = (0..shares.len()).collect();
-    by_queue.sort_by_key(|&q| shares[q].queue.id);
-    let mut depths = vec![0; shares.len()];
-    for &q in &by_queue {
-        queues::lock_capacity(&tx, shares[q].queue.id).await?;
-        depths[q] = queues::unconsumed_depth(&tx, shares[q].queue).await?;
-    }
-    // Partition locks in id order, as every transaction that takes several does.
-    let mut order: Vec<(usize, usize)> =
-        shares.iter().enumerate().flat_map(|(q, share)| (0..share.partitions.len()).map(move |p| (q, p))).collect();
-    order.sort_by_key(|&(q, p)| shares[q].partitions[p].1);
-    let mut outcomes: Vec<Vec<Vec<Appended>>> = shares.iter().map(|s| vec![Vec::new(); s.partitions.len()]).collect();
-    for (q, p) in order {
-        let CappedShare { queue, partitions, policy } = &shares[q];
-        let (partition, partition_id, messages) = &partitions[p];
-        let destination = Destination { queue_id: queue.id, queue: &queue.name, partition_id: *partition_id };
-        match append_in_transaction(&tx, destination, messages, policy).await {
-            Ok(appended) => outcomes[q][p] = appended.outcomes,
-            Err(StoreError::Missing(_)) => {
-                broker.names.forget_partition(queue.id, partition);
-                return Err(BrokerError::Unavailable(format!("partition {partition:?} was deleted; retry the push")));
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
     let queued = |outcomes: &[Appended]| outcomes.iter().filter(|o| matches!(o, Appended::Queued { .. })).count();
-    for ((share, depth), outcomes) in shares.iter().zip(&depths).zip(&outcomes) {
-        let adding = outcomes.iter().map(|o| queued(o)).sum::<usize>() as i64;
-        if depth + adding > share.queue.options.max_size {
-            // Dropping the transaction rolls it back: nothing of the push is written.
-            let (queue, max_size) = (share.queue.name.clone(), share.queue.options.max_size);
-            return Err(BrokerError::QueueFull { queue, depth: *depth, max_size, adding });
-        }
-    }
-    let answer_within = broker.config.database.answer_within();
-    if !queen_store::pool::commit_within(tx, answer_within).await? {
-        // It may still commit: the push sent again finds its items duplicates then.
-        return Err(queen_store::pool::abandon(client, "a push's commit", answer_within).into());
-    }
+    // The whole transaction is bounded, its commit with it: the push sent again after an
+    // unanswered commit finds its items duplicates if it went through.
+    let outcomes = broker
+        .write_within("a push's transaction", async |client| -> Result<Vec<Vec<Vec<Appended>>>, BrokerError> {
+            let tx = client.transaction().await.map_err(StoreError::from)?;
+            // Capacity locks in queue id order, before any partition lock, as transactions take them.
+            let mut by_queue: Vec<usize> = (0..shares.len()).collect();
+            by_queue.sort_by_key(|&q| shares[q].queue.id);
+            let mut depths = vec![0; shares.len()];
+            for &q in &by_queue {
+                queues::lock_capacity(&tx, shares[q].queue.id).await?;
+                depths[q] = queues::unconsumed_depth(&tx, shares[q].queue).await?;
+            }
+            // Partition locks in id order, as every transaction that takes several does.
+            let mut order: Vec<(usize, usize)> = shares
+                .iter()
+                .enumerate()
+                .flat_map(|(q, share)| (0..share.partitions.len()).map(move |p| (q, p)))
+                .collect();
+            order.sort_by_key(|&(q, p)| shares[q].partitions[p].1);
+            let mut outcomes: Vec<Vec<Vec<Appended>>> =
+                shares.iter().map(|s| vec![Vec::new(); s.partitions.len()]).collect();
+            for (q, p) in order {
+                let CappedShare { queue, partitions, policy } = &shares[q];
+                let (partition, partition_id, messages) = &partitions[p];
+                let destination = Destination { queue_id: queue.id, queue: &queue.name, partition_id: *partition_id };
+                match append_in_transaction(&tx, destination, messages, policy).await {
+                    Ok(appended) => outcomes[q][p] = appended.outcomes,
+                    Err(StoreError::Missing(_)) => {
+                        broker.names.forget_partition(queue.id, partition);
+                        return Err(BrokerError::Unavailable(format!(
+                            "partition {partition:?} was deleted; retry the push"
+                        )));
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            for ((share, depth), outcomes) in shares.iter().zip(&depths).zip(&outcomes) {
+                let adding = outcomes.iter().map(|o| queued(o)).sum::<usize>() as i64;
+                if depth + adding > share.queue.options.max_size {
+                    // Dropping the transaction rolls it back: nothing of the push is written.
+                    let (queue, max_size) = (share.queue.name.clone(), share.queue.options.max_size);
+                    return Err(BrokerError::QueueFull { queue, depth: *depth, max_size, adding });
+                }
+            }
+            tx.commit().await.map_err(StoreError::from)?;
+            Ok(outcomes)
+        })
+        .await?
+        .1?;
     let metrics = &broker.metrics;
     for (share, outcomes) in shares.iter().zip(&outcomes) {
         let name = &share.queue.name;

@@ -129,98 +129,103 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
         .iter()
         .map(|lease| broker.deliveries.partitions_of(*lease).map(|partitions| partitions.to_vec()))
         .collect();
-    let mut client = broker.pool.get().await.map_err(StoreError::from)?;
-    let tx = client.transaction().await.map_err(StoreError::from)?;
-    // The rider's key locks come first, before any cursor or partition lock, in every bundle; a
-    // lost guard costs no ack or push work.
-    let kv_results = match &kv {
-        None => Vec::new(),
-        Some(batch) => match kv::apply_in(&tx, batch).await? {
-            Outcome::Applied(results) => results,
-            Outcome::Aborted { index, verdict } => {
-                return Err(TransactionError::KvPrecondition { index: order.len() + index, verdict });
-            }
-        },
-    };
-    // Before the acks: an ack that completes its lease's span releases the lease.
-    let not_live = queen_store::cursors::not_live_leases(&tx, &required_leases, known_partitions.as_deref()).await?;
-    if !not_live.is_empty() {
-        let leases: Vec<String> = not_live.iter().map(ToString::to_string).collect();
-        return Err(TransactionError::RolledBack(format!(
-            "required lease {} is not live (expired, released or unknown)",
-            leases.join(", ")
-        )));
-    }
-    let ack_batch =
-        queen_store::cursors::acknowledge(&tx, std::slice::from_ref(&acks), broker.cipher.as_deref()).await?;
-    let ack_outcomes = ack_batch.outcomes.into_iter().next().unwrap_or_default();
-    let refused = acks.iter().zip(&ack_outcomes).find_map(|(request, outcome)| match outcome.verdict {
-        AckVerdict::Refused(refusal) => Some((request, refusal, outcome.committed)),
-        _ => None,
-    });
-    if let Some((request, refusal, committed)) = refused {
-        let reason = refusal_text(refusal, request, committed);
-        return Err(TransactionError::RolledBack(format!(
-            "the ack of {:?} in partition {} was refused: {reason}",
-            request.transaction_id, request.partition_id
-        )));
-    }
-    // Timer row locks (in key order) after the cursor locks and before the capacity and partition
-    // locks, the order in which the timer sweeper takes the last three.
-    let timer_results = timers::apply_in(&tx, &timer_ops).await?;
-
-    // Capacity locks in queue id order, before any partition lock, as capped pushes take them.
-    let mut depths = BTreeMap::new();
-    for queue in capped {
-        queues::lock_capacity(&tx, queue.id).await?;
-        depths.insert(queue.id, queues::unconsumed_depth(&tx, queue).await?);
-    }
     let mut by_partition: BTreeMap<(i64, i64), Vec<usize>> = BTreeMap::new();
     for (index, &(queue_id, partition_id)) in partition_of.iter().enumerate() {
         by_partition.entry((partition_id, queue_id)).or_default().push(index);
     }
-    let mut pushed: Vec<Option<Pushed>> = vec![None; items.len()];
-    for (&(partition_id, queue_id), indices) in &by_partition {
-        let messages: Vec<NewMessage> = indices.iter().map(|&i| items[i].to_message()).collect();
-        let destination = Destination { queue_id, queue: &items[indices[0]].queue, partition_id };
-        let policy = append_policy(broker, &queues_of_items[&queue_id])?;
-        let appended = match append_in_transaction(&tx, destination, &messages, &policy).await {
-            Ok(appended) => appended,
-            // Deleted since it was resolved, as a push's partition can be: resolved afresh next time.
-            Err(StoreError::Missing(_)) => {
-                let partition = &items[indices[0]].partition;
-                broker.names.forget_partition(queue_id, partition);
-                return Err(BrokerError::Unavailable(format!(
-                    "partition {partition:?} was deleted; retry the transaction"
-                ))
-                .into());
+    // The whole transaction is bounded, its commit with it; the bundle sent again after an
+    // unanswered commit finds its pushes duplicates, its acks no-ops or its required leases no
+    // longer live.
+    let written = broker
+        .write_within("a transaction", async |client| -> Result<Written, TransactionError> {
+            let tx = client.transaction().await.map_err(StoreError::from)?;
+            // The rider's key locks come first, before any cursor or partition lock, in every bundle; a
+            // lost guard costs no ack or push work.
+            let kv_results = match &kv {
+                None => Vec::new(),
+                Some(batch) => match kv::apply_in(&tx, batch).await? {
+                    Outcome::Applied(results) => results,
+                    Outcome::Aborted { index, verdict } => {
+                        return Err(TransactionError::KvPrecondition { index: order.len() + index, verdict });
+                    }
+                },
+            };
+            // Before the acks: an ack that completes its lease's span releases the lease.
+            let not_live =
+                queen_store::cursors::not_live_leases(&tx, &required_leases, known_partitions.as_deref()).await?;
+            if !not_live.is_empty() {
+                let leases: Vec<String> = not_live.iter().map(ToString::to_string).collect();
+                return Err(TransactionError::RolledBack(format!(
+                    "required lease {} is not live (expired, released or unknown)",
+                    leases.join(", ")
+                )));
             }
-            Err(e) => return Err(e.into()),
-        };
-        for (&i, outcome) in indices.iter().zip(appended.outcomes) {
-            pushed[i] = Some(Pushed { transaction_id: items[i].transaction_id.clone(), partition_id, outcome });
-        }
-    }
-    for (queue_id, depth) in depths {
-        let adding = partition_of
-            .iter()
-            .zip(&pushed)
-            .filter(|((queue, _), pushed)| {
-                *queue == queue_id && matches!(pushed, Some(Pushed { outcome: Appended::Queued { .. }, .. }))
-            })
-            .count() as i64;
-        let queue = &queues_of_items[&queue_id];
-        if depth + adding > queue.options.max_size {
-            let (queue, max_size) = (queue.name.clone(), queue.options.max_size);
-            return Err(BrokerError::QueueFull { queue, depth, max_size, adding }.into());
-        }
-    }
-    let answer_within = broker.config.database.answer_within();
-    if !queen_store::pool::commit_within(tx, answer_within).await? {
-        // It may still commit, which the bundle sent again finds: its pushes duplicates, its acks
-        // no-ops or its required leases no longer live.
-        return Err(queen_store::pool::abandon(client, "a transaction's commit", answer_within).into());
-    }
+            let queen_store::cursors::AckBatch { outcomes, released } =
+                queen_store::cursors::acknowledge(&tx, std::slice::from_ref(&acks), broker.cipher.as_deref()).await?;
+            let ack_outcomes = outcomes.into_iter().next().unwrap_or_default();
+            let refused = acks.iter().zip(&ack_outcomes).find_map(|(request, outcome)| match outcome.verdict {
+                AckVerdict::Refused(refusal) => Some((request, refusal, outcome.committed)),
+                _ => None,
+            });
+            if let Some((request, refusal, committed)) = refused {
+                let reason = refusal_text(refusal, request, committed);
+                return Err(TransactionError::RolledBack(format!(
+                    "the ack of {:?} in partition {} was refused: {reason}",
+                    request.transaction_id, request.partition_id
+                )));
+            }
+            // Timer row locks (in key order) after the cursor locks and before the capacity and partition
+            // locks, the order in which the timer sweeper takes the last three.
+            let timer_results = timers::apply_in(&tx, &timer_ops).await?;
+
+            // Capacity locks in queue id order, before any partition lock, as capped pushes take them.
+            let mut depths = BTreeMap::new();
+            for queue in capped {
+                queues::lock_capacity(&tx, queue.id).await?;
+                depths.insert(queue.id, queues::unconsumed_depth(&tx, queue).await?);
+            }
+            let mut pushed: Vec<Option<Pushed>> = vec![None; items.len()];
+            for (&(partition_id, queue_id), indices) in &by_partition {
+                let messages: Vec<NewMessage> = indices.iter().map(|&i| items[i].to_message()).collect();
+                let destination = Destination { queue_id, queue: &items[indices[0]].queue, partition_id };
+                let policy = append_policy(broker, &queues_of_items[&queue_id])?;
+                let appended = match append_in_transaction(&tx, destination, &messages, &policy).await {
+                    Ok(appended) => appended,
+                    // Deleted since it was resolved, as a push's partition can be: resolved afresh next time.
+                    Err(StoreError::Missing(_)) => {
+                        let partition = &items[indices[0]].partition;
+                        broker.names.forget_partition(queue_id, partition);
+                        return Err(BrokerError::Unavailable(format!(
+                            "partition {partition:?} was deleted; retry the transaction"
+                        ))
+                        .into());
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+                for (&i, outcome) in indices.iter().zip(appended.outcomes) {
+                    pushed[i] = Some(Pushed { transaction_id: items[i].transaction_id.clone(), partition_id, outcome });
+                }
+            }
+            for (queue_id, depth) in depths {
+                let adding = partition_of
+                    .iter()
+                    .zip(&pushed)
+                    .filter(|((queue, _), pushed)| {
+                        *queue == queue_id && matches!(pushed, Some(Pushed { outcome: Appended::Queued { .. }, .. }))
+                    })
+                    .count() as i64;
+                let queue = &queues_of_items[&queue_id];
+                if depth + adding > queue.options.max_size {
+                    let (queue, max_size) = (queue.name.clone(), queue.options.max_size);
+                    return Err(BrokerError::QueueFull { queue, depth, max_size, adding }.into());
+                }
+            }
+            tx.commit().await.map_err(StoreError::from)?;
+            Ok(Written { kv_results, released, ack_outcomes, timer_results, pushed })
+        })
+        .await?
+        .1;
+    let Written { kv_results, released, ack_outcomes, timer_results, mut pushed } = written?;
     timers::wake_sweeper(broker, &timer_ops, &timer_results);
     for (item, pushed) in items.iter().zip(&pushed) {
         if let Some(Pushed { outcome: Appended::Queued { .. }, .. }) = pushed {
@@ -232,7 +237,7 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
         let queue = Arc::from(items[indices[0]].queue.as_str());
         broker.announcer.announce(DataAvailable { queue, queue_id, partition_id });
     }
-    for work in ack_batch.released {
+    for work in released {
         broker.announcer.announce(DataAvailable::from(work));
     }
     let statuses: Vec<_> = acks.iter().map(|a| a.status).collect();
@@ -249,6 +254,16 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
     applied.extend(kv_results.into_iter().map(Applied::Kv));
     applied.extend(timer_results.into_iter().map(Applied::Timer));
     Ok(applied)
+}
+
+/// What the bundle's PostgreSQL transaction wrote, for its answer and announcements.
+struct Written {
+    kv_results: Vec<kv::OpResult>,
+    ack_outcomes: Vec<AckOutcome>,
+    /// Partitions where a lease the acks released left messages.
+    released: Vec<queen_store::cursors::ReleasedWork>,
+    timer_results: Vec<TimerResult>,
+    pushed: Vec<Option<Pushed>>,
 }
 
 #[derive(Debug, Clone, Copy)]
