@@ -108,6 +108,9 @@ pub struct DatabaseConfig {
     pub connect_timeout_ms: u64,
     pub statement_timeout_ms: u64,
     pub lock_timeout_ms: u64,
+    /// How long a request waits for PostgreSQL to answer one of its writes before answering 503
+    /// with the write's outcome unknown; see [`DatabaseConfig::answer_within`].
+    pub answer_within_ms: u64,
     /// TLS to the server, as libpq's `sslmode`: `disable`, `prefer` (the default), `require`,
     /// `verify-ca`, `verify-full`. The URL's own `sslmode` wins; see [`DatabaseConfig::tls`].
     pub sslmode: Option<String>,
@@ -140,6 +143,9 @@ impl Default for DatabaseConfig {
             connect_timeout_ms: 5000,
             statement_timeout_ms: 30_000,
             lock_timeout_ms: 10_000,
+            // Under the official clients' 30 s request timeout, so they get the 503 (and retry on
+            // it) rather than give up first.
+            answer_within_ms: 25_000,
             sslmode: None,
             sslrootcert: None,
             sslcert: None,
@@ -720,6 +726,10 @@ impl Config {
             url.parse::<tokio_postgres::Config>().map_err(|e| invalid("database.url", e.to_string()))?;
         }
         db.tls()?.connector().map_err(|e| invalid(&db.tls_setting(e.setting()), e.to_string()))?;
+        // Shorter would give up on writes PostgreSQL answers in its ordinary time under load.
+        if db.answer_within_ms < 1000 {
+            return Err(invalid("database.answer_within_ms", "must be at least 1000"));
+        }
         if self.http.max_body_bytes < 1024 {
             return Err(invalid("http.max_body_bytes", "must be at least 1024"));
         }
@@ -887,12 +897,12 @@ impl DatabaseConfig {
         }
     }
 
-    /// How long the broker waits for PostgreSQL to answer a write on the delivery path (an append,
-    /// an ack commit, a lease claim, a transaction's commit) before answering 503: twice what the
-    /// statement may take (at least 5 s). The rest is the commit's wait for a synchronous standby
-    /// or the WAL disk, which PostgreSQL never times out.
+    /// How long the broker waits for PostgreSQL to answer a write a request makes (an append, an
+    /// ack commit, a lease claim, a transaction, a route's commit) before answering 503, its
+    /// outcome unknown, and discarding the connection. Statements are bounded by PostgreSQL's own
+    /// timeouts, but a commit waiting for a synchronous standby or the WAL disk is never timed out.
     pub fn answer_within(&self) -> Duration {
-        Duration::from_millis(self.statement_timeout_ms.max(self.lock_timeout_ms).max(5000)) * 2
+        Duration::from_millis(self.answer_within_ms)
     }
 
     pub fn pool_settings(&self) -> queen_store::pool::PoolSettings {
@@ -923,6 +933,13 @@ mod tests {
         Config::default().validate().expect("defaults validate");
     }
 
+    /// The official clients give a request 30 s (`timeout_millis`); a write PostgreSQL leaves
+    /// unanswered must be answered 503 before that, so they retry on the broker's answer.
+    #[test]
+    fn an_unanswered_write_is_answered_before_the_clients_give_up() {
+        assert!(Config::default().database.answer_within() < Duration::from_secs(30));
+    }
+
     #[test]
     fn an_invalid_value_names_its_setting() {
         let mut config = Config::default();
@@ -933,6 +950,9 @@ mod tests {
         config.validate().expect("a second at most");
         config.pop.dense_interval_ms = 1001;
         assert_eq!(config.validate().unwrap_err().setting, "pop.dense_interval_ms");
+        let mut config = Config::default();
+        config.database.answer_within_ms = 999;
+        assert_eq!(config.validate().unwrap_err().setting, "database.answer_within_ms");
         for setting in
             ["database.connect_timeout_ms", "database.pool_wait_timeout_ms", "maintenance.partition_cleanup_days"]
         {
