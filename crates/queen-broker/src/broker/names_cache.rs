@@ -44,7 +44,7 @@ impl NamesCache {
         pool: &Pool,
         wanted: &[(&str, Vec<&str>)],
         limits: Option<CreationLimits>,
-    ) -> Result<Vec<(Arc<Queue>, Vec<i64>)>, StoreError> {
+    ) -> Result<Resolution, StoreError> {
         match self.resolve_once(pool, wanted, limits).await {
             Err(StoreError::Missing(_)) => {
                 for (queue, _) in wanted {
@@ -61,9 +61,29 @@ impl NamesCache {
         pool: &Pool,
         wanted: &[(&str, Vec<&str>)],
         limits: Option<CreationLimits>,
-    ) -> Result<Vec<(Arc<Queue>, Vec<i64>)>, StoreError> {
-        let mut queues: Vec<Option<Arc<Queue>>> = wanted.iter().map(|(queue, _)| self.queues.get(*queue)).collect();
-        let mut ids: Vec<Vec<Option<i64>>> = wanted
+    ) -> Result<Resolution, StoreError> {
+        let mut known = self.known(pool, wanted).await?;
+        if known.is_complete() {
+            return known.resolution();
+        }
+        // The rest is created, all of it or none; unanswered, the creation may still commit, and
+        // the request sent again finds what it created.
+        let creating = async |client: &mut Object| -> Result<(), StoreError> {
+            let tx = client.transaction().await?;
+            known.create_in(&tx, wanted, limits).await?;
+            Ok(tx.commit().await?)
+        };
+        queen_store::pool::answered_within(pool.get().await?, self.answer_within, "a creation", creating).await?.1?;
+        self.remember(&known);
+        known.resolution()
+    }
+
+    /// The wanted queues and partitions that exist, cached or looked up (and cached), with gaps
+    /// for those that do not: [`Known::create_in`] creates them in a caller's transaction, and
+    /// [`NamesCache::remember`] caches them once it committed.
+    pub async fn known(&self, pool: &Pool, wanted: &[(&str, Vec<&str>)]) -> Result<Known, StoreError> {
+        let queues: Vec<Option<Arc<Queue>>> = wanted.iter().map(|(queue, _)| self.queues.get(*queue)).collect();
+        let ids: Vec<Vec<Option<i64>>> = wanted
             .iter()
             .zip(&queues)
             .map(|((_, partitions), queue)| {
@@ -73,72 +93,45 @@ impl NamesCache {
                 partitions.iter().map(cached).collect()
             })
             .collect();
-        let complete = |queues: &[Option<Arc<Queue>>], ids: &[Vec<Option<i64>>]| {
-            queues.iter().all(Option::is_some) && ids.iter().flatten().all(Option::is_some)
-        };
-        if complete(&queues, &ids) {
-            return Ok(finish(queues, ids));
+        let mut known = Known { queues, ids, created_partitions: Vec::new() };
+        if known.is_complete() {
+            return Ok(known);
         }
 
         // Not cached: what exists already.
         let client = pool.get().await?;
         let unknown: Vec<&str> =
-            wanted.iter().zip(&queues).filter(|(_, q)| q.is_none()).map(|((n, _), _)| *n).collect();
+            wanted.iter().zip(&known.queues).filter(|(_, q)| q.is_none()).map(|((n, _), _)| *n).collect();
         if !unknown.is_empty() {
             for found in queues::find_queues(&client, &unknown).await? {
                 let found = Arc::new(found);
                 self.queues.insert(found.name.clone(), Arc::clone(&found));
-                place(&mut queues, wanted, &found);
+                place(&mut known.queues, wanted, &found);
             }
         }
         for (at, (_, partitions)) in wanted.iter().enumerate() {
-            let Some(queue) = &queues[at] else { continue };
-            let unknown: Vec<&str> = missing(partitions, &ids[at]);
+            let Some(queue) = &known.queues[at] else { continue };
+            let unknown: Vec<&str> = missing(partitions, &known.ids[at]);
             if unknown.is_empty() {
                 continue;
             }
             for (name, id) in queues::find_partitions(&client, queue.id, &unknown).await? {
                 self.partitions.insert((queue.id, name.clone()), id);
-                fill(&mut ids[at], partitions, &name, id);
+                fill(&mut known.ids[at], partitions, &name, id);
             }
         }
-        if complete(&queues, &ids) {
-            return Ok(finish(queues, ids));
-        }
+        Ok(known)
+    }
 
-        // The rest is created, all of it or none; unanswered, the creation may still commit, and
-        // the request sent again finds what it created.
-        let limits = limits.unwrap_or_default();
-        let mut created_partitions = Vec::new();
-        let creating = async |client: &mut Object| -> Result<(), StoreError> {
-            let tx = client.transaction().await?;
-            let new: Vec<&str> =
-                wanted.iter().zip(&queues).filter(|(_, q)| q.is_none()).map(|((n, _), _)| *n).collect();
-            for created in queues::create_queues(&tx, &new, limits.queues).await? {
-                place(&mut queues, wanted, &Arc::new(created));
-            }
-            // Partition-creation locks in queue id order, whoever takes several.
-            let mut order: Vec<usize> = (0..wanted.len()).filter(|&at| ids[at].iter().any(Option::is_none)).collect();
-            order.sort_by_key(|&at| queues[at].as_ref().map_or(0, |q| q.id));
-            for at in order {
-                let (queue, partitions) = (queues[at].as_ref().ok_or(StoreError::Missing("queue"))?, &wanted[at].1);
-                let new = missing(partitions, &ids[at]);
-                let max = limits.partitions_per_queue;
-                for (name, id) in queues::create_partitions(&tx, queue.id, &queue.name, &new, max).await? {
-                    fill(&mut ids[at], partitions, &name, id);
-                    created_partitions.push((queue.id, name, id));
-                }
-            }
-            Ok(tx.commit().await?)
-        };
-        queen_store::pool::answered_within(client, self.answer_within, "a creation", creating).await?.1?;
-        for queue in queues.iter().flatten() {
+    /// Caches what `known` holds, once the transaction that created its new queues and partitions
+    /// committed (a creation rolled back would leave ids of rows that never were).
+    pub fn remember(&self, known: &Known) {
+        for queue in known.queues.iter().flatten() {
             self.queues.insert(queue.name.clone(), Arc::clone(queue));
         }
-        for (queue_id, name, id) in created_partitions {
-            self.partitions.insert((queue_id, name), id);
+        for (queue_id, name, id) in &known.created_partitions {
+            self.partitions.insert((*queue_id, name.clone()), *id);
         }
-        if complete(&queues, &ids) { Ok(finish(queues, ids)) } else { Err(StoreError::Missing("partition")) }
     }
 
     /// The queue if it exists; does not create it.
@@ -182,6 +175,63 @@ impl NamesCache {
     }
 }
 
+/// Each wanted queue with the ids of its wanted partitions, in the order asked.
+pub type Resolution = Vec<(Arc<Queue>, Vec<i64>)>;
+
+/// The queues and partition ids of a request, in the order asked, as far as they exist.
+pub struct Known {
+    queues: Vec<Option<Arc<Queue>>>,
+    ids: Vec<Vec<Option<i64>>>,
+    /// Partitions [`Known::create_in`] created: (queue id, name, id).
+    created_partitions: Vec<(i64, String, i64)>,
+}
+
+impl Known {
+    pub fn is_complete(&self) -> bool {
+        self.queues.iter().all(Option::is_some) && self.ids.iter().flatten().all(Option::is_some)
+    }
+
+    /// Creates the missing queues (with default options) and partitions in `tx`, within `limits`
+    /// (`None`: whatever the limits say), counted against them in PostgreSQL: all of them, or
+    /// [`StoreError::LimitReached`] and the transaction must be rolled back. Its creation locks
+    /// are held until `tx` ends.
+    pub async fn create_in(
+        &mut self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        wanted: &[(&str, Vec<&str>)],
+        limits: Option<CreationLimits>,
+    ) -> Result<(), StoreError> {
+        let limits = limits.unwrap_or_default();
+        let new: Vec<&str> =
+            wanted.iter().zip(&self.queues).filter(|(_, q)| q.is_none()).map(|((n, _), _)| *n).collect();
+        for created in queues::create_queues(tx, &new, limits.queues).await? {
+            place(&mut self.queues, wanted, &Arc::new(created));
+        }
+        // Partition-creation locks in queue id order, whoever takes several.
+        let mut order: Vec<usize> = (0..wanted.len()).filter(|&at| self.ids[at].iter().any(Option::is_none)).collect();
+        order.sort_by_key(|&at| self.queues[at].as_ref().map_or(0, |q| q.id));
+        for at in order {
+            let (queue, partitions) = (self.queues[at].as_ref().ok_or(StoreError::Missing("queue"))?, &wanted[at].1);
+            let new = missing(partitions, &self.ids[at]);
+            let max = limits.partitions_per_queue;
+            for (name, id) in queues::create_partitions(tx, queue.id, &queue.name, &new, max).await? {
+                fill(&mut self.ids[at], partitions, &name, id);
+                self.created_partitions.push((queue.id, name, id));
+            }
+        }
+        Ok(())
+    }
+
+    /// Each wanted queue with the ids of its wanted partitions, once every one is known.
+    pub fn resolution(&self) -> Result<Resolution, StoreError> {
+        if !self.is_complete() {
+            return Err(StoreError::Missing("partition"));
+        }
+        let queues = self.queues.iter().flatten().cloned();
+        Ok(queues.zip(&self.ids).map(|(queue, ids)| (queue, ids.iter().flatten().copied().collect())).collect())
+    }
+}
+
 /// Puts the queue wherever it is wanted.
 fn place(queues: &mut [Option<Arc<Queue>>], wanted: &[(&str, Vec<&str>)], queue: &Arc<Queue>) {
     for (slot, _) in queues.iter_mut().zip(wanted).filter(|(_, (name, _))| *name == queue.name) {
@@ -199,9 +249,4 @@ fn fill(ids: &mut [Option<i64>], names: &[&str], name: &str, id: i64) {
     for (slot, _) in ids.iter_mut().zip(names).filter(|(_, wanted)| **wanted == name) {
         *slot = Some(id);
     }
-}
-
-/// The resolution, once every queue and partition is known.
-fn finish(queues: Vec<Option<Arc<Queue>>>, ids: Vec<Vec<Option<i64>>>) -> Vec<(Arc<Queue>, Vec<i64>)> {
-    queues.into_iter().flatten().zip(ids).map(|(queue, ids)| (queue, ids.into_iter().flatten().collect())).collect()
 }

@@ -182,6 +182,14 @@ pub(super) fn shares_of(items: &[PushItem]) -> Vec<QueueShare> {
     shares
 }
 
+/// The queue and partition names of the shares, as the names cache takes them.
+pub(super) fn wanted_of(shares: &[QueueShare]) -> Vec<(&str, Vec<&str>)> {
+    shares
+        .iter()
+        .map(|(queue, partitions)| (queue.as_str(), partitions.iter().map(|(name, _)| name.as_str()).collect()))
+        .collect()
+}
+
 /// Each share's queue and the ids of its partitions, creating them on first use, all of them or
 /// none, within the creation limits ([`BrokerError::LimitReached`] when a producer's push would
 /// pass one). Pushes replayed from the journal were answered already: they are written whatever
@@ -191,11 +199,8 @@ pub(super) async fn resolve(
     broker: &Broker,
     shares: &[QueueShare],
     admission: Admission,
-) -> Result<Vec<(Arc<Queue>, Vec<i64>)>, BrokerError> {
-    let wanted: Vec<(&str, Vec<&str>)> = shares
-        .iter()
-        .map(|(queue, partitions)| (queue.as_str(), partitions.iter().map(|(name, _)| name.as_str()).collect()))
-        .collect();
+) -> Result<super::names_cache::Resolution, BrokerError> {
+    let wanted = wanted_of(shares);
     let limits = broker.config.limits.creation();
     match broker.names.resolve(&broker.pool, &wanted, Some(limits)).await {
         Err(StoreError::LimitReached(reached)) if admission == Admission::Accepted => {

@@ -14,7 +14,7 @@ use super::Broker;
 use super::BrokerError;
 use super::ack::refusal_text;
 use super::kv::{self, Outcome};
-use super::push::{Admission, PushItem, Pushed, append_policy, resolve, shares_of};
+use super::push::{PushItem, Pushed, QueueShare, append_policy, shares_of, wanted_of};
 use super::timers::{self, TimerOp, TimerResult};
 use crate::actors::coordinator::DataAvailable;
 
@@ -70,11 +70,12 @@ impl From<StoreError> for TransactionError {
 /// Runs the bundle. Its `kv` rider is judged first, then its required leases are checked;
 /// acknowledgements are applied next, the `timers` rider after them, and pushes last, partition by
 /// partition in id order: the results do not depend on that order, and every transaction taking
-/// key/value row locks before cursor locks before timer row locks before capacity locks before
-/// partition locks (in a fixed order each) keeps concurrent bundles from deadlocking. A bundle
-/// that would take a queue past its `maxSize` rolls back with [`BrokerError::QueueFull`]; one whose
-/// pushes would create queues or partitions past a creation limit is refused before anything of it
-/// is done ([`BrokerError::LimitReached`]).
+/// creation locks before key/value row locks before cursor locks before timer row locks before
+/// capacity locks before partition locks (in a fixed order each) keeps concurrent bundles from
+/// deadlocking. The queues and partitions its pushes create are created first, in its
+/// transaction, so a bundle that rolls back leaves none. A bundle that would take a queue past
+/// its `maxSize` rolls back with [`BrokerError::QueueFull`]; one whose pushes would create queues
+/// or partitions past a creation limit rolls back with [`BrokerError::LimitReached`].
 pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, TransactionError> {
     let Bundle { operations, required_leases, kv, timers: mut timer_ops } = bundle;
     let mut acks = Vec::new();
@@ -105,23 +106,11 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
         )
         .into());
     }
-    // Queues and partitions are created outside the transaction: creating them is harmless even
-    // if the bundle rolls back. All of them or none, within the creation limits: a bundle that
-    // would pass one creates nothing and does nothing. For each item: its queue's id and its
-    // partition's id; and the queues, for their options.
+    // Queues and partitions the bundle pushes to are created in its transaction, first (so a
+    // bundle that rolls back leaves none behind), all of them or none within the creation limits.
     let shares = shares_of(&items);
-    let resolved = resolve(broker, &shares, Admission::Checked).await?;
-    let mut partition_of = vec![(0, 0); items.len()];
-    let mut queues_of_items: BTreeMap<i64, Arc<Queue>> = BTreeMap::new();
-    for ((_, partitions), (queue, ids)) in shares.iter().zip(&resolved) {
-        for ((_, indices), &partition_id) in partitions.iter().zip(ids) {
-            for &index in indices {
-                partition_of[index] = (queue.id, partition_id);
-            }
-        }
-        queues_of_items.insert(queue.id, Arc::clone(queue));
-    }
-    let capped = queues_of_items.values().filter(|queue| queue.options.max_size > 0);
+    let wanted = wanted_of(&shares);
+    let mut known = broker.names.known(&broker.pool, &wanted).await?;
     timers::seal_payloads(broker, &mut timer_ops).await?;
 
     // The required leases' partitions, when this broker granted every one of them.
@@ -129,18 +118,26 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
         .iter()
         .map(|lease| broker.deliveries.partitions_of(*lease).map(|partitions| partitions.to_vec()))
         .collect();
-    let mut by_partition: BTreeMap<(i64, i64), Vec<usize>> = BTreeMap::new();
-    for (index, &(queue_id, partition_id)) in partition_of.iter().enumerate() {
-        by_partition.entry((partition_id, queue_id)).or_default().push(index);
-    }
     // The whole transaction is bounded, its commit with it; the bundle sent again after an
     // unanswered commit finds its pushes duplicates, its acks no-ops or its required leases no
     // longer live.
     let written = broker
         .write_within("a transaction", async |client| -> Result<Written, TransactionError> {
             let tx = client.transaction().await.map_err(StoreError::from)?;
-            // The rider's key locks come first, before any cursor or partition lock, in every bundle; a
-            // lost guard costs no ack or push work.
+            if !known.is_complete() {
+                match known.create_in(&tx, &wanted, Some(broker.config.limits.creation())).await {
+                    // A cached queue deleted since: looked up afresh next time.
+                    Err(StoreError::Missing(_)) => {
+                        wanted.iter().for_each(|(queue, _)| broker.names.forget_queue(queue));
+                        let text = "a queue of the transaction was deleted; retry the transaction";
+                        return Err(BrokerError::Unavailable(text.into()).into());
+                    }
+                    created => created?,
+                }
+            }
+            let placed = Placed::of(&shares, &known.resolution()?, items.len());
+            // The rider's key locks come first after the creation locks, before any cursor or
+            // partition lock, in every bundle; a lost guard costs no ack or push work.
             let kv_results = match &kv {
                 None => Vec::new(),
                 Some(batch) => match kv::apply_in(&tx, batch).await? {
@@ -180,15 +177,15 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
 
             // Capacity locks in queue id order, before any partition lock, as capped pushes take them.
             let mut depths = BTreeMap::new();
-            for queue in capped {
+            for queue in placed.queues.values().filter(|queue| queue.options.max_size > 0) {
                 queues::lock_capacity(&tx, queue.id).await?;
                 depths.insert(queue.id, queues::unconsumed_depth(&tx, queue).await?);
             }
             let mut pushed: Vec<Option<Pushed>> = vec![None; items.len()];
-            for (&(partition_id, queue_id), indices) in &by_partition {
+            for (&(partition_id, queue_id), indices) in &placed.by_partition {
                 let messages: Vec<NewMessage> = indices.iter().map(|&i| items[i].to_message()).collect();
                 let destination = Destination { queue_id, queue: &items[indices[0]].queue, partition_id };
-                let policy = append_policy(broker, &queues_of_items[&queue_id])?;
+                let policy = append_policy(broker, &placed.queues[&queue_id])?;
                 let appended = match append_in_transaction(&tx, destination, &messages, &policy).await {
                     Ok(appended) => appended,
                     // Deleted since it was resolved, as a push's partition can be: resolved afresh next time.
@@ -207,25 +204,27 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
                 }
             }
             for (queue_id, depth) in depths {
-                let adding = partition_of
+                let adding = placed
+                    .partition_of
                     .iter()
                     .zip(&pushed)
                     .filter(|((queue, _), pushed)| {
                         *queue == queue_id && matches!(pushed, Some(Pushed { outcome: Appended::Queued { .. }, .. }))
                     })
                     .count() as i64;
-                let queue = &queues_of_items[&queue_id];
+                let queue = &placed.queues[&queue_id];
                 if depth + adding > queue.options.max_size {
                     let (queue, max_size) = (queue.name.clone(), queue.options.max_size);
                     return Err(BrokerError::QueueFull { queue, depth, max_size, adding }.into());
                 }
             }
             tx.commit().await.map_err(StoreError::from)?;
-            Ok(Written { kv_results, released, ack_outcomes, timer_results, pushed })
+            Ok(Written { kv_results, released, ack_outcomes, timer_results, by_partition: placed.by_partition, pushed })
         })
         .await?
         .1;
-    let Written { kv_results, released, ack_outcomes, timer_results, mut pushed } = written?;
+    let Written { kv_results, released, ack_outcomes, timer_results, by_partition, mut pushed } = written?;
+    broker.names.remember(&known);
     timers::wake_sweeper(broker, &timer_ops, &timer_results);
     for (item, pushed) in items.iter().zip(&pushed) {
         if let Some(Pushed { outcome: Appended::Queued { .. }, .. }) = pushed {
@@ -263,7 +262,40 @@ struct Written {
     /// Partitions where a lease the acks released left messages.
     released: Vec<queen_store::cursors::ReleasedWork>,
     timer_results: Vec<TimerResult>,
+    /// Each partition pushed to, (partition id, queue id), with the indices of its items.
+    by_partition: BTreeMap<(i64, i64), Vec<usize>>,
     pushed: Vec<Option<Pushed>>,
+}
+
+/// Where the bundle's items go, once its queues and partitions are known.
+struct Placed {
+    /// For each item: its queue's id and its partition's id.
+    partition_of: Vec<(i64, i64)>,
+    /// The queues pushed to, for their options.
+    queues: BTreeMap<i64, Arc<Queue>>,
+    /// Each partition pushed to, (partition id, queue id), with the indices of its items, in
+    /// partition id order: the order partition locks are taken in.
+    by_partition: BTreeMap<(i64, i64), Vec<usize>>,
+}
+
+impl Placed {
+    fn of(shares: &[QueueShare], resolved: &super::names_cache::Resolution, items: usize) -> Self {
+        let mut partition_of = vec![(0, 0); items];
+        let mut queues = BTreeMap::new();
+        for ((_, partitions), (queue, ids)) in shares.iter().zip(resolved) {
+            for ((_, indices), &partition_id) in partitions.iter().zip(ids) {
+                for &index in indices {
+                    partition_of[index] = (queue.id, partition_id);
+                }
+            }
+            queues.insert(queue.id, Arc::clone(queue));
+        }
+        let mut by_partition: BTreeMap<(i64, i64), Vec<usize>> = BTreeMap::new();
+        for (index, &(queue_id, partition_id)) in partition_of.iter().enumerate() {
+            by_partition.entry((partition_id, queue_id)).or_default().push(index);
+        }
+        Self { partition_of, queues, by_partition }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -76,7 +76,9 @@ async fn a_transaction_with_an_ack_under_an_expired_lease_rolls_back_whole() {
     }
     let bundle = json!({
         "operations": [ack_op(&a, None), ack_op(&b, None),
-                       {"type": "push", "items": [{"queue": "next", "transactionId": "n", "payload": 1}]}],
+                       {"type": "push", "items": [{"queue": "next", "transactionId": "n", "payload": 1},
+                                                  {"queue": "long", "partition": "fresh", "transactionId": "f",
+                                                   "payload": 2}]}],
         "requiredLeases": [a["leaseId"], b["leaseId"]],
     });
     let answer = app.post("/api/v1/transaction", &bundle).await;
@@ -86,6 +88,11 @@ async fn a_transaction_with_an_ack_under_an_expired_lease_rolls_back_whole() {
 
     assert_eq!(committed(&app, "long", "p").await, 0, "b's ack did not happen");
     assert_eq!(segments_of(&app, "next").await, 0, "the push did not happen");
+    // Nor did the creation of what it would have pushed to.
+    assert_eq!(app.get("/api/v1/resources/queues/next").await.status, StatusCode::NOT_FOUND);
+    let fresh = "SELECT count(*) FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+                  WHERE q.name = 'long' AND p.name = 'fresh'";
+    assert_eq!(app.count(fresh).await, 0, "the refused bundle created a partition");
     let alone = app.ack_all(&[b], "completed", None).await;
     assert_eq!(alone[0]["success"], true, "b's lease is still good");
 }
