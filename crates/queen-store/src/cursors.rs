@@ -940,8 +940,9 @@ async fn apply_rules(
         .prepare_cached(
             // A primary-key probe per acknowledged message (LATERAL ... LIMIT 1 cannot become a
             // hash join over the whole table, which the planner picks for larger batches).
-            "SELECT m.message_offset FROM unnest($1::bigint[], $2::text[]) WITH ORDINALITY AS x(partition_id, transaction_id, ord)
-               LEFT JOIN LATERAL (SELECT message_offset FROM queen.log_message_ids
+            "SELECT m.message_offset, m.earlier_offsets
+               FROM unnest($1::bigint[], $2::text[]) WITH ORDINALITY AS x(partition_id, transaction_id, ord)
+               LEFT JOIN LATERAL (SELECT message_offset, earlier_offsets FROM queen.log_message_ids
                                    WHERE partition_id = x.partition_id AND transaction_id = x.transaction_id LIMIT 1) m ON true
               ORDER BY x.ord",
         )
@@ -970,8 +971,19 @@ async fn apply_rules(
         }
     };
     let (looked_up, cursors) = futures::try_join!(resolving, tx.query(&lock, &lock_params))?;
-    let mut looked_up = looked_up.iter().map(|row| row.get::<_, Option<i64>>(0));
-    let offsets: Vec<Option<i64>> = requests.iter().map(|r| r.offset.or_else(|| looked_up.next().flatten())).collect();
+    let cursor_at: HashMap<(i64, &str), i64> =
+        cursors.iter().map(|row| ((row.get::<_, i64>(0), row.get::<_, &str>(1)), row.get::<_, i64>(2))).collect();
+    let mut looked_up = looked_up.iter();
+    let offsets: Vec<Option<i64>> = requests
+        .iter()
+        .map(|r| {
+            r.offset.or_else(|| {
+                let row = looked_up.next()?;
+                let cursor = cursor_at.get(&(r.partition_id, &*r.consumer_group)).copied();
+                unconsumed_occurrence(row.get(0), row.get(1), cursor)
+            })
+        })
+        .collect();
     // What a dead letter whose segment is gone can still say about its message.
     let resolved: HashMap<(i64, i64), &str> = requests
         .iter()
@@ -1039,6 +1051,17 @@ async fn apply_rules(
     released.sort();
     released.dedup();
     Ok(AckBatch { outcomes, released })
+}
+
+/// Which of the messages stored under one transaction id an ack naming it means: the earliest
+/// past the group's cursor (`committed`), as the broker that delivered it would say. An id
+/// holds several only when it was pushed again after its queue's dedup window (`earlier`, the
+/// offsets it was stored at before `latest`); an ack of the later copy would commit the messages
+/// between the two, unprocessed. With none past the cursor, or no cursor, the latest.
+fn unconsumed_occurrence(latest: Option<i64>, earlier: Option<Vec<i64>>, committed: Option<i64>) -> Option<i64> {
+    let latest = latest?;
+    let (Some(earlier), Some(committed)) = (earlier, committed) else { return Some(latest) };
+    Some(earlier.into_iter().filter(|&offset| offset > committed).min().map_or(latest, |offset| offset.min(latest)))
 }
 
 /// One call's acks against the cursors as the earlier calls of the batch left them.

@@ -2,7 +2,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
@@ -113,18 +113,27 @@ pub fn opened<'a>(bytes: &'a [u8], keys: Option<&Cipher>) -> Result<Cow<'a, [u8]
     cipher.open(bytes).map(Cow::Owned)
 }
 
-/// The stored (offset, message id) of those transaction ids of `messages` the partition already
-/// holds and that still count as duplicates. Ids stored longer ago than the policy's dedup window
-/// are released first: their index entries are deleted (guarded by offset, so an entry that a
-/// concurrent append just gave to a new message stays), and the ids count as new; unless the
-/// stored message is the very message being written (its message id: a push buffered during
+/// What the partition already holds of a batch's transaction ids.
+#[derive(Default)]
+struct StoredIds {
+    /// The stored (offset, message id) of the ids that still count as duplicates.
+    duplicates: HashMap<String, (i64, Uuid)>,
+    /// Every offset an id released from its dedup window was stored at, oldest first: its new
+    /// index row keeps them (`earlier_offsets`), for acks that name the id.
+    released: HashMap<String, Vec<i64>>,
+}
+
+/// The stored ids of `messages` ([`StoredIds`]). Ids stored longer ago than the policy's dedup
+/// window are released first: their index entries are deleted (guarded by offset, so an entry
+/// that a concurrent append just gave to a new message stays), and the ids count as new; unless
+/// the stored message is the very message being written (its message id: a push buffered during
 /// maintenance and replayed again after the window), which stays a duplicate.
 async fn duplicates_of(
     client: &impl GenericClient,
     partition_id: i64,
     messages: &[NewMessage],
     policy: &AppendPolicy,
-) -> Result<HashMap<String, (i64, Uuid)>, StoreError> {
+) -> Result<StoredIds, StoreError> {
     let transaction_ids: Vec<&str> = messages.iter().map(|m| m.transaction_id.as_str()).collect();
     // One primary-key probe per id, whatever the table's statistics say: a plan cached while the
     // table was small would otherwise scan it whole for every push. The age of an id (its
@@ -173,17 +182,23 @@ async fn duplicates_of(
             duplicates.insert(transaction_id, (offset, message_id));
         }
     }
+    let mut released = HashMap::new();
     if !stale_ids.is_empty() {
         let statement = client
             .prepare_cached(
                 "DELETE FROM queen.log_message_ids
                   WHERE partition_id = $1
-                    AND (transaction_id, message_offset) IN (SELECT * FROM unnest($2::text[], $3::bigint[]))",
+                    AND (transaction_id, message_offset) IN (SELECT * FROM unnest($2::text[], $3::bigint[]))
+              RETURNING transaction_id, message_offset, earlier_offsets",
             )
             .await?;
-        client.execute(&statement, &[&partition_id, &stale_ids, &stale_offsets]).await?;
+        for row in client.query(&statement, &[&partition_id, &stale_ids, &stale_offsets]).await? {
+            let mut offsets: Vec<i64> = row.get::<_, Option<Vec<i64>>>(2).unwrap_or_default();
+            offsets.push(row.get(1));
+            released.insert(row.get(0), offsets);
+        }
     }
-    Ok(duplicates)
+    Ok(StoredIds { duplicates, released })
 }
 
 /// A batch split into what must be written and what is a duplicate, with the new messages
@@ -192,6 +207,9 @@ struct AppendPlan {
     slots: Vec<Slot>,
     fresh_transaction_ids: Vec<String>,
     fresh_message_ids: Vec<Uuid>,
+    /// The offsets fresh ids released from their dedup window were stored at before, as
+    /// (transaction id, offset) pairs.
+    earlier: (Vec<String>, Vec<i64>),
     segment: Option<EncodedSegment>,
 }
 
@@ -205,11 +223,8 @@ enum Slot {
     Stored(Appended),
 }
 
-fn plan_append(
-    messages: &[NewMessage],
-    existing: &HashMap<String, (i64, Uuid)>,
-    seal: Option<&Cipher>,
-) -> Result<AppendPlan, StoreError> {
+fn plan_append(messages: &[NewMessage], stored: &StoredIds, seal: Option<&Cipher>) -> Result<AppendPlan, StoreError> {
+    let existing = &stored.duplicates;
     let mut slots = Vec::with_capacity(messages.len());
     let mut first_in_batch: HashMap<&str, usize> = HashMap::new();
     let mut fresh: Vec<&NewMessage> = Vec::new();
@@ -251,10 +266,16 @@ fn plan_append(
         }
         (segment, _) => segment,
     };
+    let earlier = fresh
+        .iter()
+        .filter_map(|m| Some((&m.transaction_id, stored.released.get(&m.transaction_id)?)))
+        .flat_map(|(id, offsets)| offsets.iter().map(move |&offset| (id.clone(), offset)))
+        .unzip();
     Ok(AppendPlan {
         slots,
         fresh_transaction_ids: fresh.iter().map(|m| m.transaction_id.clone()).collect(),
         fresh_message_ids: fresh.iter().map(|m| m.message_id).collect(),
+        earlier,
         segment,
     })
 }
@@ -277,14 +298,14 @@ pub async fn append(
     messages: &[NewMessage],
     policy: &AppendPolicy,
 ) -> Result<AppendResult, StoreError> {
-    let mut existing = HashMap::new();
+    let mut stored = StoredIds::default();
     let mut attempts = 0;
     loop {
         attempts += 1;
         if attempts > 1 {
-            existing = duplicates_of(client, destination.partition_id, messages, policy).await?;
+            stored = duplicates_of(client, destination.partition_id, messages, policy).await?;
         }
-        let plan = plan_append(messages, &existing, policy.seal.as_deref())?;
+        let plan = plan_append(messages, &stored, policy.seal.as_deref())?;
         match write_plan(client, destination, &plan).await {
             Err(StoreError::Db(e))
                 if attempts < 4 && e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) =>
@@ -314,11 +335,51 @@ pub async fn append_in_transaction(
     if locked.is_none() {
         return Err(StoreError::Missing("partition"));
     }
-    let existing = duplicates_of(tx, partition_id, messages, policy).await?;
-    let plan = plan_append(messages, &existing, policy.seal.as_deref())?;
+    let stored = duplicates_of(tx, partition_id, messages, policy).await?;
+    let plan = plan_append(messages, &stored, policy.seal.as_deref())?;
     let segment = write_plan(tx, destination, &plan).await?;
     Ok(finish(plan, segment))
 }
+
+/// The append: the partition row advanced, the segment row and its ids' index rows inserted.
+/// `{ids}` is where the ids come from (`t`: transaction id, message id, ordinal) and what else
+/// their rows get.
+const APPEND_TEMPLATE: &str = "WITH p AS (
+         UPDATE queen.partitions
+            SET last_offset = last_offset + $2::bigint,
+                last_segment_at = GREATEST(clock_timestamp(), last_segment_at)
+          WHERE id = $1
+      RETURNING last_offset - $2::bigint + 1 AS base_offset, last_offset AS end_offset,
+                last_segment_at AS created_at
+     ), segment AS (
+         INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, created_at, frame_count,
+                                         raw_length, body)
+         SELECT $1, base_offset, end_offset, created_at, $2::bigint::integer, $3, $4 FROM p
+         RETURNING base_offset, end_offset, created_at
+     ), ids AS ({ids})
+     SELECT base_offset, end_offset, created_at FROM segment";
+
+static APPEND_SQL: LazyLock<String> = LazyLock::new(|| {
+    APPEND_TEMPLATE.replace(
+        "{ids}",
+        "INSERT INTO queen.log_message_ids (partition_id, transaction_id, message_offset, message_id)
+         SELECT $1, t.transaction_id, p.base_offset + t.ordinal - 1, t.message_id
+           FROM p, unnest($5::text[], $6::uuid[]) WITH ORDINALITY AS t(transaction_id, message_id, ordinal)",
+    )
+});
+
+/// [`APPEND_SQL`] with the earlier offsets of ids pushed again after their dedup window, as
+/// (transaction id, offset) pairs in `$7` and `$8`.
+static APPEND_AGAIN_SQL: LazyLock<String> = LazyLock::new(|| {
+    APPEND_TEMPLATE.replace(
+        "{ids}",
+        "INSERT INTO queen.log_message_ids (partition_id, transaction_id, message_offset, message_id, earlier_offsets)
+         SELECT $1, t.transaction_id, p.base_offset + t.ordinal - 1, t.message_id, e.offsets
+           FROM p, unnest($5::text[], $6::uuid[]) WITH ORDINALITY AS t(transaction_id, message_id, ordinal)
+           LEFT JOIN (SELECT id, array_agg(o ORDER BY o) AS offsets
+                        FROM unnest($7::text[], $8::bigint[]) AS e(id, o) GROUP BY id) e ON e.id = t.transaction_id",
+    )
+});
 
 async fn write_plan(
     client: &impl GenericClient,
@@ -327,45 +388,27 @@ async fn write_plan(
 ) -> Result<Option<SegmentWritten>, StoreError> {
     let partition_id = destination.partition_id;
     let Some(segment) = &plan.segment else { return Ok(None) };
-    let statement = client
-        .prepare_cached(
-            "WITH p AS (
-                 UPDATE queen.partitions
-                    SET last_offset = last_offset + $2::bigint,
-                        last_segment_at = GREATEST(clock_timestamp(), last_segment_at)
-                  WHERE id = $1
-              RETURNING last_offset - $2::bigint + 1 AS base_offset, last_offset AS end_offset,
-                        last_segment_at AS created_at
-             ), segment AS (
-                 INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, created_at, frame_count,
-                                                 raw_length, body)
-                 SELECT $1, base_offset, end_offset, created_at, $2::bigint::integer, $3, $4 FROM p
-                 RETURNING base_offset, end_offset, created_at
-             ), ids AS (
-                 INSERT INTO queen.log_message_ids (partition_id, transaction_id, message_offset, message_id)
-                 SELECT $1, t.transaction_id, p.base_offset + t.ordinal - 1, t.message_id
-                   FROM p, unnest($5::text[], $6::uuid[]) WITH ORDINALITY AS t(transaction_id, message_id, ordinal)
-             )
-             SELECT base_offset, end_offset, created_at FROM segment",
-        )
-        .await?;
+    // Ids released from their dedup window carry the offsets they were stored at before, in a
+    // statement of its own: the everyday one stays as it was.
+    let statement = match plan.earlier.0.is_empty() {
+        true => client.prepare_cached(&APPEND_SQL).await?,
+        false => client.prepare_cached(&APPEND_AGAIN_SQL).await?,
+    };
     let frame_count = segment.frame_count as i64;
     let raw_len =
         i32::try_from(segment.raw_len).map_err(|_| queen_log::EncodeError::FrameTooLarge { len: segment.raw_len })?;
-    let row = client
-        .query_opt(
-            &statement,
-            &[
-                &partition_id,
-                &frame_count,
-                &raw_len,
-                &segment.body,
-                &plan.fresh_transaction_ids,
-                &plan.fresh_message_ids,
-            ],
-        )
-        .await?
-        .ok_or(StoreError::Missing("partition"))?;
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] = [
+        &partition_id,
+        &frame_count,
+        &raw_len,
+        &segment.body,
+        &plan.fresh_transaction_ids,
+        &plan.fresh_message_ids,
+        &plan.earlier.0,
+        &plan.earlier.1,
+    ];
+    let params = if plan.earlier.0.is_empty() { &params[..6] } else { &params[..] };
+    let row = client.query_opt(&statement, params).await?.ok_or(StoreError::Missing("partition"))?;
     Ok(Some(SegmentWritten {
         base_offset: row.get(0),
         end_offset: row.get(1),
@@ -516,12 +559,25 @@ pub(crate) mod tests {
         }
     }
 
+    fn stored_as(duplicates: HashMap<String, (i64, Uuid)>) -> StoredIds {
+        StoredIds { duplicates, ..StoredIds::default() }
+    }
+
+    #[test]
+    fn an_id_released_from_its_window_carries_the_offsets_it_was_stored_at() {
+        let released = HashMap::from([("again".to_string(), vec![3, 7])]);
+        let stored = StoredIds { released, ..StoredIds::default() };
+        let plan = plan_append(&[message("new"), message("again"), message("again")], &stored, None).unwrap();
+        assert_eq!(plan.fresh_transaction_ids, vec!["new", "again"]);
+        assert_eq!(plan.earlier, (vec!["again".to_string(), "again".to_string()], vec![3, 7]));
+    }
+
     #[test]
     fn a_plan_skips_stored_and_repeated_transaction_ids() {
         let stored = Uuid::now_v7();
         let existing = HashMap::from([("old".to_string(), (7, stored))]);
         let messages = [message("a"), message("old"), message("b"), message("a")];
-        let plan = plan_append(&messages, &existing, None).unwrap();
+        let plan = plan_append(&messages, &stored_as(existing), None).unwrap();
         assert_eq!(plan.fresh_transaction_ids, vec!["a", "b"]);
         assert_eq!(plan.segment.as_ref().map(|s| s.frame_count), Some(2));
         let written =
@@ -591,19 +647,19 @@ pub(crate) mod tests {
     }
 
     fn planned_body(messages: &[NewMessage], existing: &HashMap<String, (i64, Uuid)>) -> Vec<u8> {
-        plan_append(messages, existing, None).unwrap().segment.expect("a segment").body
+        plan_append(messages, &stored_as(existing.clone()), None).unwrap().segment.expect("a segment").body
     }
 
     #[test]
     fn a_received_segment_written_whole_is_stored_as_received() {
         let messages = received(&["a", "b", "c"]);
-        let plan = plan_append(&messages, &HashMap::new(), None).unwrap();
+        let plan = plan_append(&messages, &StoredIds::default(), None).unwrap();
         let segment = plan.segment.expect("a segment");
         assert_eq!((segment.body.as_slice(), segment.frame_count), (&b"as received"[..], 3));
         assert_eq!(plan.fresh_transaction_ids, vec!["a", "b", "c"]);
 
         let cipher = Cipher::from_hex(&"ab".repeat(32)).unwrap();
-        let sealed = plan_append(&messages, &HashMap::new(), Some(&cipher)).unwrap().segment.unwrap().body;
+        let sealed = plan_append(&messages, &StoredIds::default(), Some(&cipher)).unwrap().segment.unwrap().body;
         assert_eq!(cipher.open(&sealed).unwrap(), b"as received", "sealed after, as any segment");
     }
 
@@ -632,7 +688,7 @@ pub(crate) mod tests {
     #[test]
     fn an_all_duplicate_batch_plans_no_segment() {
         let existing = HashMap::from([("x".to_string(), (1, Uuid::now_v7()))]);
-        let plan = plan_append(&[message("x")], &existing, None).unwrap();
+        let plan = plan_append(&[message("x")], &stored_as(existing), None).unwrap();
         assert!(plan.segment.is_none());
     }
 }

@@ -45,6 +45,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(16, "0016_partition_keys"),
     migration!(17, "0017_citus_distribution"),
     migration!(18, "0018_broker_usage"),
+    migration!(19, "0019_earlier_offsets"),
 ];
 
 /// The newest schema version this build knows.

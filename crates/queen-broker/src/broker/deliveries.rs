@@ -11,8 +11,8 @@
 //! the cache holds deliveries still waiting for their ack (and those of consumers that never
 //! acked, until the bound or the time limit evicts them); an ack sent again after that is looked
 //! up like one from another broker. An offset from here is the one the consumer was given; a
-//! lookup finds the id's latest message, which differs only when the id was pushed again after
-//! its dedup window (and then the delivered one is the one meant). When one delivery holds an id
+//! lookup finds the id's earliest message past the group's cursor, the one delivered too (an id
+//! has several only when it was pushed again after its dedup window). When one delivery holds an id
 //! twice (pushed again after its window, both messages unconsumed), its ack resolves to the
 //! earlier: an ack commits everything up to its message, and the later would commit the messages
 //! between the two, unprocessed. The later one is then delivered again once the lease runs out.

@@ -95,7 +95,7 @@ async fn every_known_option_is_checked_and_a_bad_value_writes_nothing() {
 }
 
 /// Moves every segment of the queue `age` into the past.
-async fn age_queue(app: &TestApp, queue: &str, age: &str) {
+pub(crate) async fn age_queue(app: &TestApp, queue: &str, age: &str) {
     let sql = "UPDATE queen.log_segments s SET created_at = s.created_at - $2::text::interval
                  FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
                 WHERE s.partition_id = p.id AND q.name = $1";

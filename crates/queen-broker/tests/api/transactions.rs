@@ -361,3 +361,29 @@ async fn a_bundle_ended_as_a_deadlocks_victim_is_answered_503_and_commits_when_s
     let billed = app.pop("queue/stage-two", "batch=10").await;
     assert_eq!(billed.transaction_ids(), vec!["order-0-billed", "order-1-billed"]);
 }
+
+/// A transaction id pushed again after its dedup window names several messages. An ack that names
+/// it and is resolved by looking the id up (as a bundle's acks are, and any ack that reaches
+/// another broker than the one that delivered) means the earliest the group has not consumed,
+/// as the delivering broker would say, not the latest copy: acking the latest would commit the
+/// messages between, unprocessed.
+#[actix_web::test]
+async fn an_ack_naming_an_id_pushed_again_past_its_window_commits_only_the_unconsumed_copy() {
+    let app = TestApp::spawn().await;
+    app.configure("reused", json!({"dedupWindowSeconds": 60})).await;
+    app.push_one("reused", "p", "order-1", json!(1)).await;
+    app.push_one("reused", "p", "between", json!(2)).await;
+    for copy in [3, 4] {
+        crate::queue_options::age_queue(&app, "reused", "2 hours").await;
+        assert_eq!(app.push_one("reused", "p", "order-1", json!(copy)).await["status"], "queued", "copy {copy}");
+    }
+    let popped = app.pop("queue/reused", "batch=10").await.messages();
+    let data: Vec<&Value> = popped.iter().map(|m| &m["data"]).collect();
+    assert_eq!(data, [1, 2, 3, 4]);
+
+    for (message, reached) in popped.iter().zip(1..) {
+        let answer = app.post("/api/v1/transaction", &json!({"operations": [ack_op(message, None)]})).await;
+        assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+        assert_eq!(committed(&app, "reused", "p").await, reached, "the ack of {}", message["data"]);
+    }
+}
