@@ -274,8 +274,11 @@ pub fn apply(state: &CursorState, items: &[AckItem<'_>]) -> (CursorChange, Vec<A
             if let Err(verdict) = checked[i] {
                 return verdict;
             }
+            // At the failure's own offset too: the same message acked both ways in one call is
+            // delivered again (unless the failure gave it up), and nothing else happened to it.
+            let superseded = item.offset > limit || (item.offset == limit && given_up_head != Some(limit));
             match item.status {
-                AckStatus::Completed | AckStatus::DeadLetter if item.offset > limit => {
+                AckStatus::Completed | AckStatus::DeadLetter if superseded => {
                     AckVerdict::Refused(Refusal::SupersededByFailure)
                 }
                 AckStatus::Completed => AckVerdict::Committed { lease_released },
@@ -370,6 +373,28 @@ mod tests {
                 AckVerdict::Refused(Refusal::SupersededByFailure),
             ]
         );
+    }
+
+    #[test]
+    fn a_message_acked_both_completed_and_failed_in_one_call_is_not_said_to_be_committed() {
+        let items = [ack(1, AckStatus::Completed), ack(1, AckStatus::Failed), ack(2, AckStatus::DeadLetter)];
+        let (change, verdicts) = apply(&leased(0, 2), &items);
+        assert_eq!(change.after.committed, 0);
+        assert!(change.dead_letters.is_empty());
+        assert_eq!(
+            verdicts,
+            vec![
+                AckVerdict::Refused(Refusal::SupersededByFailure),
+                AckVerdict::Requeued { retry_counted: true },
+                AckVerdict::Refused(Refusal::SupersededByFailure),
+            ]
+        );
+        // Unless the failure gave the message up: then it is past, as the completion said.
+        let mut last_try = leased(0, 2);
+        last_try.retry_count = 3;
+        let (change, verdicts) = apply(&last_try, &items[..2]);
+        assert_eq!(change.after.committed, 1);
+        assert_eq!(verdicts[0], AckVerdict::Committed { lease_released: true });
     }
 
     #[test]

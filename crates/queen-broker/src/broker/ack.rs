@@ -112,8 +112,8 @@ pub fn refusal_text(refusal: Refusal, request: &AckRequest, committed: Option<i6
             Some(cursor) => format!("the message is already committed (the group's cursor is at offset {cursor})"),
             None => "the message is already committed".into(),
         },
-        Refusal::SupersededByFailure => "not committed: an earlier message of this partition failed in the same \
-                                         call and will be delivered again, with this one"
+        Refusal::SupersededByFailure => "not committed: this message, or an earlier one of this partition, failed \
+                                         in the same call and will be delivered again, with this one"
             .into(),
     }
 }
