@@ -186,14 +186,17 @@ async fn duplicates_of(
     if !stale_ids.is_empty() {
         let statement = client
             .prepare_cached(
-                "DELETE FROM queen.log_message_ids
-                  WHERE partition_id = $1
-                    AND (transaction_id, message_offset) IN (SELECT * FROM unnest($2::text[], $3::bigint[]))
-              RETURNING transaction_id, message_offset, earlier_offsets",
+                // Earlier offsets retention removed are let go.
+                "DELETE FROM queen.log_message_ids m
+                  USING queen.partitions p
+                  WHERE m.partition_id = $1 AND p.id = $1
+                    AND (m.transaction_id, m.message_offset) IN (SELECT * FROM unnest($2::text[], $3::bigint[]))
+              RETURNING m.transaction_id, m.message_offset,
+                        ARRAY(SELECT o FROM unnest(m.earlier_offsets) AS o WHERE o >= p.retained_from)",
             )
             .await?;
         for row in client.query(&statement, &[&partition_id, &stale_ids, &stale_offsets]).await? {
-            let mut offsets: Vec<i64> = row.get::<_, Option<Vec<i64>>>(2).unwrap_or_default();
+            let mut offsets: Vec<i64> = row.get(2);
             offsets.push(row.get(1));
             released.insert(row.get(0), offsets);
         }
@@ -289,32 +292,52 @@ fn plan_append(messages: &[NewMessage], stored: &StoredIds, seal: Option<&Cipher
 /// The first attempt assumes that no transaction id is stored yet, which is what almost every
 /// push finds, and writes without looking: the unique index on `(partition_id, transaction_id)`
 /// refuses the statement whole (it runs outside a transaction, so nothing of it stays, not even
-/// the offsets it took) when one is. Then the append looks the ids up and is planned again, and
-/// again when a concurrent append of the same id from another broker races that lookup. The
-/// caller announces the partition once the append committed ([`crate::events::publish_after_commit`]).
+/// the offsets it took) when one is. Then the append looks the ids up and is planned again, in a
+/// transaction with its write, so that ids released from their dedup window are released only
+/// with the write that carries their earlier offsets; and again when a concurrent append of the
+/// same id from another broker races that lookup. The caller announces the partition once the
+/// append committed ([`crate::events::publish_after_commit`]).
 pub async fn append(
     client: &impl GenericClient,
     destination: Destination<'_>,
     messages: &[NewMessage],
     policy: &AppendPolicy,
 ) -> Result<AppendResult, StoreError> {
-    let mut stored = StoredIds::default();
-    let mut attempts = 0;
+    let seal = policy.seal.as_deref();
+    let plan = plan_append(messages, &StoredIds::default(), seal)?;
+    match write_plan(client, destination, &plan).await {
+        Err(StoreError::Db(e)) if is_unique_violation(&e) => {}
+        result => return result.map(|segment| finish(plan, segment)),
+    }
+    let mut attempts = 1;
     loop {
         attempts += 1;
-        if attempts > 1 {
-            stored = duplicates_of(client, destination.partition_id, messages, policy).await?;
+        client.batch_execute("BEGIN").await?;
+        let written = async {
+            let stored = duplicates_of(client, destination.partition_id, messages, policy).await?;
+            let plan = plan_append(messages, &stored, seal)?;
+            let segment = write_plan(client, destination, &plan).await?;
+            Ok::<_, StoreError>(finish(plan, segment))
         }
-        let plan = plan_append(messages, &stored, policy.seal.as_deref())?;
-        match write_plan(client, destination, &plan).await {
-            Err(StoreError::Db(e))
-                if attempts < 4 && e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) =>
-            {
-                continue;
+        .await;
+        match written {
+            Ok(result) => {
+                client.batch_execute("COMMIT").await?;
+                return Ok(result);
             }
-            result => return result.map(|segment| finish(plan, segment)),
+            Err(e) => {
+                client.batch_execute("ROLLBACK").await?;
+                match e {
+                    StoreError::Db(e) if attempts < 4 && is_unique_violation(&e) => continue,
+                    e => return Err(e),
+                }
+            }
         }
     }
+}
+
+fn is_unique_violation(e: &tokio_postgres::Error) -> bool {
+    e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION)
 }
 
 /// [`append`] inside a transaction the caller owns: the partition row is locked first, so the

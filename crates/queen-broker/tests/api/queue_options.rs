@@ -130,6 +130,57 @@ async fn past_the_dedup_window_the_same_message_written_again_is_still_a_duplica
     assert!(matches!(other.expect("the append").outcomes[..], [Appended::Queued { offset: 2, .. }]));
 }
 
+/// An id released from its dedup window is released with the write of its new message, in one
+/// transaction: when that write fails, the id still names its stored message (and the offsets an
+/// ack by lookup needs are not lost), and the push sent again finds it as before.
+#[actix_web::test]
+async fn an_id_is_released_from_its_window_only_with_the_write_that_stores_it_again() {
+    use queen_store::log::{AppendPolicy, NewMessage, append};
+
+    let app = TestApp::spawn().await;
+    app.configure("released", json!({"dedupWindowSeconds": 60})).await;
+    app.push_one("released", "p", "order-5", json!(1)).await;
+    age_queue(&app, "released", "2 hours").await;
+    // The write of the new message fails once the old one's index row is gone, as a write can
+    // fail for its own reasons (a timeout, a lost connection) after the release.
+    let sql = app.db.connect().await;
+    sql.batch_execute(
+        "CREATE FUNCTION fail_once_released() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NOT EXISTS (SELECT 1 FROM queen.log_message_ids WHERE transaction_id = 'order-5') THEN
+                 RAISE EXCEPTION 'the write fails';
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER fail_once_released BEFORE INSERT ON queen.log_segments
+             FOR EACH ROW EXECUTE FUNCTION fail_once_released();",
+    )
+    .await
+    .expect("the failing trigger");
+    let destination = app.destination("released", "p").await;
+    let client = app.store_connection("releasing").await;
+    let policy = AppendPolicy { dedup_window_seconds: 60, ..AppendPolicy::default() };
+    let message = NewMessage {
+        message_id: uuid::Uuid::now_v7(),
+        transaction_id: "order-5".into(),
+        trace_id: None,
+        producer: None,
+        payload: b"2".to_vec(),
+        received: None,
+    };
+    let failed = append(&client, destination, std::slice::from_ref(&message), &policy).await;
+    assert!(failed.is_err(), "{failed:?}");
+    let index = "SELECT count(*) FROM queen.log_message_ids WHERE transaction_id = 'order-5' AND message_offset = 1";
+    assert_eq!(app.count(index).await, 1, "the id still names the stored message");
+
+    sql.batch_execute("DROP TRIGGER fail_once_released ON queen.log_segments").await.expect("the trigger dropped");
+    let again = append(&client, destination, &[message], &policy).await.expect("the append");
+    assert!(matches!(again.outcomes[..], [queen_store::log::Appended::Queued { offset: 2, .. }]));
+    let earlier = "SELECT earlier_offsets FROM queen.log_message_ids WHERE transaction_id = 'order-5'";
+    let earlier: Vec<i64> = sql.query_one(earlier, &[]).await.expect("the index row").get(0);
+    assert_eq!(earlier, [1], "the new row keeps where the id was stored before");
+}
+
 #[actix_web::test]
 async fn a_transaction_id_is_a_duplicate_only_within_the_dedup_window() {
     let app = TestApp::spawn_with(|config| config.maintenance.interval_ms = 100).await;
