@@ -70,10 +70,10 @@ impl From<StoreError> for TransactionError {
 /// Runs the bundle. Its `kv` rider is judged first, then its required leases are checked;
 /// acknowledgements are applied next, the `timers` rider after them, and pushes last, partition by
 /// partition in id order: the results do not depend on that order, and every transaction taking
-/// creation locks before key/value row locks before cursor locks before timer row locks before
+/// key/value row locks before cursor locks before creation locks before timer row locks before
 /// capacity locks before partition locks (in a fixed order each) keeps concurrent bundles from
-/// deadlocking. The queues and partitions its pushes create are created first, in its
-/// transaction, so a bundle that rolls back leaves none. A bundle that would take a queue past
+/// deadlocking. The queues and partitions its pushes create are created in its transaction,
+/// after its acks, so a bundle that rolls back leaves none. A bundle that would take a queue past
 /// its `maxSize` rolls back with [`BrokerError::QueueFull`]; one whose pushes would create queues
 /// or partitions past a creation limit rolls back with [`BrokerError::LimitReached`].
 pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, TransactionError> {
@@ -106,8 +106,8 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
         )
         .into());
     }
-    // Queues and partitions the bundle pushes to are created in its transaction, first (so a
-    // bundle that rolls back leaves none behind), all of them or none within the creation limits.
+    // Queues and partitions the bundle pushes to are created in its transaction (so a bundle that
+    // rolls back leaves none behind), all of them or none within the creation limits.
     let shares = shares_of(&items);
     let wanted = wanted_of(&shares);
     let mut known = broker.names.known(&broker.pool, &wanted).await?;
@@ -124,20 +124,8 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
     let written = broker
         .write_within("a transaction", async |client| -> Result<Written, TransactionError> {
             let tx = client.transaction().await.map_err(StoreError::from)?;
-            if !known.is_complete() {
-                match known.create_in(&tx, &wanted, Some(broker.config.limits.creation())).await {
-                    // A cached queue deleted since: looked up afresh next time.
-                    Err(StoreError::Missing(_)) => {
-                        wanted.iter().for_each(|(queue, _)| broker.names.forget_queue(queue));
-                        let text = "a queue of the transaction was deleted; retry the transaction";
-                        return Err(BrokerError::Unavailable(text.into()).into());
-                    }
-                    created => created?,
-                }
-            }
-            let placed = Placed::of(&shares, &known.resolution()?, items.len());
-            // The rider's key locks come first after the creation locks, before any cursor or
-            // partition lock, in every bundle; a lost guard costs no ack or push work.
+            // The rider's key locks come first, before any cursor or partition lock, in every
+            // bundle; a lost guard costs no ack or push work.
             let kv_results = match &kv {
                 None => Vec::new(),
                 Some(batch) => match kv::apply_in(&tx, batch).await? {
@@ -171,6 +159,20 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
                     request.transaction_id, request.partition_id
                 )));
             }
+            // What the pushes need is created after the cursor locks (a queue's deletion takes its
+            // cursors before its row, which a partition created in it holds) and before the rest.
+            if !known.is_complete() {
+                match known.create_in(&tx, &wanted, Some(broker.config.limits.creation())).await {
+                    // A cached queue deleted since: looked up afresh next time.
+                    Err(StoreError::Missing(_)) => {
+                        wanted.iter().for_each(|(queue, _)| broker.names.forget_queue(queue));
+                        let text = "a queue of the transaction was deleted; retry the transaction";
+                        return Err(BrokerError::Unavailable(text.into()).into());
+                    }
+                    created => created?,
+                }
+            }
+            let placed = Placed::of(&shares, &known.resolution()?, items.len());
             // Timer row locks (in key order) after the cursor locks and before the capacity and partition
             // locks, the order in which the timer sweeper takes the last three.
             let timer_results = timers::apply_in(&tx, &timer_ops).await?;

@@ -271,8 +271,9 @@ async fn a_transaction_appending_to_a_partition_does_not_hold_up_a_new_groups_cu
     assert_eq!(next.transaction_ids(), vec!["in-flight"], "{next:?}");
 }
 
-/// Deleting a queue takes its cursors before its partitions, the order a bundle takes them in, so
-/// a deletion that meets a bundle on the queue waits for it instead of deadlocking with it.
+/// Deleting a queue takes its cursors before its row and partitions, the order a bundle takes them
+/// in (a partition the bundle creates holds the queue's row), so a deletion that meets a bundle on
+/// the queue waits for it instead of deadlocking with it.
 #[actix_web::test]
 async fn a_queue_deleted_while_a_bundle_acks_and_pushes_on_it_waits_for_the_bundle_instead_of_deadlocking() {
     let app = TestApp::spawn().await;
@@ -281,7 +282,10 @@ async fn a_queue_deleted_while_a_bundle_acks_and_pushes_on_it_waits_for_the_bund
     app.configure("capped", json!({"maxSize": 100})).await;
     app.push_one("capped", "p", "order-1", json!(1)).await;
     let message = app.pop("queue/capped", "batch=1").await.messages().remove(0);
-    let push = json!({"type": "push", "items": [{"queue": "capped", "partition": "p", "transactionId": "order-2", "payload": 2}]});
+    let push = json!({"type": "push", "items": [
+        {"queue": "capped", "partition": "p", "transactionId": "order-2", "payload": 2},
+        {"queue": "capped", "partition": "fresh", "transactionId": "order-3", "payload": 3},
+    ]});
     let bundle = json!({"operations": [ack_op(&message, None), push]});
     let queue_id = app.count("SELECT id FROM queen.queues WHERE name = 'capped'").await;
     let holder = app.db.connect().await;
@@ -310,7 +314,7 @@ async fn a_queue_deleted_while_a_bundle_acks_and_pushes_on_it_waits_for_the_bund
     assert_eq!(
         app.count("SELECT count(*) FROM queen.partitions").await,
         0,
-        "the bundle's partition went with the queue"
+        "the bundle's partitions, the one it created too, went with the queue"
     );
 }
 
