@@ -415,7 +415,11 @@ async fn killed_backends_mid_operation_answer_503_and_the_retry_succeeds() {
     let sql = db.connect().await;
     let holder = Holder(db.connect().await);
     // Nothing but the termination ends a wait.
-    let settings = [("QUEEN_DATABASE__STATEMENT_TIMEOUT_MS", "60000"), ("QUEEN_DATABASE__LOCK_TIMEOUT_MS", "60000")];
+    let settings = [
+        ("QUEEN_DATABASE__STATEMENT_TIMEOUT_MS", "60000"),
+        ("QUEEN_DATABASE__LOCK_TIMEOUT_MS", "60000"),
+        ("QUEEN_DATABASE__ANSWER_WITHIN_MS", "120000"),
+    ];
     let first = BrokerProcess::start(queen_binary(), &["--database-url", db.url()], &settings).await;
     let sql = &sql;
     until("the first broker listens", Duration::from_secs(30), || async move { listen_backends(sql).await.len() == 1 })

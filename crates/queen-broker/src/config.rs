@@ -61,6 +61,9 @@ pub struct HttpConfig {
     pub tls_cert_file: Option<PathBuf>,
     /// HTTPS: the private key of `tls_cert_file`, PEM (PKCS#8, PKCS#1 or SEC1).
     pub tls_key_file: Option<PathBuf>,
+    /// Serve API requests that a browser made for a page of another origin (`Sec-Fetch-Site`
+    /// `cross-site` or `same-site`), refused (403) by default: see `http::cross_site`.
+    pub allow_cross_site: bool,
 }
 
 impl Default for HttpConfig {
@@ -77,6 +80,7 @@ impl Default for HttpConfig {
             keep_alive_seconds: 75,
             tls_cert_file: None,
             tls_key_file: None,
+            allow_cross_site: false,
         }
     }
 }
@@ -726,9 +730,14 @@ impl Config {
             url.parse::<tokio_postgres::Config>().map_err(|e| invalid("database.url", e.to_string()))?;
         }
         db.tls()?.connector().map_err(|e| invalid(&db.tls_setting(e.setting()), e.to_string()))?;
-        // Shorter would give up on writes PostgreSQL answers in its ordinary time under load.
-        if db.answer_within_ms < 1000 {
-            return Err(invalid("database.answer_within_ms", "must be at least 1000"));
+        // Shorter would give up on writes PostgreSQL answers in its ordinary time under load, or
+        // answer a write that waited for a row lock as unknown rather than as the clean refusal
+        // of its lock timeout.
+        if db.answer_within_ms < 1000 || db.answer_within_ms <= db.lock_timeout_ms {
+            return Err(invalid(
+                "database.answer_within_ms",
+                "must be at least 1000 and above database.lock_timeout_ms",
+            ));
         }
         if self.http.max_body_bytes < 1024 {
             return Err(invalid("http.max_body_bytes", "must be at least 1024"));
@@ -953,6 +962,9 @@ mod tests {
         let mut config = Config::default();
         config.database.answer_within_ms = 999;
         assert_eq!(config.validate().unwrap_err().setting, "database.answer_within_ms");
+        let mut config = Config::default();
+        config.database.lock_timeout_ms = config.database.answer_within_ms;
+        assert_eq!(config.validate().unwrap_err().setting, "database.answer_within_ms", "above the lock timeout");
         for setting in
             ["database.connect_timeout_ms", "database.pool_wait_timeout_ms", "maintenance.partition_cleanup_days"]
         {

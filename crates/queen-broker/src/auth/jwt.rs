@@ -190,12 +190,18 @@ impl JwtVerifier {
         validation.leeway = self.leeway;
         validation.validate_nbf = true;
         validation.validate_aud = self.audience.is_some();
+        // A configured issuer or audience is required in the token, not only compared when it
+        // is there: a token another service's issuer made for itself carries neither of ours.
+        let mut required = vec!["exp"];
         if let Some(audience) = &self.audience {
             validation.set_audience(&[audience]);
+            required.push("aud");
         }
         if let Some(issuer) = &self.issuer {
             validation.set_issuer(&[issuer]);
+            required.push("iss");
         }
+        validation.set_required_spec_claims(&required);
         let claims = jsonwebtoken::decode::<Map<String, Value>>(token, key, &validation)
             .map_err(|e| failure_of(e.kind()))?
             .claims;

@@ -216,13 +216,16 @@ pub fn check(config: &AuthConfig) -> Result<(), ConfigError> {
             problem: "the three role names must differ".into(),
         });
     }
-    // A prefix covering the API would turn authentication off while it looks on: upstream's
-    // documented default ends in `/`, which as a prefix is every path.
-    if let Some(open) = skip_paths(config).find(|skip| skip.ends_with('/') && "/api/v1/".starts_with(skip)) {
+    // A prefix covering the API, or a part of it, would serve without a token whatever routes
+    // it holds, for every method (its deletions too): upstream's documented default ends in `/`,
+    // which as a prefix is every path. Inside the API only exact paths may be listed.
+    let covers_api = |skip: &str| skip.ends_with('/') && ("/api/".starts_with(skip) || skip.starts_with("/api/"));
+    if let Some(open) = skip_paths(config).find(|skip| covers_api(skip)) {
         return Err(ConfigError {
             setting: "auth.jwt_skip_paths".into(),
             problem: format!(
-                "the prefix {open:?} would serve the whole API without a token; list exact paths, or prefixes outside /api/"
+                "the prefix {open:?} would serve API routes without a token, for every method; list exact paths, \
+                 or prefixes outside /api/"
             ),
         });
     }
@@ -278,12 +281,12 @@ mod tests {
     }
 
     #[test]
-    fn a_skip_prefix_covering_the_api_is_refused() {
-        for open in ["/health,/metrics,/", "/api/", " /api/v1/ "] {
+    fn a_skip_prefix_covering_the_api_or_a_part_of_it_is_refused() {
+        for open in ["/health,/metrics,/", "/api/", " /api/v1/ ", "/api/v1/resources/"] {
             let config = AuthConfig { jwt_skip_paths: open.into(), ..AuthConfig::default() };
             assert_eq!(check(&config).unwrap_err().setting, "auth.jwt_skip_paths", "{open}");
         }
-        for fine in ["/health,/metrics", "/metrics/", "/docs/,/", "/api/v2/"] {
+        for fine in ["/health,/metrics", "/metrics/", "/docs/,/", "/api/v1/system/maintenance"] {
             let config = AuthConfig { jwt_skip_paths: fine.into(), ..AuthConfig::default() };
             if fine.split(',').any(|p| p == "/") {
                 assert!(check(&config).is_err(), "{fine}");

@@ -164,7 +164,7 @@ pub async fn run(
 }
 
 /// Whether `caller` may act on a permit taken under `subject`: the same identity, or a permit
-/// bound to none (taken with auth off).
+/// bound to none (taken with auth off; with auth on a token without a subject holds none).
 fn may_act(subject: Option<&str>, caller: Option<&str>) -> bool {
     subject.is_none_or(|subject| caller == Some(subject))
 }

@@ -79,6 +79,16 @@ impl Caller {
         self.0.as_ref().and_then(|identity| identity.subject.as_deref())
     }
 
+    /// Whom a lock's permits are bound to: the token's subject, or none with auth off. A token
+    /// without a subject is refused (403): a permit bound to none is any caller's to renew,
+    /// release or find again.
+    pub fn permit_holder(&self) -> Result<Option<&str>, ApiError> {
+        let Some(identity) = &self.0 else { return Ok(None) };
+        let refused =
+            || ApiError::Forbidden("lock permits are bound to the token's subject, and it has no `sub`".into());
+        identity.subject.as_deref().map(Some).ok_or_else(refused)
+    }
+
     /// Refuses (403) a queue outside the token's scope.
     pub fn check_queues<'a>(&self, queues: impl IntoIterator<Item = &'a str>) -> Result<(), ApiError> {
         let Some(identity) = self.0.as_ref().filter(|identity| identity.is_scoped()) else { return Ok(()) };

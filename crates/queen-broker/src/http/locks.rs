@@ -22,11 +22,12 @@ pub async fn handle(
     caller: Caller,
     payload: web::Payload,
 ) -> Result<HttpResponse, StateError> {
+    let holder = caller.permit_holder()?;
     let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
     let body = JsonObject::parse_body(&body, false)?;
     only(&body, &["operations"], "a locks call", "lock_unknown_field")?;
     let operations = parse_operations(&body)?;
-    let outcomes = locks::run(&broker, caller.subject(), &operations).await?;
+    let outcomes = locks::run(&broker, holder, &operations).await?;
     let results: Vec<ResultJson<'_>> = outcomes.iter().map(ResultJson::of).collect();
     Ok(HttpResponse::Ok().json(Results { results }))
 }

@@ -86,6 +86,33 @@ async fn push_as(app: &TestApp, token: &str, queue: &str, transaction_id: &str) 
     call(app, "post", "/api/v1/push", Some(token), Some(json!({"items": [item]}))).await
 }
 
+/// A token made for another service by the same issuer (or signed with a shared secret) must
+/// not pass for one made for this broker: a configured audience is required in the token.
+#[actix_web::test]
+async fn a_configured_audience_must_be_the_tokens() {
+    const AUDIENCE: &str = "queen-broker";
+    let app = TestApp::spawn_with(|config| {
+        with_hs256(config);
+        config.auth.jwt_audience = Some(AUDIENCE.into());
+    })
+    .await;
+    let token = |audience: Option<&str>| {
+        let mut claims = claims("ops", "admin");
+        if let Some(audience) = audience {
+            claims["aud"] = json!(audience);
+        }
+        hs256(&claims, SECRET)
+    };
+    for (audience, expected) in [
+        (None, StatusCode::UNAUTHORIZED),
+        (Some("another-service"), StatusCode::UNAUTHORIZED),
+        (Some(AUDIENCE), StatusCode::OK),
+    ] {
+        let answer = call(&app, "get", "/api/v1/resources/queues", Some(&token(audience)), None).await;
+        assert_eq!(answer.status, expected, "audience {audience:?}: {answer:?}");
+    }
+}
+
 #[actix_web::test]
 async fn without_a_usable_token_every_guarded_route_answers_401_and_the_probes_stay_public() {
     let app = TestApp::spawn_with(with_hs256).await;
@@ -103,6 +130,8 @@ async fn without_a_usable_token_every_guarded_route_answers_401_and_the_probes_s
             Some(hs256(&json!({"sub": "a", "role": "admin", "iss": "https://other", "exp": now() + 60}), SECRET)),
         ),
         ("invalid_claims", Some(hs256(&json!({"sub": "a", "role": "admin", "iss": ISSUER}), SECRET))),
+        // The configured issuer is required, not only compared when the token has one.
+        ("invalid_claims", Some(hs256(&json!({"sub": "a", "role": "admin", "exp": now() + 60}), SECRET))),
         (
             "not_yet_valid",
             Some(hs256(
@@ -507,4 +536,62 @@ async fn an_inconsistent_auth_configuration_stops_start_up_naming_the_setting() 
         assert!(error.contains(setting), "{setting}: {error}");
         assert!(!error.contains('\n'), "one line: {error}");
     }
+}
+
+/// A lock's permit is bound to the token's subject: a JWT without `sub` would bind it to no one,
+/// and any caller could renew, release or take it back, so it is refused.
+#[actix_web::test]
+async fn a_token_without_a_subject_holds_no_lock() {
+    let app = TestApp::spawn_with(with_hs256).await;
+    let acquire = json!({"operations": [{"op": "acquire", "name": "n", "ttlSeconds": 60, "owner": "me"}]});
+    let nobody = hs256(&json!({"role": "read-write", "iss": ISSUER, "exp": now() + 3600}), SECRET);
+    let refused = call(&app, "post", "/api/v1/locks", Some(&nobody), Some(acquire.clone())).await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN, "{refused:?}");
+    assert!(refused.body["error"].as_str().is_some_and(|e| e.contains("sub")), "{refused:?}");
+    assert_eq!(app.count("SELECT count(*) FROM queen.kv").await, 0, "the refusal wrote nothing");
+
+    let someone = hs256(&claims("worker-1", "read-write"), SECRET);
+    let taken = call(&app, "post", "/api/v1/locks", Some(&someone), Some(acquire)).await;
+    assert_eq!(taken.status, StatusCode::OK, "{taken:?}");
+    assert_eq!(taken.body["results"][0]["acquired"], true, "{taken:?}");
+}
+
+/// With auth off (the default), any page a user opens could make the user's browser send requests
+/// to a broker it can reach: an API request the browser says a page of another origin made
+/// (`Sec-Fetch-Site`) is refused, and does nothing. The broker's own pages (the same origin), a
+/// navigation to them from elsewhere, and clients that are no browser are served.
+#[actix_web::test]
+async fn api_requests_a_page_of_another_origin_made_are_refused() {
+    let app = TestApp::spawn().await;
+    app.push_one("forged", "p", "m1", json!(1)).await;
+    for site in ["cross-site", "same-site"] {
+        // What an <img> and a form can send: a GET, and a POST of text.
+        let popped = app.http.get(app.url("/api/v1/pop/queue/forged?autoAck=true")).header("sec-fetch-site", site);
+        let configured = app
+            .http
+            .post(app.url("/api/v1/configure"))
+            .header("sec-fetch-site", site)
+            .header("content-type", "text/plain")
+            .body(r#"{"queue": "planted", "options": {"leaseTime": 5}}"#);
+        for request in [popped, configured] {
+            let response = request.send().await.expect("a response");
+            assert_eq!(response.status(), StatusCode::FORBIDDEN, "{site}");
+            let body: Value = response.json().await.expect("a JSON error");
+            assert!(body["error"].as_str().is_some_and(|e| e.contains("another origin")), "{body}");
+        }
+    }
+    assert_eq!(app.get("/api/v1/resources/queues/planted").await.status, StatusCode::NOT_FOUND);
+    let navigation = app.http.get(app.url("/dashboard")).header("sec-fetch-site", "cross-site").send().await;
+    assert_eq!(navigation.expect("a response").status(), StatusCode::OK, "a link to the dashboard is followed");
+    let own_page = app.http.get(app.url("/api/v1/pop/queue/forged?batch=1")).header("sec-fetch-site", "same-origin");
+    let own_page: Value = own_page.send().await.expect("a response").json().await.expect("JSON");
+    assert_eq!(own_page["messages"][0]["transactionId"], "m1", "nothing was popped by the refused requests");
+}
+
+/// `http.allow_cross_site` serves them, for a deployment that puts its own origin policy in front.
+#[actix_web::test]
+async fn allow_cross_site_serves_requests_of_other_origins() {
+    let app = TestApp::spawn_with(|config| config.http.allow_cross_site = true).await;
+    let answer = app.http.get(app.url("/api/v1/resources/queues")).header("sec-fetch-site", "cross-site");
+    assert_eq!(answer.send().await.expect("a response").status(), StatusCode::OK);
 }
