@@ -150,7 +150,8 @@ const SILENT_STANDBY_BOUND: Duration = Duration::from_secs(15);
 /// and the calls to it.
 async fn broker_on_a_synchronous_pair(name: &str) -> (Pair, Vec<BrokerProcess>, Api) {
     let pair = Pair::start(name, Replication::Synchronous).await;
-    let envs = [("QUEEN_DATABASE__ANSWER_WITHIN_MS", ANSWER_WITHIN)];
+    // The lock timeout stays under the bound, as the broker requires.
+    let envs = [("QUEEN_DATABASE__ANSWER_WITHIN_MS", ANSWER_WITHIN), ("QUEEN_DATABASE__LOCK_TIMEOUT_MS", "5000")];
     let brokers = start_brokers(&pair.url(), 1, &envs).await;
     let api = Api::new(&brokers[0].url());
     (pair, brokers, api)
