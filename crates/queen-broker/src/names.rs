@@ -10,6 +10,9 @@ pub const MAX_NAME_BYTES: usize = 255;
 /// The consumer group of a consumer that names none.
 pub const QUEUE_MODE_GROUP: &str = "__QUEUE_MODE__";
 
+/// A consumer group name the API's own paths take.
+const RESERVED_GROUP: &str = "lagging";
+
 /// The partition of a push that names none.
 pub const DEFAULT_PARTITION: &str = "Default";
 
@@ -46,6 +49,12 @@ pub fn check(kind: NameKind, field: impl std::fmt::Display, value: &str) -> Resu
     }
     if kind != NameKind::TransactionId && value.contains('/') {
         return Err(format!("{field}: the {noun} must not contain '/'"));
+    }
+    if kind == NameKind::ConsumerGroup && value == RESERVED_GROUP {
+        return Err(format!(
+            "{field}: the {noun} {RESERVED_GROUP:?} is reserved: /api/v1/consumer-groups/{RESERVED_GROUP} lists the \
+             lagging groups, so a group of that name could not be read or deleted there"
+        ));
     }
     Ok(())
 }

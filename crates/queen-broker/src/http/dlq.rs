@@ -1,6 +1,8 @@
 //! Dead letters: `GET /api/v1/dlq`, and re-queuing or deleting the dead letters of a message
 //! (`POST` / `DELETE /api/v1/messages/{partitionId}/{transactionId}/retry`).
 
+use std::collections::BTreeMap;
+
 use actix_web::{HttpRequest, HttpResponse, web};
 use chrono::{DateTime, Utc};
 use queen_store::dlq::{DeadLetter, DeadLetterFilter, Requeue};
@@ -80,9 +82,18 @@ struct Page {
     offset: i64,
 }
 
-/// A time of the query string (`from`, `to`), read by [`iso_time`].
-pub(super) fn time_filter(value: Option<&String>, key: &str) -> Result<Option<DateTime<Utc>>, ApiError> {
-    value.map(|text| iso_time(key, text)).transpose()
+/// A listing's `from` and `to`, each optional.
+pub(super) type TimeRange = (Option<DateTime<Utc>>, Option<DateTime<Utc>>);
+
+/// The `from` and `to` times of the query string, each optional, read by [`iso_time`]; `from`
+/// after `to` is refused rather than answered with an empty page.
+pub(super) fn time_range(query: &BTreeMap<String, String>) -> Result<TimeRange, ApiError> {
+    let time = |key: &str| query.get(key).map(|text| iso_time(key, text)).transpose();
+    let (from, to) = (time("from")?, time("to")?);
+    if from.zip(to).is_some_and(|(from, to)| from > to) {
+        return Err(ApiError::bad_request("from must not be after to"));
+    }
+    Ok((from, to))
 }
 
 /// Dead letters, newest first, filtered by `queue`, `consumerGroup`, `partition` (name) and
@@ -90,12 +101,13 @@ pub(super) fn time_filter(value: Option<&String>, key: &str) -> Result<Option<Da
 /// Queen caps it: the official client shows any refusal here as an empty list) and `offset`.
 pub async fn list(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let query = strict_query(&req, &["queue", "consumerGroup", "partition", "from", "to", "limit", "offset"])?;
+    let (from, to) = time_range(&query)?;
     let filter = DeadLetterFilter {
         queue: query.get("queue").cloned(),
         consumer_group: query.get("consumerGroup").cloned(),
         partition: query.get("partition").cloned(),
-        from: time_filter(query.get("from"), "from")?,
-        to: time_filter(query.get("to"), "to")?,
+        from,
+        to,
         limit: query_int(&query, "limit", 1, u64::MAX)?.map_or(100, |limit| limit.min(MAX_PAGE)) as i64,
         offset: query_int(&query, "offset", 0, i64::MAX as u64)?.unwrap_or(0) as i64,
     };

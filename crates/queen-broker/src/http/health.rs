@@ -3,8 +3,10 @@
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Serialize;
 
+use super::body::query_pairs;
 use crate::broker::Broker;
 use crate::broker::probes::{self, Readiness};
+use crate::error::ApiError;
 
 #[derive(Serialize)]
 struct Health {
@@ -44,24 +46,29 @@ pub async fn ready(broker: web::Data<Broker>) -> HttpResponse {
 /// `GET /metrics`: the Prometheus text format when the request accepts it (Prometheus asks for
 /// `text/plain` or OpenMetrics) or asks with `?format=prometheus`; JSON otherwise, which is what
 /// the official client (`Accept: */*`) can read, or with `?format=json`.
-pub async fn metrics(broker: web::Data<Broker>, req: HttpRequest) -> HttpResponse {
+pub async fn metrics(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    let prometheus_text = wants_prometheus_text(&req)?;
     probes::refresh_metrics(&broker).await;
     let metrics = &broker.metrics;
-    if wants_prometheus_text(&req) {
+    Ok(if prometheus_text {
         HttpResponse::Ok().content_type("text/plain; version=0.0.4; charset=utf-8").body(metrics.render_text())
     } else {
         HttpResponse::Ok().json(metrics.render_json())
-    }
+    })
 }
 
-fn wants_prometheus_text(req: &HttpRequest) -> bool {
-    let query = req.query_string();
-    if query.contains("format=json") {
-        return false;
-    }
-    if query.contains("format=prometheus") {
-        return true;
+/// `?format=` decides when given (other parameters are a scraper's own and left alone); the
+/// `Accept` header otherwise.
+fn wants_prometheus_text(req: &HttpRequest) -> Result<bool, ApiError> {
+    match query_pairs(req.query_string())?.get("format").map(String::as_str) {
+        Some("prometheus") => return Ok(true),
+        Some("json") => return Ok(false),
+        Some(other) => {
+            let other = crate::names::quoted_member(other);
+            return Err(ApiError::bad_request(format!("format must be prometheus or json, not \"{other}\"")));
+        }
+        None => {}
     }
     let accept = req.headers().get(actix_web::http::header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
-    accept.contains("text/plain") || accept.contains("openmetrics")
+    Ok(accept.contains("text/plain") || accept.contains("openmetrics"))
 }

@@ -32,6 +32,7 @@ mod system;
 mod timers;
 mod traces;
 mod transaction;
+pub mod uri_text;
 
 pub use push::parse_items as parse_push_body;
 pub use status::mark_start;

@@ -17,7 +17,7 @@ use super::authorize::Caller;
 use super::body::{
     JsonObject, MAX_DATA_NESTING, NoQuery, nests_deeper_than, path_param, query_int, read_body, strict_query,
 };
-use super::dlq::time_filter;
+use super::dlq::time_range;
 use super::messages::partition_id as path_partition_id;
 use super::timestamp;
 use crate::broker::{Broker, traces};
@@ -241,11 +241,8 @@ pub async fn by_name(broker: web::Data<Broker>, req: HttpRequest) -> Result<Http
     let name = path_param(req.match_info(), "name")?;
     check_label("the trace name", &name)?;
     let query = strict_query(&req, &["limit", "offset", "from", "to"])?;
-    let filter = NameFilter {
-        from: time_filter(query.get("from"), "from")?,
-        to: time_filter(query.get("to"), "to")?,
-        page: page_of(&query, 100)?,
-    };
+    let (from, to) = time_range(&query)?;
+    let filter = NameFilter { from, to, page: page_of(&query, 100)? };
     let (events, total) = traces::by_name(&broker, &name, &filter).await?;
     Ok(HttpResponse::Ok().json(NamedTraces {
         name: &name,

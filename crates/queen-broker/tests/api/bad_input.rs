@@ -133,12 +133,45 @@ async fn bad_pop_parameters_are_refused() {
         ("conflation=true", "consumerGroup"),
         ("consumerGroup=g&conflation=yes", "conflation"),
         ("consumerGroup=g&conflation=true&autoAck=true", "autoAck"),
+        // The path of the lagging groups' list takes that name.
+        ("consumerGroup=lagging", "reserved"),
     ] {
         let answer = app.pop("queue/q", query).await;
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{query}");
         assert_refused(&answer, StatusCode::BAD_REQUEST, mentions);
     }
     assert_nothing_written(&app).await;
+}
+
+/// Escapes that do not decode to UTF-8 would be read as U+FFFD (`%FF` and `%FE` alike), and a
+/// pop would register a group under a name its client never sent: they are refused.
+#[actix_web::test]
+async fn a_path_or_a_query_that_is_not_utf8_once_decoded_is_refused() {
+    let app = TestApp::spawn().await;
+    app.push_one("q", "p", "t", json!(1)).await;
+    let not_text = [
+        app.get("/api/v1/pop/queue/q?consumerGroup=%FF").await,
+        app.delete("/api/v1/consumer-groups/%FE").await,
+        app.post("/api/v1/consumer-groups/%C3/queues/q/seek", &json!({"toEnd": true})).await,
+        app.get("/api/v1/pop/queue/q/partition/p%E9").await,
+    ];
+    for answer in &not_text {
+        assert_refused(answer, StatusCode::BAD_REQUEST, "not UTF-8");
+    }
+    assert_eq!(app.count("SELECT count(*) FROM queen.log_consumers").await, 0, "no group was registered");
+}
+
+/// A time range whose start comes after its end is refused, not answered with an empty page.
+#[actix_web::test]
+async fn a_from_after_to_and_an_unknown_metrics_format_are_refused() {
+    let app = TestApp::spawn().await;
+    for path in [
+        "/api/v1/dlq?queue=q&from=2026-02-02T00:00:00Z&to=2026-02-01T00:00:00Z",
+        "/api/v1/traces/by-name/n?from=2026-02-02T00:00:00Z&to=2026-02-01T00:00:00Z",
+    ] {
+        assert_refused(&app.get(path).await, StatusCode::BAD_REQUEST, "from must not be after to");
+    }
+    assert_refused(&app.get("/metrics?format=xml").await, StatusCode::BAD_REQUEST, "format");
 }
 
 /// PostgreSQL's text cannot hold a NUL character: a name or filter holding one is refused before
