@@ -150,21 +150,33 @@ const fn admin(scope: Scope) -> Access {
 /// Declares every route once: [`ROUTES`] (what README's route table must list) and [`routes`]
 /// (the registration, each route behind its access check) come from the same lines, so no route
 /// can be served without a role. Order matters where a literal segment competes with a parameter.
+/// A path marked `#by_method` is taken only by its own methods: a request of another method goes
+/// on to the next route its path matches, instead of being answered 405 there.
 macro_rules! api {
-    ($($path:literal { $($method:ident => $handler:path, $access:expr;)+ })+) => {
+    ($($path:literal $(#$by_method:ident)? { $($method:ident => $handler:path, $access:expr;)+ })+) => {
         /// Every route the broker serves: method, path pattern, and what it needs.
         pub const ROUTES: &[(&str, &str, Access)] = &[$($((stringify!($method), $path, $access),)+)+];
 
         /// Registers every route.
         pub fn routes(cfg: &mut web::ServiceConfig) {
             $(
-                cfg.service(resource($path)$(.route(web::$method().to($handler).wrap(from_fn(
+                let by_method = false $(|| { let _ = stringify!($by_method); true })?;
+                let registered = match by_method {
+                    true => resource($path).guard(only(&[$(stringify!($method)),+])),
+                    false => resource($path),
+                };
+                cfg.service(registered$(.route(web::$method().to($handler).wrap(from_fn(
                     move |req: ServiceRequest, next: Next<BoxBody>| authorize::authorize($access, req, next),
                 ))))+);
             )+
             cfg.default_service(web::to(no_such_route));
         }
     };
+}
+
+/// A guard that passes requests of these methods (lower case, as the routes name them).
+fn only(methods: &'static [&'static str]) -> impl actix_web::guard::Guard {
+    actix_web::guard::fn_guard(move |ctx| methods.iter().any(|m| ctx.head().method.as_str().eq_ignore_ascii_case(m)))
 }
 
 api! {
@@ -213,8 +225,11 @@ api! {
         delete => resources::delete_queue, admin(Scope::PathQueue);
     }
     "/api/v1/dlq" { get => dlq::list, read_only(Scope::QueryQueue); }
-    // Before the message route, whose transaction id may contain `/`.
-    "/api/v1/messages/{partition_id}/{transaction_id:.+}/retry" { post => dlq::retry, admin(Scope::PathPartition); }
+    // Before the message route, whose transaction id may contain `/` (and end in `/retry`: a
+    // read or deletion of such a message goes on to it).
+    "/api/v1/messages/{partition_id}/{transaction_id:.+}/retry" #by_method {
+        post => dlq::retry, admin(Scope::PathPartition);
+    }
     "/api/v1/messages/{partition_id}/{transaction_id:.+}" {
         get => messages::get, read_only(Scope::PathPartition);
         delete => dlq::delete, admin(Scope::PathPartition);

@@ -15,11 +15,10 @@ pub async fn refuse_non_utf8(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, Error> {
-    let uri = req.uri();
     let not_text = |raw: &str| percent_encoding::percent_decode_str(raw).decode_utf8().is_err();
-    let which = if not_text(uri.path()) {
+    let which = if not_text(req.uri().path()) {
         Some("path")
-    } else if uri.query().is_some_and(not_text) {
+    } else if not_text(req.query_string()) {
         Some("query string")
     } else {
         None

@@ -289,3 +289,20 @@ async fn a_transaction_id_holding_slashes_in_a_row_addresses_its_own_message_and
     let popped = app.http.get(format!("{}//api/v1/pop/queue/slashes?batch=10&wait=false", app.base)).send().await;
     assert_eq!(popped.expect("a pop").status(), StatusCode::OK);
 }
+
+/// A transaction id may end in `/retry`, the suffix of the dead-letter retry route: read raw, as
+/// the official client puts it in a path, it is still a read of that message (the retry route
+/// takes only POST), and a retry of it is still a retry.
+#[actix_web::test]
+async fn a_transaction_id_ending_in_retry_is_read_as_a_message() {
+    let app = TestApp::spawn().await;
+    let pushed = app.push_one("suffixed", "p", "job/retry", json!("the job")).await;
+    let partition_id = pushed["partition_id"].as_str().expect("a partition id");
+    let message = app.get(&format!("/api/v1/messages/{partition_id}/job/retry")).await;
+    assert_eq!(message.status, StatusCode::OK, "{message:?}");
+    assert_eq!(message.body["transactionId"], "job/retry");
+    let retried = app.post(&format!("/api/v1/messages/{partition_id}/job/retry"), &json!({})).await;
+    assert_eq!(retried.status, StatusCode::NOT_FOUND, "a retry of job, which has no dead letter: {retried:?}");
+    let put = app.http.put(app.url(&format!("/api/v1/messages/{partition_id}/job/retry"))).send().await;
+    assert_eq!(put.expect("an answer").status(), StatusCode::METHOD_NOT_ALLOWED);
+}
