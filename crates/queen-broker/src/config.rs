@@ -291,11 +291,20 @@ pub struct BufferConfig {
     pub drain_batch_messages: usize,
     /// A journal file is closed, and drained on its own, once it holds this many bytes.
     pub file_max_bytes: u64,
+    /// Most bytes the journal's files hold together; a push past it is refused (503) rather than
+    /// taken into files the disk or the volume may not hold (a Kubernetes `emptyDir` past its
+    /// `sizeLimit` gets the pod evicted, and the journal with it).
+    pub max_bytes: u64,
 }
 
 impl Default for BufferConfig {
     fn default() -> Self {
-        Self { dir: PathBuf::from("queen-data/buffer"), drain_batch_messages: 1000, file_max_bytes: 64 * 1024 * 1024 }
+        Self {
+            dir: PathBuf::from("queen-data/buffer"),
+            drain_batch_messages: 1000,
+            file_max_bytes: 64 * 1024 * 1024,
+            max_bytes: 1024 * 1024 * 1024,
+        }
     }
 }
 
@@ -810,6 +819,9 @@ impl Config {
         }
         if self.buffer.file_max_bytes < 4096 {
             return Err(invalid("buffer.file_max_bytes", "must be at least 4096"));
+        }
+        if self.buffer.max_bytes < self.buffer.file_max_bytes {
+            return Err(invalid("buffer.max_bytes", "must be at least buffer.file_max_bytes"));
         }
         let limits = &self.limits;
         if limits.body_bytes_in_flight < self.http.max_body_bytes {

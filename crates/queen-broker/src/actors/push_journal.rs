@@ -96,6 +96,9 @@ pub enum JournalError {
     /// The journal holds as many pushes as it may; nothing of the push was kept.
     #[error(transparent)]
     Overloaded(#[from] Refused),
+    /// The journal's files hold `buffer.max_bytes`; nothing of the push was kept.
+    #[error("the push journal holds {0} bytes, as many as buffer.max_bytes lets it; retry later")]
+    Full(u64),
 }
 
 /// One push request's items, encoded as a journal record.
@@ -206,6 +209,8 @@ impl ActiveFile {
 struct SealedFile {
     path: PathBuf,
     remaining: u64,
+    /// Its length on disk.
+    bytes: u64,
 }
 
 /// The contents of one journal file, read back.
@@ -233,9 +238,44 @@ impl JournalContents {
     }
 }
 
+/// Where a drain records how many readable records of a journal file are in the log, so a drain
+/// stopped midway (push maintenance on again, a restart) goes on after them: replayed again, they
+/// would be stored twice once retention had taken their first copies (and their ids) away.
+fn progress_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".replayed");
+    PathBuf::from(name)
+}
+
+/// How many of the file's readable records a drain put in the log (0 before any).
+pub fn replayed_records(path: &Path) -> io::Result<u64> {
+    match std::fs::read_to_string(progress_path(path)) {
+        Ok(text) => text.trim().parse().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
+        Err(e) => Err(e),
+    }
+}
+
+/// Records, durably, that the file's first `records` readable records are in the log: written
+/// whole to a new file, synced, and renamed over the last, so a crash leaves one or the other.
+pub fn record_replayed(path: &Path, records: u64) -> io::Result<()> {
+    let progress = progress_path(path);
+    let mut next = progress.clone().into_os_string();
+    next.push(".next");
+    let next = PathBuf::from(next);
+    let mut file = OpenOptions::new().create(true).truncate(true).write(true).open(&next)?;
+    file.write_all(records.to_string().as_bytes())?;
+    file.sync_data()?;
+    std::fs::rename(&next, &progress)?;
+    File::open(path.parent().unwrap_or(Path::new(".")))?.sync_all()
+}
+
 pub struct PushJournal {
     dir: PathBuf,
     file_max_bytes: u64,
+    /// Most bytes its files may hold together: past it a push is refused, not taken into files
+    /// the disk (or a Kubernetes volume's size limit) may not hold.
+    max_bytes: u64,
     /// Held while this broker uses the directory; taken when first needed.
     lock: Option<Flock<File>>,
     /// `None` before the first append of a file, and while a write has it.
@@ -256,6 +296,7 @@ pub struct PushJournal {
 pub struct FoundJournal {
     dir: PathBuf,
     file_max_bytes: u64,
+    max_bytes: u64,
     lock: Option<Flock<File>>,
     sealed: VecDeque<SealedFile>,
     next_sequence: u64,
@@ -268,6 +309,7 @@ impl FoundJournal {
         let mut found = FoundJournal {
             dir: config.dir.clone(),
             file_max_bytes: config.file_max_bytes,
+            max_bytes: config.max_bytes,
             lock: None,
             sealed: VecDeque::new(),
             next_sequence: 1,
@@ -286,9 +328,10 @@ impl FoundJournal {
         files.sort();
         for (sequence, path) in files {
             found.next_sequence = found.next_sequence.max(sequence + 1);
-            let messages: u64 = JournalContents::read(&path)?.records().map(|entries| entries.len() as u64).sum();
+            let contents = JournalContents::read(&path)?;
+            let messages: u64 = contents.records().map(|entries| entries.len() as u64).sum();
             tracing::info!(file = %path.display(), messages, "found a push journal file to replay");
-            keep_sealed(&mut found.sealed, path, messages);
+            keep_sealed(&mut found.sealed, path, messages, contents.data.len() as u64);
         }
         Ok(found)
     }
@@ -312,9 +355,9 @@ fn lock_dir(dir: &Path) -> io::Result<Flock<File>> {
 }
 
 /// Keeps a closed file for the drain; one without messages is deleted.
-fn keep_sealed(sealed: &mut VecDeque<SealedFile>, path: PathBuf, messages: u64) {
+fn keep_sealed(sealed: &mut VecDeque<SealedFile>, path: PathBuf, messages: u64, bytes: u64) {
     if messages > 0 {
-        sealed.push_back(SealedFile { path, remaining: messages });
+        sealed.push_back(SealedFile { path, remaining: messages, bytes });
     } else {
         remove(&path);
     }
@@ -323,12 +366,13 @@ fn keep_sealed(sealed: &mut VecDeque<SealedFile>, path: PathBuf, messages: u64) 
 impl PushJournal {
     /// The journal actor over what was found; pushes go to it until what was found is drained.
     pub fn new(found: FoundJournal, route: Arc<PushRoute>, metrics: Arc<Metrics>) -> Self {
-        let FoundJournal { dir, file_max_bytes, lock, sealed, next_sequence } = found;
+        let FoundJournal { dir, file_max_bytes, max_bytes, lock, sealed, next_sequence } = found;
         let buffered = sealed.iter().map(|file| file.remaining).sum();
         route.set_holding(!sealed.is_empty());
         let journal = PushJournal {
             dir,
             file_max_bytes,
+            max_bytes,
             lock,
             active: None,
             sealed,
@@ -346,8 +390,8 @@ impl PushJournal {
     }
 
     fn seal_active(&mut self) {
-        if let Some(ActiveFile { path, messages, .. }) = self.active.take() {
-            keep_sealed(&mut self.sealed, path, messages);
+        if let Some(ActiveFile { path, messages, len, .. }) = self.active.take() {
+            keep_sealed(&mut self.sealed, path, messages, len);
         }
     }
 
@@ -379,6 +423,13 @@ impl PushJournal {
         }
         let replies = batch.replies;
         self.metrics.actor_queued.with_label_values(&[ACTOR]).sub(replies.len() as i64);
+        let on_disk =
+            self.sealed.iter().map(|file| file.bytes).sum::<u64>() + self.active.as_ref().map_or(0, |a| a.len);
+        if on_disk + bytes.len() as u64 > self.max_bytes {
+            replies.answer(Err(JournalError::Full(on_disk)));
+            self.queue.done();
+            return self.write_next(ctx);
+        }
         if self.lock.is_none() {
             match lock_dir(&self.dir) {
                 Ok(lock) => self.lock = Some(lock),
@@ -469,6 +520,12 @@ impl PushJournal {
 fn remove(path: &Path) {
     if let Err(e) = std::fs::remove_file(path) {
         tracing::warn!(file = %path.display(), error = %e, "cannot delete a drained push journal file");
+    }
+    let progress = progress_path(path);
+    if let Err(e) = std::fs::remove_file(&progress)
+        && e.kind() != io::ErrorKind::NotFound
+    {
+        tracing::warn!(file = %progress.display(), error = %e, "cannot delete a drained push journal file's progress");
     }
 }
 
@@ -725,6 +782,36 @@ mod tests {
         assert!(!route.to_journal(), "pushes go to the log again");
         assert!(matches!(append(&["late"]).await, Err(JournalError::Declined)));
         assert_eq!(journal.status().await.unwrap().buffered_messages, 0);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Past `buffer.max_bytes` a push is refused, not taken into files the volume may not hold;
+    /// once a drained file is deleted, pushes are taken again.
+    #[actix_rt::test]
+    async fn the_journal_refuses_pushes_past_its_bound() {
+        let dir = scratch_dir();
+        let route = Arc::new(PushRoute::default());
+        let one = record(&["a"]).len() as u64;
+        // The header and two records, in files of one record each.
+        let bounded =
+            BufferConfig { file_max_bytes: 4096, max_bytes: JOURNAL_MAGIC.len() as u64 + 2 * one, ..config(&dir) };
+        let found = FoundJournal::recover(&bounded).expect("recovers");
+        let journal = Journal::start(PushJournal::new(found, Arc::clone(&route), Arc::new(Metrics::default())));
+        let append =
+            |ids: &'static [&'static str]| journal.append(Record { bytes: record(ids), messages: ids.len() as u64 });
+        route.set_maintenance(true);
+        append(&["a"]).await.expect("the first fits");
+        append(&["b"]).await.expect("the second fits");
+        let refused = append(&["c"]).await;
+        assert!(matches!(refused, Err(JournalError::Full(_))), "{refused:?}");
+        assert_eq!(journal.status().await.unwrap().buffered_messages, 2, "nothing of the refused push was kept");
+
+        route.set_maintenance(false);
+        let DrainStep::File(path) = journal.next_to_drain().await.unwrap() else { panic!("a file to drain") };
+        journal.replayed(2);
+        journal.file_drained(path);
+        route.set_maintenance(true);
+        append(&["c"]).await.expect("taken again once the journal was drained");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

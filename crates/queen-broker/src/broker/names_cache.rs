@@ -134,6 +134,11 @@ impl NamesCache {
         }
     }
 
+    /// The queue as cached, without asking PostgreSQL (which may be away).
+    pub fn cached_queue(&self, name: &str) -> Option<Arc<Queue>> {
+        self.queues.get(name)
+    }
+
     /// The queue if it exists; does not create it.
     pub async fn queue(&self, pool: &Pool, name: &str) -> Result<Option<Arc<Queue>>, StoreError> {
         if let Some(queue) = self.queues.get(name) {

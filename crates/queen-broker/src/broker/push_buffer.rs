@@ -8,27 +8,38 @@
 //! append every push uses ([`super::push::write`]), which drops a transaction id the partition
 //! already holds, so replaying a record again (after a crash mid-drain) changes nothing.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use actix_web::web;
 use std::borrow::Cow;
 
 use queen_log::{Cipher, Frame, JournalEntry};
+use queen_store::StoreError;
 use queen_store::log::opened;
 
 use super::Broker;
 use super::BrokerError;
 use super::push::{Admission, PushItem, write};
-use crate::actors::push_journal::{DrainStep, JournalContents, JournalError, Record};
+use crate::actors::push_journal::{self, DrainStep, JournalContents, JournalError, Record};
 use crate::backoff::Backoff;
 
 /// Journals one push request: `true` once it is durable, `false` when the journal declined it
 /// (push maintenance ended and the journal is empty), so the push belongs in the log.
 pub async fn journal(broker: &Broker, items: &[PushItem]) -> Result<bool, BrokerError> {
+    // Without a key, a push to a queue this broker knows is encrypted is refused as a direct push
+    // is: journaled, it would sit in plain text and never replay. (One to a queue it has not
+    // cached is taken: PostgreSQL may be away during maintenance.)
+    if broker.cipher.is_none()
+        && let Some(item) = items
+            .iter()
+            .find(|item| broker.names.cached_queue(&item.queue).is_some_and(|queue| queue.options.encryption_enabled))
+    {
+        return Err(StoreError::NoEncryptionKey { subject: format!("queue {:?}", item.queue) }.into());
+    }
     match broker.journal.append(record_of(items, broker.cipher.as_deref())?).await {
         Ok(()) => Ok(true),
         Err(JournalError::Declined) => Ok(false),
-        Err(e @ JournalError::Unavailable(_)) => Err(BrokerError::Unavailable(e.to_string())),
+        Err(e @ (JournalError::Unavailable(_) | JournalError::Full(_))) => Err(BrokerError::Unavailable(e.to_string())),
         Err(JournalError::Overloaded(refused)) => Err(refused.into()),
     }
 }
@@ -140,22 +151,34 @@ async fn replay_file(broker: &Broker, path: PathBuf) -> Result<(), Stopped> {
         }
     })
     .await?;
+    // Records an earlier drain of this file put in the log are not replayed again.
+    let done =
+        retrying(broker, || {
+            let path = path.clone();
+            async move {
+                push_journal::replayed_records(&path).map_err(|e| format!("cannot read the drain's progress: {e}"))
+            }
+        })
+        .await?;
     let limit = broker.config.buffer.drain_batch_messages;
     let mut batch: Vec<PushItem> = Vec::new();
-    for items in records {
+    let mut batched = done;
+    for items in records.into_iter().skip(usize::try_from(done).unwrap_or(usize::MAX)) {
         batch.extend(items);
+        batched += 1;
         if batch.len() >= limit {
-            replay(broker, &mut batch).await?;
+            replay(broker, &mut batch, &path, batched).await?;
         }
     }
-    replay(broker, &mut batch).await?;
+    replay(broker, &mut batch, &path, batched).await?;
     tracing::info!(file = %path.display(), "replayed a push journal file into the log");
     broker.journal.file_drained(path);
     Ok(())
 }
 
-/// Appends the batch to the log (whole, in order) and empties it.
-async fn replay(broker: &Broker, batch: &mut Vec<PushItem>) -> Result<(), Stopped> {
+/// Appends the batch to the log (whole, in order), records that the file's first `records`
+/// records are in it, and empties the batch.
+async fn replay(broker: &Broker, batch: &mut Vec<PushItem>, path: &Path, records: u64) -> Result<(), Stopped> {
     if batch.is_empty() {
         return Ok(());
     }
@@ -165,6 +188,13 @@ async fn replay(broker: &Broker, batch: &mut Vec<PushItem>) -> Result<(), Stoppe
     retrying(broker, || async { write(broker, batch, Admission::Accepted).await.map_err(|e| e.to_string()) }).await?;
     broker.journal.replayed(batch.len() as u64);
     batch.clear();
+    // Not recorded (the disk refused), the batch is replayed again by the next drain of the
+    // file: harmless by its ids, unless retention took them meanwhile.
+    let path = path.to_owned();
+    let recorded = tokio::task::spawn_blocking(move || push_journal::record_replayed(&path, records)).await;
+    if let Err(e) = recorded.map_err(|e| e.to_string()).and_then(|r| r.map_err(|e| e.to_string())) {
+        tracing::warn!(error = %e, "cannot record the drain's progress");
+    }
     Ok(())
 }
 

@@ -90,6 +90,15 @@ async fn without_a_key_encryption_is_refused_and_never_silently_plain() {
     let url = format!("{keyed}/api/v1/pop/queue/shared-vault?{auto}");
     let delivered: Value = app.http.get(url).send().await.unwrap().json().await.unwrap();
     assert_eq!(delivered["messages"][0]["data"], secret(9), "{delivered}");
+
+    // Nor does it take them into its journal during push maintenance, where they would sit in
+    // plain text and never replay: it knows the queue is encrypted.
+    let (on, off) = (json!({"enabled": true}), json!({"enabled": false}));
+    assert_eq!(app.post("/api/v1/system/maintenance", &on).await.status, StatusCode::OK);
+    let journaled = app.post("/api/v1/push", &item).await;
+    assert_eq!(journaled.status, StatusCode::SERVICE_UNAVAILABLE, "{journaled:?}");
+    assert!(journaled.body["error"].as_str().is_some_and(|e| e.contains("no encryption key")), "{journaled:?}");
+    assert_eq!(app.post("/api/v1/system/maintenance", &off).await.status, StatusCode::OK);
 }
 
 #[actix_web::test]

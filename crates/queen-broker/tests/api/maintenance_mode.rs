@@ -393,3 +393,34 @@ async fn a_steady_producer_and_a_consumer_lose_and_repeat_nothing_across_mainten
         assert!(order.windows(2).all(|w| w[0] < w[1]), "partition p{partition} in push order: {order:?}");
     }
 }
+
+/// A drain stopped midway (push maintenance on again, a restart) goes on after the records it had
+/// put in the log, which it recorded beside the file: replayed again, they would be stored twice
+/// once retention had taken their first copies, and their ids, away.
+#[actix_web::test]
+async fn a_drain_goes_on_after_the_records_an_earlier_drain_put_in_the_log() {
+    use queen_log::{Frame, JOURNAL_MAGIC, JournalEntry, encode_record};
+
+    let dir = queen_testkit::target_dir().join("test-buffers").join(uuid::Uuid::new_v4().simple().to_string());
+    std::fs::create_dir_all(&dir).expect("the journal directory");
+    let mut journal = JOURNAL_MAGIC.to_vec();
+    for transaction_id in ["first", "second", "third"] {
+        let frame =
+            Frame { message_id: uuid::Uuid::now_v7(), trace_id: None, transaction_id, producer: None, payload: b"1" };
+        encode_record(&[JournalEntry { queue: "resumed", partition: "p", frame }], &mut journal).expect("a record");
+    }
+    let file = dir.join("00000000000000000001.journal");
+    std::fs::write(&file, journal).expect("the journal file");
+    // What a drain stopped after its first batch (of one record) leaves.
+    std::fs::write(dir.join("00000000000000000001.journal.replayed"), "1").expect("the drain's progress");
+
+    let app = TestApp::spawn_with(|config| config.buffer.dir = dir.clone()).await;
+    eventually("the journal file is drained", || {
+        let file = file.clone();
+        async move { !file.exists() }
+    })
+    .await;
+    assert_eq!(drain_partition(&app, "resumed", "p").await, ["second", "third"]);
+    assert!(!dir.join("00000000000000000001.journal.replayed").exists(), "the progress goes with its file");
+    assert_eq!(buffered_messages(&app.base).await, 0);
+}
