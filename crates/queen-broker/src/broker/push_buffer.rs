@@ -160,13 +160,16 @@ async fn replay_file(broker: &Broker, path: PathBuf) -> Result<(), Stopped> {
             }
         })
         .await?;
-    let limit = broker.config.buffer.drain_batch_messages;
+    // A batch of a partition becomes one segment: bounded by bytes as pushes fused into one are
+    // (`push.max_segment_bytes`), so a journal of large payloads does not write a segment past
+    // what readers decode.
+    let (limit, max_bytes) = (broker.config.buffer.drain_batch_messages, broker.config.push.max_segment_bytes);
     let mut batch: Vec<PushItem> = Vec::new();
     let mut batched = done;
     for items in records.into_iter().skip(usize::try_from(done).unwrap_or(usize::MAX)) {
         batch.extend(items);
         batched += 1;
-        if batch.len() >= limit {
+        if batch.len() >= limit || batch.iter().map(|item| item.payload.len()).sum::<usize>() >= max_bytes {
             replay(broker, &mut batch, &path, batched).await?;
         }
     }

@@ -424,3 +424,24 @@ async fn a_drain_goes_on_after_the_records_an_earlier_drain_put_in_the_log() {
     assert!(!dir.join("00000000000000000001.journal.replayed").exists(), "the progress goes with its file");
     assert_eq!(buffered_messages(&app.base).await, 0);
 }
+
+/// A drain's batch of one partition becomes one segment, so it is bounded by bytes as fused
+/// pushes are (`push.max_segment_bytes`): a journal of large payloads writes segments readers
+/// can decode, not one of everything buffered.
+#[actix_web::test]
+async fn a_drain_writes_segments_no_larger_than_a_push_would() {
+    let app = TestApp::spawn_with(|config| config.push.max_segment_bytes = 1024).await;
+    switch(&app, PUSH_SWITCH, true).await;
+    let large = "x".repeat(600);
+    for n in 1..=3 {
+        let pushed = app
+            .push(json!([{"queue": "large", "partition": "p", "transactionId": format!("t{n}"), "payload": large}]))
+            .await;
+        assert_eq!(pushed[0]["status"], "buffered");
+    }
+    switch(&app, PUSH_SWITCH, false).await;
+    eventually("the journal is drained", || async { buffered_messages(&app.base).await == 0 }).await;
+    // 600 bytes and 600 more pass 1024: the first two, then the third.
+    assert_eq!(app.count("SELECT count(*) FROM queen.log_segments").await, 2);
+    assert_eq!(drain_partition(&app, "large", "p").await, ["t1", "t2", "t3"]);
+}
