@@ -277,6 +277,8 @@ struct Firing {
     key: TimerKey,
     /// The message it becomes (its payload opened).
     item: PushItem,
+    /// Its payload was stored sealed: its queue was encrypted when it was scheduled.
+    sealed: bool,
 }
 
 /// Claims up to [`SWEEP_BATCH`] due timers and delivers them, one transaction per destination
@@ -301,10 +303,11 @@ pub async fn fire_due(broker: &Broker) -> Result<Swept, BrokerError> {
     let mut firing = Vec::with_capacity(claimed.len());
     for timer in claimed.iter().cloned() {
         let key: TimerKey = (timer.queue.clone(), timer.timer_key.clone());
+        let sealed = queen_log::is_sealed(&timer.payload);
         match queen_store::log::opened(&timer.payload, broker.cipher.as_deref()) {
             Ok(payload) => {
                 let payload = payload.into_owned();
-                firing.push(Firing { key, item: message_of(timer, payload) });
+                firing.push(Firing { key, item: message_of(timer, payload), sealed });
             }
             Err(e) => failures.push((key, format!("the payload cannot be opened: {e}"))),
         }
@@ -319,7 +322,19 @@ pub async fn fire_due(broker: &Broker) -> Result<Swept, BrokerError> {
             Ok(resolved) => {
                 let Some((queue, ids)) = resolved.into_iter().next() else { continue };
                 for ((_, indices), partition_id) in share.1.into_iter().zip(ids) {
-                    by_partition.insert(partition_id, (Arc::clone(&queue), indices));
+                    // Scheduled on an encrypted queue that is not encrypted now (deleted and
+                    // created again with default options): its payload is not stored in plain.
+                    let (plain, kept): (Vec<usize>, Vec<usize>) =
+                        indices.into_iter().partition(|&i| firing[i].sealed && !queue.options.encryption_enabled);
+                    let refusal = format!(
+                        "the timer was scheduled on an encrypted queue, and queue {:?} is not encrypted now: its \
+                         payload is not stored in plain text",
+                        queue.name
+                    );
+                    failures.extend(plain.iter().map(|&i| (firing[i].key.clone(), refusal.clone())));
+                    if !kept.is_empty() {
+                        by_partition.insert(partition_id, (Arc::clone(&queue), kept));
+                    }
                 }
             }
             Err(e @ (BrokerError::Unavailable(_) | BrokerError::Overloaded(_))) => return Err(e),

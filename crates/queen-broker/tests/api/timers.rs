@@ -326,7 +326,7 @@ async fn a_timer_whose_attempts_are_spent_is_held_and_a_reschedule_rearms_it() {
 }
 
 #[actix_web::test]
-async fn an_encrypted_queues_timer_is_sealed_at_rest_and_delivered_in_plain() {
+async fn an_encrypted_queues_timer_is_sealed_at_rest_delivered_in_plain_and_never_stored_plain() {
     const KEY: &str = "7f3c9a1e5b2d4f6081a3c5e7092b4d6f8a1c3e5f7092b4d6e8f0a2c4e6081b3d";
     let app = TestApp::spawn_with(|config| config.encryption.key = Some(KEY.into())).await;
     app.configure("secret", json!({"encryptionEnabled": true})).await;
@@ -341,6 +341,18 @@ async fn an_encrypted_queues_timer_is_sealed_at_rest_and_delivered_in_plain() {
     results(&app, json!([op])).await;
     let messages = delivered(&app, "secret").await;
     assert_eq!(messages[0]["data"], json!({"card": "4111"}));
+
+    // Its queue deleted, a delivery would create it again with default options, unencrypted: the
+    // timer is held back rather than stored in plain text.
+    results(&app, json!([schedule("secret", "k2", json!({"card": "5500"}), 3_600_000, "s2")])).await;
+    assert_eq!(app.delete("/api/v1/resources/queues/secret").await.status, StatusCode::OK);
+    // Due now, as it was scheduled (a reschedule would bring a payload of its own).
+    let due = "UPDATE queen.timers SET deliver_at = now(), fire_at = now() WHERE timer_key = 'k2'";
+    app.db.connect().await.execute(due, &[]).await.expect("the timer made due");
+    let failed = peek_until(&app, "secret", "k2", "retrying").await;
+    assert!(failed["lastError"].as_str().is_some_and(|e| e.contains("not encrypted now")), "{failed}");
+    let stored = app.count("SELECT count(*) FROM queen.log_message_ids WHERE transaction_id = 's2'").await;
+    assert_eq!(stored, 0, "nothing of it was stored");
 }
 
 #[actix_web::test]
