@@ -165,12 +165,14 @@ async fn replay_file(broker: &Broker, path: PathBuf) -> Result<(), Stopped> {
     // what readers decode.
     let (limit, max_bytes) = (broker.config.buffer.drain_batch_messages, broker.config.push.max_segment_bytes);
     let mut batch: Vec<PushItem> = Vec::new();
-    let mut batched = done;
+    let (mut batched, mut batch_bytes) = (done, 0);
     for items in records.into_iter().skip(usize::try_from(done).unwrap_or(usize::MAX)) {
+        batch_bytes += items.iter().map(|item| item.payload.len()).sum::<usize>();
         batch.extend(items);
         batched += 1;
-        if batch.len() >= limit || batch.iter().map(|item| item.payload.len()).sum::<usize>() >= max_bytes {
+        if batch.len() >= limit || batch_bytes >= max_bytes {
             replay(broker, &mut batch, &path, batched).await?;
+            batch_bytes = 0;
         }
     }
     replay(broker, &mut batch, &path, batched).await?;

@@ -7,7 +7,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::Serialize;
 
-use super::body::{iso_time, strict_query};
+use super::body::{strict_query, time_range};
 use super::{Timestamp, timestamp};
 use crate::broker::Broker;
 use crate::broker::fleet::{self, BrokerSeries};
@@ -19,16 +19,8 @@ const DEFAULT_SPAN: TimeDelta = TimeDelta::hours(1);
 /// The span asked for: `from` and `to`, ISO-8601 times; by default the hour before `to`, and up
 /// to the present.
 fn window(req: &HttpRequest) -> Result<(DateTime<Utc>, Option<DateTime<Utc>>), ApiError> {
-    let query = strict_query(req, &["from", "to"])?;
-    let to = query.get("to").map(|text| iso_time("to", text)).transpose()?;
-    let from = match query.get("from") {
-        Some(text) => iso_time("from", text)?,
-        None => to.unwrap_or_else(Utc::now) - DEFAULT_SPAN,
-    };
-    if to.is_some_and(|to| from > to) {
-        return Err(ApiError::bad_request("from must not be after to"));
-    }
-    Ok((from, to))
+    let (from, to) = time_range(&strict_query(req, &["from", "to"])?)?;
+    Ok((from.unwrap_or_else(|| to.unwrap_or_else(Utc::now) - DEFAULT_SPAN), to))
 }
 
 /// The answer's frame around each broker's points.

@@ -476,6 +476,20 @@ pub fn query_pairs(query: &str) -> Result<BTreeMap<String, String>, ApiError> {
     Ok(query)
 }
 
+/// A listing's `from` and `to`, each optional.
+pub type TimeRange = (Option<DateTime<Utc>>, Option<DateTime<Utc>>);
+
+/// The `from` and `to` times of the query string, each optional, read by [`iso_time`]; `from`
+/// after `to` is refused rather than answered with an empty page.
+pub fn time_range(query: &BTreeMap<String, String>) -> Result<TimeRange, ApiError> {
+    let time = |key: &str| query.get(key).map(|text| iso_time(key, text)).transpose();
+    let (from, to) = (time("from")?, time("to")?);
+    if from.zip(to).is_some_and(|(from, to)| from > to) {
+        return Err(ApiError::bad_request("from must not be after to"));
+    }
+    Ok((from, to))
+}
+
 /// A query parameter that must be `true` or `false` (`1`/`0` accepted too).
 pub fn query_bool(query: &BTreeMap<String, String>, key: &str) -> Result<Option<bool>, ApiError> {
     query

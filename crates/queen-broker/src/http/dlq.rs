@@ -1,17 +1,14 @@
 //! Dead letters: `GET /api/v1/dlq`, and re-queuing or deleting the dead letters of a message
 //! (`POST` / `DELETE /api/v1/messages/{partitionId}/{transactionId}/retry`).
 
-use std::collections::BTreeMap;
-
 use actix_web::{HttpRequest, HttpResponse, web};
-use chrono::{DateTime, Utc};
 use queen_store::dlq::{DeadLetter, DeadLetterFilter, Requeue};
 use queen_store::log::Appended;
 use serde::Serialize;
 use serde_json::value::RawValue;
 use uuid::Uuid;
 
-use super::body::{NoQuery, iso_time, no_members, path_param, query_int, strict_query};
+use super::body::{NoQuery, no_members, path_param, query_int, strict_query, time_range};
 use super::messages::partition_id;
 use super::timestamp;
 use crate::broker::{Broker, messages};
@@ -80,20 +77,6 @@ struct Page {
     total: i64,
     limit: i64,
     offset: i64,
-}
-
-/// A listing's `from` and `to`, each optional.
-pub(super) type TimeRange = (Option<DateTime<Utc>>, Option<DateTime<Utc>>);
-
-/// The `from` and `to` times of the query string, each optional, read by [`iso_time`]; `from`
-/// after `to` is refused rather than answered with an empty page.
-pub(super) fn time_range(query: &BTreeMap<String, String>) -> Result<TimeRange, ApiError> {
-    let time = |key: &str| query.get(key).map(|text| iso_time(key, text)).transpose();
-    let (from, to) = (time("from")?, time("to")?);
-    if from.zip(to).is_some_and(|(from, to)| from > to) {
-        return Err(ApiError::bad_request("from must not be after to"));
-    }
-    Ok((from, to))
 }
 
 /// Dead letters, newest first, filtered by `queue`, `consumerGroup`, `partition` (name) and

@@ -16,8 +16,8 @@ use super::ack::partition_id as body_partition_id;
 use super::authorize::Caller;
 use super::body::{
     JsonObject, MAX_DATA_NESTING, NoQuery, nests_deeper_than, path_param, query_int, read_body, strict_query,
+    time_range,
 };
-use super::dlq::time_range;
 use super::messages::partition_id as path_partition_id;
 use super::timestamp;
 use crate::broker::{Broker, traces};
