@@ -253,11 +253,13 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
         if parked.is_none() {
             parked = Some(Parked::take(broker, request)?);
         }
-        waiting.get_or_insert_with(|| GaugeHeld::count(&broker.metrics.long_poll_waiters));
         let mut woken = Vec::with_capacity(seen.len());
         for (queue, seen) in seen {
             woken.push(broker.coordinator.park(queue, turn_key.as_ref().map(|(_, group)| Arc::clone(group)), seen)?);
         }
+        // Counted once its parks are in the coordinator's mailbox: whatever wakes queues after
+        // the gauge shows it (a push's notice) reaches the coordinator behind them.
+        waiting.get_or_insert_with(|| GaugeHeld::count(&broker.metrics.long_poll_waiters));
         // A shutdown that began before the pop parked may have woken the parked pops already.
         if broker.is_shutting_down() {
             return Ok(Delivery::default());
