@@ -78,6 +78,8 @@ pub async fn trims(client: &impl GenericClient, queue_mode_group: &str) -> Resul
                                                  WHERE c.partition_id = p.id AND c.consumer_group = m.consumer_group)
                              UNION ALL
                              SELECT p.retained_from - 1 WHERE q.id IN (SELECT queue_id FROM queue_mode)
+                                AND NOT EXISTS (SELECT 1 FROM queen.log_consumers c
+                                                 WHERE c.partition_id = p.id AND c.consumer_group = $1)
                          ) positions) AS floor
                    FROM retaining q
                    JOIN queen.partitions p ON p.queue_id = q.id

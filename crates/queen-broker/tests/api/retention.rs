@@ -172,6 +172,29 @@ async fn consumed_only_retention_keeps_what_a_registered_group_or_queue_mode_has
     assert_eq!(caught_up.transaction_ids(), vec!["s-0", "s-1"]);
 }
 
+/// Queue mode holds a partition's floor by its cursor once it has one there, as a group does: what
+/// the unnamed consumers completed goes, and the partition they have not reached yet stays.
+#[actix_web::test]
+async fn consumed_only_retention_frees_what_queue_mode_completed() {
+    let app = app().await;
+    app.configure("unnamed", json!({"retentionEnabled": true, "completedRetentionSeconds": 600})).await;
+    for label in ["a", "b"] {
+        segment(&app, "unnamed", "read", label, 2).await;
+    }
+    segment(&app, "unnamed", "unread", "u", 2).await;
+    let read = app.pop("queue/unnamed/partition/read", "batch=3").await.messages();
+    app.ack_all(&read, "completed", None).await;
+    age(&app, "unnamed", i64::MAX).await;
+
+    // Queue mode committed offset 3 of `read`: segment a (1-2) is consumed, b (3-4) is not, and
+    // `unread` is held at its oldest message.
+    until_count(&app, &segments_of("unnamed"), 2).await;
+    passes(&app, 2).await;
+    assert_eq!(app.count(&segments_of("unnamed")).await, 2, "b and u are kept");
+    assert_eq!(app.pop("queue/unnamed/partition/read", "batch=10").await.transaction_ids(), vec!["b-1"]);
+    assert_eq!(app.pop("queue/unnamed/partition/unread", "batch=10").await.transaction_ids(), vec!["u-0", "u-1"]);
+}
+
 /// Retention by age removes what a lagging group had yet to read; the group's next claim passes
 /// it, so the new head's failures count against that message and its retry limit.
 #[actix_web::test]
