@@ -12,7 +12,8 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often scrapes re-read consumer lag from the database.
 const LAG_REFRESH: Duration = Duration::from_secs(10);
 
-/// Runs `check` on a pooled connection, waiting for each within `timeout`. A connection whose
+/// Runs `check` on a pooled connection, the wait for the connection and the check together within
+/// `timeout` (the probes' timeouts in the Helm chart are set just above it). A connection whose
 /// check ran out of time is not given back to the pool, where the next request would wait behind
 /// the statement still running on it (or on a server that no longer answers).
 async fn on_a_connection<T>(
@@ -20,8 +21,9 @@ async fn on_a_connection<T>(
     timeout: Duration,
     check: impl AsyncFnOnce(&mut deadpool_postgres::Client) -> Option<T>,
 ) -> Option<T> {
-    let mut client = tokio::time::timeout(timeout, broker.pool.get()).await.ok()?.ok()?;
-    let answer = tokio::time::timeout(timeout, check(&mut client)).await;
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut client = tokio::time::timeout_at(deadline, broker.pool.get()).await.ok()?.ok()?;
+    let answer = tokio::time::timeout_at(deadline, check(&mut client)).await;
     match answer {
         Ok(answer) => answer,
         Err(_) => {
