@@ -329,7 +329,7 @@ pub struct LimitsConfig {
     /// otherwise a client picks its own.
     pub trust_forwarded_for: bool,
     /// Queues the fleet will create, counted in PostgreSQL; past it a request that would create
-    /// one is answered 429 and creates nothing. 0 = no limit. The same on every broker.
+    /// one is answered 409 (`limit_reached`) and creates nothing. 0 = no limit. The same on every broker.
     pub max_queues: u64,
     /// Partitions one queue will hold, the same way. 0 = no limit.
     pub max_partitions_per_queue: u64,

@@ -112,8 +112,8 @@ impl Error {
     pub fn status(&self) -> Option<StatusCode> {
         match self {
             Error::Status { status, .. } => Some(*status),
-            Error::QueueFull { .. } | Error::LimitReached { .. } => Some(StatusCode::TOO_MANY_REQUESTS),
-            Error::RolledBack { .. } => Some(StatusCode::CONFLICT),
+            Error::QueueFull { .. } => Some(StatusCode::TOO_MANY_REQUESTS),
+            Error::LimitReached { .. } | Error::RolledBack { .. } => Some(StatusCode::CONFLICT),
             _ => None,
         }
     }

@@ -394,6 +394,7 @@ mod tests {
                 "{status}: {error:?}"
             );
             assert!(!error.is_retryable(), "waiting makes no room");
+            assert_eq!(error.status(), Some(StatusCode::CONFLICT), "told as the broker answers it now");
         }
         let full = r#"{"error": "queue q is full", "code": "queue_full", "queue": "q", "depth": 5, "maxSize": 5}"#;
         assert!(matches!(answer(429, full).into_error(), Error::QueueFull { depth: 5, max_size: 5, .. }));
