@@ -255,6 +255,11 @@ async fn show(ctx: &Ctx, queue: &str) -> Result {
         output::line("")?;
         output::print(&partitions.render())?;
     }
+    // The broker lists a queue's first partitions only (`/status/queues/{queue}`).
+    let listed = status.partitions.len() as u64;
+    if listed < info.partitions as u64 {
+        output::line(&format!("(the first {listed} of {} partitions)", info.partitions))?;
+    }
     Ok(())
 }
 
