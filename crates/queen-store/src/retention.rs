@@ -50,6 +50,24 @@ pub struct Trim {
 /// segment holding the slowest position's next offset (through the primary key), both from the
 /// watermark up.
 pub async fn trims(client: &impl GenericClient, queue_mode_group: &str) -> Result<Vec<Trim>, StoreError> {
+    bounds(client, queue_mode_group, None).await
+}
+
+/// What [`trims`] finds of one partition now.
+async fn trim_of(
+    client: &impl GenericClient,
+    queue_mode_group: &str,
+    partition_id: i64,
+) -> Result<Option<Trim>, StoreError> {
+    Ok(bounds(client, queue_mode_group, Some(partition_id)).await?.pop())
+}
+
+/// [`trims`], of every partition or of `only`.
+async fn bounds(
+    client: &impl GenericClient,
+    queue_mode_group: &str,
+    only: Option<i64>,
+) -> Result<Vec<Trim>, StoreError> {
     let rows = client
         .query(
             concat!(
@@ -83,7 +101,7 @@ pub async fn trims(client: &impl GenericClient, queue_mode_group: &str) -> Resul
                          ) positions) AS floor
                    FROM retaining q
                    JOIN queen.partitions p ON p.queue_id = q.id
-                  WHERE p.last_offset >= p.retained_from
+                  WHERE p.last_offset >= p.retained_from AND ($2::bigint IS NULL OR p.id = $2)
              ), bounds AS (
                  SELECT c.*,
                         -- By age: up to the first segment created inside the window.
@@ -115,7 +133,7 @@ pub async fn trims(client: &impl GenericClient, queue_mode_group: &str) -> Resul
               WHERE GREATEST(by_age, by_consumption) > retained_from
               ORDER BY id"
             ),
-            &[&queue_mode_group],
+            &[&queue_mode_group, &only],
         )
         .await?;
     Ok(rows
@@ -152,6 +170,11 @@ const BATCH_TRIES: u32 = 5;
 /// deleting their transaction ids (read from the bodies, opened with `keys` when sealed) and
 /// moving the watermark past them.
 ///
+/// Each batch first finds the partition's bound again and goes no further than it: a trim of a
+/// large backlog takes a while, and meanwhile a group may seek back or start from the oldest
+/// message, lowering the consumed-only floor the pass planned with (`queue_mode_group` as for
+/// [`trims`]).
+///
 /// The watermark moves last, so the partition's row, which every push to the partition updates,
 /// is held only for the commit and not through the deletes. A push holds that row while it
 /// inserts its transaction ids, though, and one reusing an id this batch deleted waits for the
@@ -163,14 +186,19 @@ pub async fn apply_trim(
     trim: Trim,
     batch: i64,
     keys: Option<&queen_log::Cipher>,
+    queue_mode_group: &str,
 ) -> Result<Trimmed, StoreError> {
     let mut trimmed = Trimmed::default();
     let mut tries = 0;
     loop {
         tries += 1;
         let tx = client.transaction().await?;
-        let segments =
-            tx.query(TRIM_SQL, &[&trim.partition_id, &trim.retained_from, &trim.new_retained_from, &batch]).await?;
+        let Some(now) = trim_of(&tx, queue_mode_group, trim.partition_id).await? else {
+            tx.commit().await?;
+            break;
+        };
+        let upto = now.new_retained_from.min(trim.new_retained_from);
+        let segments = tx.query(TRIM_SQL, &[&trim.partition_id, &now.retained_from, &upto, &batch]).await?;
         if segments.is_empty() {
             tx.commit().await?;
             break;

@@ -195,6 +195,70 @@ async fn consumed_only_retention_frees_what_queue_mode_completed() {
     assert_eq!(app.pop("queue/unnamed/partition/unread", "batch=10").await.transaction_ids(), vec!["u-0", "u-1"]);
 }
 
+/// A pass plans its trims once, and a trim of a backlog takes a while: each batch finds the
+/// partition's floor again, so a group that seeks back meanwhile keeps what it seeks to.
+#[actix_web::test]
+async fn a_group_seeking_back_during_a_trim_keeps_what_the_trim_had_not_reached() {
+    let app = TestApp::spawn_with(|config| {
+        config.maintenance.interval_ms = 100;
+        config.maintenance.batch_segments = 1;
+    })
+    .await;
+    app.configure("replayed", json!({"retentionEnabled": true, "completedRetentionSeconds": 600})).await;
+    let first = app.push_one("replayed", "p", "a-0", json!(1)).await;
+    for label in ["b", "c"] {
+        segment(&app, "replayed", "p", label, 1).await;
+    }
+    let event = json!({"transactionId": "a-0", "partitionId": first["partition_id"], "traceNames": ["t"], "data": {}});
+    assert_eq!(app.post("/api/v1/traces", &event).await.status, StatusCode::CREATED);
+    let read = app.pop("queue/replayed", "batch=10&consumerGroup=g").await.messages();
+    app.ack_all(&read, "completed", Some("g")).await;
+
+    // The first batch (segment a) waits on a-0's trace event; meanwhile g seeks to the start.
+    let holder = app.db.connect().await;
+    holder.batch_execute("BEGIN; SELECT * FROM queen.message_traces FOR UPDATE").await.expect("holding the event");
+    age(&app, "replayed", i64::MAX).await;
+    until_count(&app, &waiting_in("DELETE FROM queen.message_traces"), 1).await;
+    let seek = json!({"timestamp": "2000-01-01T00:00:00Z"});
+    let sought = app.post("/api/v1/consumer-groups/g/queues/replayed/seek", &seek).await;
+    assert_eq!(sought.status, StatusCode::OK, "{:?}", sought.body);
+    holder.batch_execute("COMMIT").await.expect("releasing the event");
+
+    // Segment a was in the batch under way; b and c were planned to go and stay.
+    until_count(&app, &segments_of("replayed"), 2).await;
+    passes(&app, 2).await;
+    assert_eq!(app.count(&segments_of("replayed")).await, 2, "nothing past the floor g sought to went");
+    let replayed = app.pop("queue/replayed", "batch=10&consumerGroup=g").await;
+    assert_eq!(replayed.transaction_ids(), vec!["b-0", "c-0"]);
+}
+
+/// A trim that cannot finish (its partition's row held through every try) is left for the next
+/// pass, and the pass goes on with the partitions after it.
+#[actix_web::test]
+async fn a_trim_that_cannot_finish_does_not_hold_up_the_other_partitions() {
+    let app = app().await;
+    app.configure("held", json!({"retentionEnabled": true, "retentionSeconds": 600})).await;
+    segment(&app, "held", "first", "f", 1).await;
+    segment(&app, "held", "second", "s", 1).await;
+    let holder = app.db.connect().await;
+    holder
+        .batch_execute("BEGIN; SELECT * FROM queen.partitions WHERE name = 'first' FOR UPDATE")
+        .await
+        .expect("holding the first partition's row");
+    age(&app, "held", i64::MAX).await;
+
+    let of_partition = |name: &str| {
+        format!(
+            "SELECT count(*) FROM queen.log_segments s JOIN queen.partitions p ON p.id = s.partition_id
+              WHERE p.name = '{name}'"
+        )
+    };
+    until_count(&app, &of_partition("second"), 0).await;
+    assert_eq!(app.count(&of_partition("first")).await, 1, "the held partition keeps its segment meanwhile");
+    holder.batch_execute("COMMIT").await.expect("releasing the row");
+    until_count(&app, &of_partition("first"), 0).await;
+}
+
 /// Retention by age removes what a lagging group had yet to read; the group's next claim passes
 /// it, so the new head's failures count against that message and its retry limit.
 #[actix_web::test]
