@@ -20,7 +20,7 @@
 //! they time out.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -54,8 +54,10 @@ pub struct Announcer {
 struct Pending {
     notices: Mutex<HashSet<String>>,
     ready: Notify,
-    /// The backend process of the connection the notices are sent on (0 before the first).
+    /// The backend process of the connection the notices are sent on (0 while there is none).
     sender_pid: AtomicI32,
+    /// The kept connection is to be replaced before the next send (see [`Announcer::renew`]).
+    renew: AtomicBool,
 }
 
 impl Announcer {
@@ -71,6 +73,15 @@ impl Announcer {
     /// Whether a notice from this backend process is one of this announcer's own.
     pub fn own_sender(&self, pid: i32) -> bool {
         pid != 0 && self.fleet.sender_pid.load(Ordering::Relaxed) == pid
+    }
+
+    /// LISTEN was lost, and the kept connection most likely with it, unnoticed until it next
+    /// sends: its process id is let go at once, since a new session of the database (another
+    /// broker's, after a restart numbers processes again) may be given it, and its notices would
+    /// be taken for this broker's own and dropped.
+    pub fn renew(&self) {
+        self.fleet.sender_pid.store(0, Ordering::Relaxed);
+        self.fleet.renew.store(true, Ordering::Relaxed);
     }
 
     /// Messages became available on the partition through a write of this broker that has
@@ -113,6 +124,9 @@ async fn keep_sending(pool: Pool, fleet: Arc<Pending>, keep: bool) {
                 let client = pool.get().await.map_err(queen_store::StoreError::from)?;
                 return events::publish_after_commit(&client, &notices).await;
             }
+            if fleet.renew.swap(false, Ordering::Relaxed) {
+                connection = None;
+            }
             if connection.is_none() {
                 let client = pool.get().await.map_err(queen_store::StoreError::from)?;
                 fleet.sender_pid.store(events::session_pid(&client).await?, Ordering::Relaxed);
@@ -132,6 +146,7 @@ async fn keep_sending(pool: Pool, fleet: Arc<Pending>, keep: bool) {
             Err(e) => {
                 tracing::warn!(error = %e, notices = notices.len(), "could not send fleet notices; retrying");
                 connection = None;
+                fleet.sender_pid.store(0, Ordering::Relaxed);
                 {
                     let mut pending = fleet.notices.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
                     let room = MAX_PENDING.saturating_sub(pending.len());

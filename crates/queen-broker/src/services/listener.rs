@@ -72,6 +72,7 @@ impl FleetListeners {
     /// another one, whose partitions hold other messages at offsets the cache knows, before LISTEN
     /// is back to clear it.
     fn lost(&self) {
+        self.announcer.renew();
         self.segments.clear();
         self.coordinator.listen_lost();
     }
