@@ -565,20 +565,25 @@ fn enough_to_fill(free: &[&cursors::Candidate], messages: u32, conflates: bool, 
 }
 
 /// What a pop claimed and could not hand out: its segments could not be read, or its client left.
-enum Unhanded<'a> {
+enum Unhanded {
     /// Leases, given back ([`cursors::give_back_claims`]): they would otherwise stand until they
     /// run out, and count against messages nobody was given.
     Leases { lease_id: Uuid, partitions: Vec<i64> },
     /// An `autoAck` claim's cursors, committed at delivery, moved back
     /// ([`cursors::undo_auto_acked_claims`]): the messages would otherwise be lost for the group.
-    AutoAcked { group: &'a str, spans: Vec<(i64, i64, i64)> },
+    AutoAcked { group: String, spans: Vec<(i64, i64, i64)> },
 }
 
-impl<'a> Unhanded<'a> {
-    fn of(request: &'a PopRequest, lease_id: Uuid, claims: &[cursors::Claim]) -> Self {
+/// How long a take-back that PostgreSQL did not answer is tried again in the background. Both
+/// forms are guarded (a lease still held, a cursor still where the claim left it), so a late one
+/// changes nothing that moved on.
+const TAKE_BACK_RETRIES_FOR: Duration = Duration::from_secs(300);
+
+impl Unhanded {
+    fn of(request: &PopRequest, lease_id: Uuid, claims: &[cursors::Claim]) -> Self {
         if request.auto_ack {
             let spans = claims.iter().map(|c| (c.partition_id, c.first, c.last)).collect();
-            Unhanded::AutoAcked { group: &request.group, spans }
+            Unhanded::AutoAcked { group: request.group.clone(), spans }
         } else {
             Unhanded::Leases { lease_id, partitions: claims.iter().map(|c| c.partition_id).collect() }
         }
@@ -592,8 +597,10 @@ impl<'a> Unhanded<'a> {
     }
 
     /// On `client`, or on another when that one was lost (its backend terminated while the pop
-    /// read the segments): the claim committed already.
-    async fn take_back(&self, broker: &Broker, client: deadpool_postgres::Object) {
+    /// read the segments): the claim committed already. While PostgreSQL does not answer, it is
+    /// tried again in the background (a restart under load would otherwise leave the leases to
+    /// run out, or an auto-acked group without messages it never got).
+    async fn take_back(self, broker: &Broker, client: deadpool_postgres::Object) {
         let mut result = self.take_back_on(&client).await;
         if let Err(queen_store::StoreError::Unavailable(_)) = result {
             drop(client);
@@ -602,9 +609,35 @@ impl<'a> Unhanded<'a> {
                 Err(e) => Err(e.into()),
             };
         }
-        if let Err(back) = result {
-            tracing::warn!(error = %back, "could not take back the claims of a pop that handed nothing out");
+        match result {
+            Ok(_) => {}
+            Err(queen_store::StoreError::Unavailable(e)) => {
+                tracing::warn!(error = %e, "could not take back the claims of a pop that handed nothing out; trying again");
+                tokio::spawn(self.keep_taking_back(broker.pool.clone()));
+            }
+            Err(e) => tracing::warn!(error = %e, "could not take back the claims of a pop that handed nothing out"),
         }
+    }
+
+    async fn keep_taking_back(self, pool: deadpool_postgres::Pool) {
+        let until = Instant::now() + TAKE_BACK_RETRIES_FOR;
+        let mut backoff = crate::backoff::Backoff::default();
+        while Instant::now() < until {
+            backoff.wait().await;
+            let result = match pool.get().await {
+                Ok(client) => self.take_back_on(&client).await,
+                Err(e) => Err(e.into()),
+            };
+            match result {
+                Ok(_) => return,
+                Err(queen_store::StoreError::Unavailable(_)) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not take back the claims of a pop that handed nothing out");
+                    return;
+                }
+            }
+        }
+        tracing::warn!("gave up taking back the claims of a pop that handed nothing out");
     }
 }
 
