@@ -157,6 +157,7 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
     }
     // One lease for whatever the pop claims, on every queue.
     let lease_id = Uuid::now_v7();
+    let subscribed_at = Utc::now();
     let mut queue_conflates = false;
     if let PopSource::Queue { queue, .. } = &request.source {
         let (group, seed) = (&request.group, request.seed);
@@ -191,7 +192,7 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
             if budget.messages == 0 || budget.partitions == 0 {
                 break;
             }
-            match pop_queue(broker, request, queue, *conflates, budget, lease_id).await {
+            match pop_queue(broker, request, queue, *conflates, budget, lease_id, subscribed_at).await {
                 Ok(Attempt::Taken { taken: more, passed_over }) => {
                     left_work |= passed_over;
                     taken.push(more);
@@ -367,6 +368,7 @@ async fn pop_queue(
     conflates: bool,
     budget: Budget,
     lease_id: Uuid,
+    subscribed_at: DateTime<Utc>,
 ) -> Result<Attempt, BrokerError> {
     let names = &broker.names;
     let queue_id = queue.id;
@@ -407,8 +409,14 @@ async fn pop_queue(
     }
     let uncursored: Vec<i64> = free.iter().filter(|c| !c.has_cursor).map(|c| c.partition_id).collect();
     if !uncursored.is_empty() {
-        let ensure =
-            async |c: &mut Object| cursors::ensure_cursors(&*c, &request.group, &uncursored, request.seed).await;
+        // Without its registration (deleted with its queue, or by the group's deletion, while this
+        // pop went on), a `new` group starts where this pop began: its queue may have been
+        // created again by a push the group is waiting for.
+        let fallback = match request.seed {
+            CursorSeed::End => CursorSeed::From(subscribed_at),
+            seed => seed,
+        };
+        let ensure = async |c: &mut Object| cursors::ensure_cursors(&*c, &request.group, &uncursored, fallback).await;
         let (answered, ensured) = broker.continue_within(client, "a cursor's creation", ensure).await?;
         client = answered;
         ensured?;

@@ -151,3 +151,19 @@ async fn a_group_that_only_sought_takes_a_subscription_update_for_partitions_to_
         0
     );
 }
+
+/// A `new` group waiting on a queue that is deleted meanwhile (its registration with it) gets
+/// what a push that creates the queue again brings: the group subscribed before that push.
+#[actix_web::test]
+async fn a_new_group_waiting_through_its_queues_deletion_gets_the_push_that_creates_it_again() {
+    let app = TestApp::spawn().await;
+    app.push_one("orders", "p", "m0", json!(0)).await;
+    let waiting = app.pop("queue/orders", "batch=10&wait=true&timeout=5000&consumerGroup=g&subscriptionMode=new");
+    let meanwhile = async {
+        crate::long_poll::until_parked(&app, 1).await;
+        assert_eq!(app.delete("/api/v1/resources/queues/orders").await.status, StatusCode::OK);
+        app.push_one("orders", "p", "m1", json!(1)).await;
+    };
+    let (answer, ()) = tokio::join!(waiting, meanwhile);
+    assert_eq!(answer.transaction_ids(), vec!["m1"]);
+}
