@@ -160,7 +160,9 @@ pub enum Requeue {
 
 /// Moves the dead letters of a message back into its partition as one new message (transaction
 /// id `dlq:<lowest dead-letter id>`, same data: opened with `keys` when sealed, and sealed again
-/// when the queue is encrypted), removing them, in one transaction. The new message reaches every
+/// when the queue is encrypted), removing them, in one transaction. Two messages may share the
+/// transaction id (one pushed again past its queue's dedup window): the earlier one's dead
+/// letters are moved, and the later one's stay for the next retry. The new message reaches every
 /// group of the queue, like any push. A queue or partition removed since is created again,
 /// within `limits`.
 pub async fn requeue(
@@ -173,7 +175,10 @@ pub async fn requeue(
     let tx = client.transaction().await?;
     let rows = tx
         .query(
-            "DELETE FROM queen.log_dlq WHERE partition_id = $1 AND transaction_id = $2 AND payload IS NOT NULL
+            "DELETE FROM queen.log_dlq
+              WHERE partition_id = $1 AND transaction_id = $2 AND payload IS NOT NULL
+                AND message_offset = (SELECT min(message_offset) FROM queen.log_dlq
+                                       WHERE partition_id = $1 AND transaction_id = $2 AND payload IS NOT NULL)
           RETURNING id, queue_name, partition_name, trace_id, payload, producer_sub",
             &[&partition_id, &transaction_id],
         )

@@ -201,3 +201,30 @@ async fn dead_letters_can_be_deleted_and_the_message_stays_in_the_log() {
     assert_eq!(app.get(&path).await.status, StatusCode::OK, "the log is immutable");
     assert_eq!(app.delete(&path).await.status, StatusCode::NOT_FOUND);
 }
+
+/// Two messages sharing a transaction id (the second pushed past the dedup window), both dead-
+/// lettered: each retry moves one of them back, the earlier first, and neither is lost.
+#[actix_web::test]
+async fn dead_letters_of_two_messages_sharing_an_id_are_retried_one_message_at_a_time() {
+    let app = TestApp::spawn().await;
+    app.configure("twice", json!({"dedupWindowSeconds": 60})).await;
+    let first = app.push_one("twice", "p", "x", json!(1)).await;
+    crate::queue_options::age_queue(&app, "twice", "2 hours").await;
+    assert_eq!(app.push_one("twice", "p", "x", json!(2)).await["status"], "queued");
+    let popped = app.pop("queue/twice", "batch=10").await.messages();
+    assert_eq!(popped.len(), 2);
+    for message in popped.chunks(1) {
+        app.ack_all(message, "dlq", None).await;
+    }
+    let partition = first["partition_id"].as_str().expect("partition_id");
+    let retry = format!("/api/v1/messages/{partition}/x/retry");
+    for _ in 0..2 {
+        let retried = app.post(&retry, &json!({})).await;
+        assert_eq!(retried.status, StatusCode::OK, "{retried:?}");
+        assert_eq!(retried.body["deadLetters"], 1, "{retried:?}");
+    }
+    assert_eq!(app.post(&retry, &json!({})).await.status, StatusCode::NOT_FOUND, "none is left");
+    let requeued = app.pop("queue/twice", "batch=10").await.messages();
+    let data: Vec<&Value> = requeued.iter().map(|m| &m["data"]).collect();
+    assert_eq!(data, [1, 2]);
+}
