@@ -156,6 +156,12 @@ pub enum Requeue {
     NoDeadLetter,
     /// Its dead letters were recorded after retention removed the message: nothing to push.
     PayloadRetained,
+    /// The queue holds its `maxSize` messages (counted as a push counts them): nothing moved.
+    QueueFull {
+        queue: String,
+        depth: i64,
+        max_size: i64,
+    },
 }
 
 /// Moves the dead letters of a message back into its partition as one new message (transaction
@@ -202,6 +208,14 @@ pub async fn requeue(
         }
     };
     let queue_id = settings.id;
+    if settings.options.max_size > 0 {
+        // Under the queue's capacity lock, as capped pushes take it (before the partition's).
+        queues::lock_capacity(&tx, queue_id).await?;
+        let depth = queues::unconsumed_depth(&tx, &settings).await?;
+        if depth >= settings.options.max_size {
+            return Ok(Requeue::QueueFull { queue, depth, max_size: settings.options.max_size });
+        }
+    }
     let seal = match (settings.options.encryption_enabled, keys) {
         (false, _) => None,
         (true, Some(cipher)) => Some(Arc::new(cipher.clone())),

@@ -11,7 +11,7 @@ use uuid::Uuid;
 use super::body::{NoQuery, no_members, path_param, query_int, strict_query, time_range};
 use super::messages::partition_id;
 use super::timestamp;
-use crate::broker::{Broker, messages};
+use crate::broker::{Broker, BrokerError, messages};
 use crate::error::ApiError;
 
 /// Most dead letters one page holds.
@@ -135,6 +135,9 @@ pub async fn retry(
                  again: {}",
                 queen_store::cursors::PAYLOAD_RETAINED
             )));
+        }
+        Requeue::QueueFull { queue, depth, max_size } => {
+            return Err(BrokerError::QueueFull { queue, depth, max_size, adding: 1 }.into());
         }
     };
     let (result, offset, message_id) = match moved.outcome {

@@ -228,3 +228,25 @@ async fn dead_letters_of_two_messages_sharing_an_id_are_retried_one_message_at_a
     let data: Vec<&Value> = requeued.iter().map(|m| &m["data"]).collect();
     assert_eq!(data, [1, 2]);
 }
+
+/// A retried dead letter is a push to its queue: past `maxSize` it is refused as a push is, and
+/// stays in the DLQ until there is room.
+#[actix_web::test]
+async fn a_dead_letter_retry_into_a_full_queue_is_refused_and_kept() {
+    let app = TestApp::spawn().await;
+    app.configure("capped", json!({"maxSize": 1})).await;
+    let first = app.push_one("capped", "p", "x", json!(1)).await;
+    let popped = app.pop("queue/capped", "batch=1").await.messages();
+    app.ack_all(&popped, "dlq", None).await;
+    app.push_one("capped", "p", "y", json!(2)).await;
+
+    let retry = format!("/api/v1/messages/{}/x/retry", first["partition_id"].as_str().expect("partition_id"));
+    let refused = app.post(&retry, &json!({})).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "{refused:?}");
+    assert_eq!(refused.body["code"], "queue_full", "{refused:?}");
+    let y = app.pop("queue/capped", "batch=10").await.messages();
+    assert_eq!(y.len(), 1);
+    app.ack_all(&y, "completed", None).await;
+    let moved = app.post(&retry, &json!({})).await;
+    assert_eq!((moved.status, &moved.body["deadLetters"]), (StatusCode::OK, &json!(1)), "{moved:?}");
+}
