@@ -33,7 +33,9 @@
 //!   offsets that a statement just found stored: a claim starts at the retention watermark of
 //!   the partition row it locks, a message lookup goes through the transaction-id index, which
 //!   retention empties in the transaction that deletes the segments. A read that races a
-//!   retention pass serves what the claim saw, as a read a moment earlier would have.
+//!   retention pass serves what the claim saw when the segments are cached, and otherwise finds
+//!   fewer of them, or none (the pop then gives back the lease of a claim it could serve nothing
+//!   of).
 //! - A database replaced under a running broker (a restore) would restart the identities; the
 //!   broker's LISTEN connection breaks with it, and the broker clears the cache when it
 //!   reconnects ([`SegmentCache::clear`]).

@@ -496,8 +496,21 @@ async fn pop_queue(
             return Err(e);
         }
     };
-    drop(client);
+    // A claim whose span a retention pass removed between the claim and the read (the claim reads
+    // the watermark without locking the partition) has nothing to hand out: its lease, which would
+    // keep the group off the partition until it ran out, goes back at once. An auto-acked one
+    // committed past messages that are gone anyway.
     let passed_over = free.len() > claims.len();
+    let served: std::collections::HashSet<i64> = messages.iter().map(|m| m.partition_id).collect();
+    let (claims, emptied): (Vec<_>, Vec<_>) = claims.into_iter().partition(|c| served.contains(&c.partition_id));
+    if emptied.is_empty() || request.auto_ack {
+        drop(client);
+    } else {
+        Unhanded::of(request, lease_id, &emptied).take_back(broker, client).await;
+    }
+    if claims.is_empty() {
+        return Ok(Attempt::Empty { retry_at: Some(Utc::now()) });
+    }
     let taken = Taken { queue: Arc::from(queue.name.as_str()), queue_id, group, claims, stamp, messages, segments };
     Ok(Attempt::Taken { taken, passed_over })
 }

@@ -538,3 +538,19 @@ async fn a_push_reusing_an_id_that_a_trim_is_deleting_is_stored_and_the_trim_sti
     assert_eq!(served.transaction_ids(), vec!["order-7"]);
     assert_eq!(served.messages()[0]["data"], 2);
 }
+
+/// A claim that meets no segment (retention removed its span after the claim read the watermark,
+/// played here by deleting the segment under it) hands nothing out and keeps no lease: the group's
+/// next pop is served what came after.
+#[actix_web::test]
+async fn a_claim_whose_span_retention_removed_keeps_no_lease() {
+    let app = TestApp::spawn_with(|config| config.pop.segment_cache_bytes = 0).await;
+    segment(&app, "raced", "p", "gone", 2).await;
+    let db = app.db.connect().await;
+    db.execute("DELETE FROM queen.log_segments", &[]).await.expect("removing the segment");
+    let emptied = app.pop("queue/raced", "batch=10&consumerGroup=g").await;
+    assert_eq!(emptied.status, StatusCode::NO_CONTENT, "{emptied:?}");
+    segment(&app, "raced", "p", "next", 1).await;
+    let served = app.pop("queue/raced", "batch=10&consumerGroup=g").await;
+    assert_eq!(served.transaction_ids(), vec!["next-0"], "{served:?}");
+}
