@@ -475,13 +475,15 @@ async fn pop_queue(
     if claims.is_empty() {
         // A cursor made just now may start later than the candidate query assumed (a `new` or
         // timestamp subscription): ask when those partitions can be served, so a long poll
-        // waiting on a delay wakes in time.
+        // waiting on a delay wakes in time. Partitions without a cursor come first, so a new
+        // group on a queue of many partitions may have spent this pop on partitions where it
+        // starts at the end: a long poll looks again at once, at the ones after them.
         let retry_at = if uncursored.is_empty() {
             retry_at
         } else {
             let scope = Scope::Only(&uncursored);
             let seeded = cursors::candidates(&client, queue_id, scope, &request.group, visibility).await?;
-            seeded.iter().filter_map(|c| c.not_before).chain(retry_at).min()
+            Some(seeded.iter().filter_map(|c| c.not_before).chain(retry_at).min().unwrap_or_else(Utc::now))
         };
         return Ok(Attempt::Empty { retry_at });
     }

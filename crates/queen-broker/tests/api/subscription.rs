@@ -167,3 +167,22 @@ async fn a_new_group_waiting_through_its_queues_deletion_gets_the_push_that_crea
     let (answer, ()) = tokio::join!(waiting, meanwhile);
     assert_eq!(answer.transaction_ids(), vec!["m1"]);
 }
+
+/// A `new` group on a queue of many partitions with history makes its cursors (at their ends) a
+/// few partitions per look, and a long poll goes on looking: a message waiting on a partition it
+/// has not reached yet is served without another push to wake it.
+#[actix_web::test]
+async fn a_new_group_reaches_a_message_past_many_partitions_it_starts_at_the_end_of() {
+    let app = TestApp::spawn().await;
+    for i in 0..40 {
+        app.push_one("wide", &format!("p{i:02}"), &format!("old-{i}"), json!(i)).await;
+    }
+    let first = app.pop("queue/wide", "batch=10&consumerGroup=g&subscriptionMode=new").await;
+    assert_eq!(first.status, StatusCode::NO_CONTENT, "{first:?}");
+    app.push_one("wide", "p39", "fresh", json!("fresh")).await;
+    let started = std::time::Instant::now();
+    let served = app.pop("queue/wide", "batch=10&wait=true&timeout=10000&consumerGroup=g").await;
+    assert_eq!(served.transaction_ids(), vec!["fresh"]);
+    // Not at the long poll's last look, at its timeout.
+    assert!(started.elapsed() < std::time::Duration::from_secs(5), "served after {:?}", started.elapsed());
+}
