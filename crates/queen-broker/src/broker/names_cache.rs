@@ -170,9 +170,12 @@ impl NamesCache {
         self.queues.invalidate(name);
     }
 
-    /// Forgets every queue (notices of changes may have been missed).
-    pub fn forget_queues(&self) {
+    /// Forgets every queue and partition: notices of changes may have been missed, and the
+    /// database may not be the one the ids were read from (restored from a backup, or a standby
+    /// promoted behind the primary's sequences), where a partition id names another partition.
+    pub fn forget_all(&self) {
         self.queues.invalidate_all();
+        self.partitions.invalidate_all();
     }
 
     pub fn forget_partition(&self, queue_id: i64, name: &str) {

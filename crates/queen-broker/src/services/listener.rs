@@ -81,7 +81,8 @@ impl FleetListeners {
     /// and the database may not be the one it was (restored from a backup, its identities
     /// restarted), so no segment read before is trusted.
     fn restored(&self) {
-        self.names.forget_queues();
+        self.names.forget_all();
+        self.registered.invalidate_all();
         self.segments.clear();
         self.coordinator.listen_restored();
         let (maintenance, pool) = (Arc::clone(&self.maintenance), self.pool.clone());
