@@ -64,6 +64,7 @@ pub struct Metrics {
     pub auth_failures: IntCounterVec,
     // The fleet.
     pub notices_received: IntCounter,
+    pub fleet_listening: IntGauge,
     pub pop_scans: IntCounterVec,
     // The segment cache, caught up with the cache's own counts when scraped.
     pub segment_cache_hits: IntCounter,
@@ -278,6 +279,11 @@ impl Metrics {
                 &r,
                 "queen_notices_received_total",
                 "Fleet events received on the LISTEN connection from other brokers (a broker's own announcements are not counted).",
+            ),
+            fleet_listening: gauge(
+                &r,
+                "queen_fleet_listening",
+                "1 while the LISTEN connection is in effect; 0 while it is lost, when parked pops look again every second for pushes through other brokers.",
             ),
             pop_scans: counter_vec(
                 &r,

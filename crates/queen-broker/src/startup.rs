@@ -130,6 +130,13 @@ impl Application {
         self.port
     }
 
+    /// Whether the broker's LISTEN connection is in effect, as it changes: it opens once the
+    /// broker runs, and a test that counts wake-ups waits for it (a broker without it has its
+    /// parked pops look again every second).
+    pub fn hears_fleet(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        Arc::clone(&self.broker.hears_fleet)
+    }
+
     /// Serves until SIGINT or SIGTERM, then shuts down gracefully: refuses new API requests,
     /// answers parked long polls (empty), lets the requests under way finish and the partition
     /// writers and group actors empty (at most `http.shutdown_timeout_seconds`), stops the

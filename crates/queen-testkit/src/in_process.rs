@@ -20,6 +20,12 @@ pub async fn serve(db: &TestDatabase, tweak: impl FnOnce(&mut Config)) -> String
     tweak(&mut config);
     let app = Application::build(config).await.expect("the broker starts");
     let base = format!("http://127.0.0.1:{}", app.port());
+    let hears_fleet = app.hears_fleet();
     actix_web::rt::spawn(app.run_until_stopped());
+    // Tests count wake-ups and plans, which a broker without LISTEN yet adds to.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !hears_fleet.load(std::sync::atomic::Ordering::Relaxed) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
     base
 }

@@ -94,6 +94,8 @@ pub struct Broker {
     pub lag_refreshed_at: std::sync::Mutex<Option<std::time::Instant>>,
     /// Namespace pops so far: queues of equal priority take turns at being served first.
     pub namespace_pops: AtomicU64,
+    /// LISTEN is in effect: pushes through other brokers wake this broker's parked pops.
+    pub hears_fleet: Arc<AtomicBool>,
     shutting_down: AtomicBool,
     /// API requests under way, which a graceful shutdown waits for.
     requests_under_way: AtomicUsize,
@@ -213,7 +215,9 @@ impl Broker {
             .time_to_live(Duration::from_secs(60))
             .support_invalidation_closures()
             .build();
+        let hears_fleet = Arc::new(AtomicBool::new(false));
         let listeners = FleetListeners {
+            hears_fleet: Arc::clone(&hears_fleet),
             coordinator: coordinator.clone(),
             names: Arc::clone(&names),
             registered: registered.clone(),
@@ -286,6 +290,7 @@ impl Broker {
             broker_id,
             lag_refreshed_at: std::sync::Mutex::new(None),
             namespace_pops: AtomicU64::new(0),
+            hears_fleet,
             shutting_down: AtomicBool::new(false),
             requests_under_way: AtomicUsize::new(0),
         }

@@ -120,6 +120,9 @@ const AFTER_EXPIRY: Duration = Duration::from_millis(20);
 /// (their pushes wake only pops parked on them).
 const NAMESPACE_RESCAN: Duration = Duration::from_secs(1);
 
+/// How often a parked pop looks again while the broker's LISTEN connection is lost.
+const DEAF_RESCAN: Duration = Duration::from_secs(1);
+
 /// Pops once, or for a long poll until messages come or the timeout passes. A parked pop holds
 /// no database connection.
 pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, BrokerError> {
@@ -250,6 +253,10 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
             .map_or(deadline, |at| at.min(deadline));
         if matches!(request.source, PopSource::Namespace { .. }) {
             wake_at = wake_at.min(now + NAMESPACE_RESCAN);
+        }
+        // Without LISTEN, a push through another broker wakes nobody here.
+        if !broker.hears_fleet.load(Ordering::Relaxed) {
+            wake_at = wake_at.min(now + DEAF_RESCAN);
         }
         if parked.is_none() {
             parked = Some(Parked::take(broker, request)?);

@@ -4,6 +4,7 @@
 //! with a backoff.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use moka::sync::Cache;
 use queen_store::events::Event;
@@ -19,6 +20,8 @@ use crate::services::announcer::Announcer;
 
 /// Who acts on fleet events.
 pub struct FleetListeners {
+    /// Whether LISTEN is in effect, for parked pops (`Broker::hears_fleet`).
+    pub hears_fleet: Arc<AtomicBool>,
     pub coordinator: CoordinatorMailbox,
     pub names: Arc<NamesCache>,
     /// The broker's (queue, group) registrations seen, dropped when another broker deletes or
@@ -72,6 +75,8 @@ impl FleetListeners {
     /// another one, whose partitions hold other messages at offsets the cache knows, before LISTEN
     /// is back to clear it.
     fn lost(&self) {
+        self.hears_fleet.store(false, Ordering::Relaxed);
+        self.metrics.fleet_listening.set(0);
         self.announcer.renew();
         self.segments.clear();
         self.coordinator.listen_lost();
@@ -81,6 +86,8 @@ impl FleetListeners {
     /// and the database may not be the one it was (restored from a backup, its identities
     /// restarted), so no segment read before is trusted.
     fn restored(&self) {
+        self.hears_fleet.store(true, Ordering::Relaxed);
+        self.metrics.fleet_listening.set(1);
         self.names.forget_all();
         self.registered.invalidate_all();
         self.segments.clear();
