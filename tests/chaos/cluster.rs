@@ -395,3 +395,46 @@ async fn base_backup(primary: &Server, primary_dir: &Path, standby_dir: &Path) {
     };
     std::fs::copy(password_file(primary_dir), password_file(standby_dir)).expect("the password file");
 }
+
+/// One address for whichever local server it points at now, as a DNS name, a virtual IP or a
+/// Kubernetes Service moved between servers is: each new connection goes to the current target,
+/// and connections already made stay where they went.
+pub struct Address {
+    port: u16,
+    target: Arc<std::sync::atomic::AtomicU16>,
+    accepting: tokio::task::JoinHandle<()>,
+}
+
+impl Address {
+    pub async fn pointing_at(port: u16) -> Address {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a relay port");
+        let own = listener.local_addr().expect("the relay's address").port();
+        let target = Arc::new(std::sync::atomic::AtomicU16::new(port));
+        let current = Arc::clone(&target);
+        let accepting = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let port = current.load(std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    if let Ok(mut server) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+            }
+        });
+        Address { port: own, target, accepting }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn point_at(&self, port: u16) {
+        self.target.store(port, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for Address {
+    fn drop(&mut self) {
+        self.accepting.abort();
+    }
+}

@@ -9,7 +9,7 @@ use queen_testkit::BrokerProcess;
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::cluster::{DATABASE, Pair, Replication};
+use crate::cluster::{Address, DATABASE, Pair, Replication};
 use crate::load::{Plan, Workload};
 use crate::support::{assert_running, start_brokers};
 
@@ -465,5 +465,65 @@ impl Api {
             assert!(Instant::now() < deadline, "still 503 a minute after the standby came back");
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+}
+
+/// How soon pushes go through once the address points at the primary again.
+const BACK_ON_THE_PRIMARY: Duration = Duration::from_secs(3);
+
+/// One address in front of the servers (no `target_session_attrs`) that pointed at the standby
+/// for a while: the sessions the broker opened then refuse writes (503, read-only), and once the
+/// address points at the primary again the broker drops them by itself and takes pushes at once,
+/// rather than keep them refusing every write they carry until something else closes them.
+#[tokio::test]
+async fn sessions_opened_on_a_standby_behind_one_address_are_dropped_once_it_points_back() {
+    let pair = Pair::start("standby_address", Replication::Asynchronous).await;
+    let address = Address::pointing_at(pair.primary.port()).await;
+    let primary_url = pair.primary.url(DATABASE);
+    let (credentials, _) = primary_url.split_once('@').expect("a URL with credentials");
+    let url = format!("{credentials}@127.0.0.1:{}/{DATABASE}?connect_timeout=2", address.port());
+    let brokers = start_brokers(&url, 1, &[]).await;
+    let base = brokers[0].url();
+    let http = queen_testkit::http().timeout(Duration::from_secs(10)).build().expect("an HTTP client");
+    let push = |id: String| {
+        let body = json!({"items": [{"queue": "moved", "transactionId": id, "payload": {}}]});
+        http.post(format!("{base}/api/v1/push")).json(&body).send()
+    };
+    assert_eq!(push("before".into()).await.expect("a push").status(), StatusCode::CREATED);
+
+    // The address moves to the standby, and the broker's sessions on the primary end.
+    address.point_at(pair.standby.port());
+    let admin = pair.primary.connect("postgres").await;
+    admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+            &[&DATABASE],
+        )
+        .await
+        .expect("ending the broker's sessions");
+    let deadline = Instant::now() + RECONNECT_BOUND;
+    loop {
+        let answer = push(format!("on-standby-{}", uuid::Uuid::new_v4())).await.expect("a push");
+        let status = answer.status();
+        let text = answer.text().await.unwrap_or_default();
+        if status == StatusCode::SERVICE_UNAVAILABLE && text.contains("read-only") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no push reached the standby: {status} {text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Each pooled session is asked whether it is on a standby when next taken: the first pushes
+    // go through, well before anything else might close those sessions.
+    address.point_at(pair.primary.port());
+    let deadline = Instant::now() + BACK_ON_THE_PRIMARY;
+    loop {
+        let answer = push(format!("back-{}", uuid::Uuid::new_v4())).await.expect("a push");
+        if answer.status() == StatusCode::CREATED {
+            break;
+        }
+        let (status, text) = (answer.status(), answer.text().await.unwrap_or_default());
+        assert!(Instant::now() < deadline, "still refused with the address on the primary: {status} {text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

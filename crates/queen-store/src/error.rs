@@ -218,7 +218,10 @@ impl From<tokio_postgres::Error> for StoreError {
             StoreError::Unavailable(e.to_string())
         } else if let Some(refusal) = WriteRefusal::of(&e) {
             let counter = match refusal {
-                WriteRefusal::ReadOnly => &READ_ONLY,
+                WriteRefusal::ReadOnly => {
+                    crate::pool::writes_refused_read_only();
+                    &READ_ONLY
+                }
                 WriteRefusal::DiskFull => &DISK_FULL,
             };
             counter.fetch_add(1, Ordering::Relaxed);

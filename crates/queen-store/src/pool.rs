@@ -50,6 +50,15 @@ pub fn build_pool(target: impl Into<PgTarget>, settings: &PoolSettings) -> Resul
     Pool::builder(manager)
         .pre_recycle(Hook::async_fn(move |client, metrics| {
             Box::pin(async move {
+                if maybe_on_a_standby(metrics) {
+                    let check = client.query_one("SELECT pg_is_in_recovery()", &[]);
+                    return match tokio::time::timeout(verify_timeout, check).await {
+                        Ok(Ok(row)) if row.get::<_, bool>(0) => Err(HookError::message("connected to a standby")),
+                        Ok(Ok(_)) => Ok(()),
+                        Ok(Err(e)) => Err(HookError::message(format!("connection lost: {e}"))),
+                        Err(_) => Err(HookError::message("connection lost: no answer to a check")),
+                    };
+                }
                 if !maybe_lost(metrics) {
                     return Ok(());
                 }
@@ -121,6 +130,26 @@ impl Drop for WriteUnderWay {
 
 /// When a connection of this process was last found lost (`None`: never).
 static LAST_LOST: Mutex<Option<Instant>> = Mutex::new(None);
+
+/// When a write of this process was last refused as read-only (`None`: never).
+static LAST_READ_ONLY: Mutex<Option<Instant>> = Mutex::new(None);
+
+/// A write was refused as read-only: the server may be a standby that a single address (a DNS
+/// name, a virtual IP, a Kubernetes Service) pointed at for a moment, and a pooled connection
+/// opened then could stay on it, refusing every write it carries, for as long as it lived. So
+/// each connection handed out before the refusal is asked, when next taken, whether its server
+/// is in recovery, and dropped if it is ([`maybe_on_a_standby`]); one fenced read-only by
+/// `default_transaction_read_only` is kept.
+pub(crate) fn writes_refused_read_only() {
+    *LAST_READ_ONLY.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Instant::now());
+}
+
+/// Whether a pooled connection was last handed out (or opened) before the latest read-only
+/// refusal.
+fn maybe_on_a_standby(metrics: &Metrics) -> bool {
+    let refused = *LAST_READ_ONLY.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    refused.is_some_and(|refused| metrics.recycled.unwrap_or(metrics.created) <= refused)
+}
 
 /// A statement failed because its connection was lost (its backend terminated, the server gone).
 ///
