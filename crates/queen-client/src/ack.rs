@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::pop::{Message, QUEUE_MODE_GROUP};
-use crate::transport::Request;
+use crate::transport::{Replay, Request};
 use crate::{Client, Error};
 
 /// What an acknowledgement says about a message.
@@ -230,7 +230,8 @@ impl Client {
     /// Acknowledges one message; the broker's verdict.
     pub async fn ack(&self, ack: &Ack) -> Result<AckResult, Error> {
         let body = SingleBody { ack: ack.wire(), consumer_group: ack.group_name() };
-        let answer = self.send(&Request::post("/api/v1/ack".into()).json(&body)?).await?.success()?;
+        let request = Request::post("/api/v1/ack".into()).json(&body)?.replay(replay_of(&[ack.wire()]));
+        let answer = self.send(&request).await?.success()?;
         let mut results: Vec<AckResult> = answer.json()?;
         if results.len() != 1 {
             return Err(Error::Decode { url: answer.url, reason: format!("{} verdicts for one ack", results.len()) });
@@ -244,7 +245,8 @@ impl Client {
     /// Acknowledgements are retried on failover: they are cursor commits, so a `completed` sent
     /// twice is a no-op the second time. A `failed` whose first attempt applied is refused the
     /// second time (its lease was released): the verdict then says refused though the failure
-    /// was recorded.
+    /// was recorded. A `failed` that names no lease would count twice, so a batch holding one is
+    /// sent again only when the first attempt certainly did nothing.
     pub async fn ack_batch(&self, acks: &[Ack]) -> Result<Vec<AckResult>, Error> {
         let Some(first) = acks.first() else { return Ok(Vec::new()) };
         let group = first.group_name();
@@ -280,8 +282,10 @@ impl Client {
 
     async fn ack_wire(&self, acks: Vec<WireAck<'_>>, group: &str) -> Result<Vec<AckResult>, Error> {
         let count = acks.len();
+        let replay = replay_of(&acks);
         let body = BatchBody { acknowledgments: acks, consumer_group: group };
-        let answer = self.send(&Request::post("/api/v1/ack/batch".into()).json(&body)?).await?.success()?;
+        let request = Request::post("/api/v1/ack/batch".into()).json(&body)?.replay(replay);
+        let answer = self.send(&request).await?.success()?;
         let results: Vec<AckResult> = answer.json()?;
         if results.len() != count {
             return Err(Error::Decode {
@@ -293,9 +297,30 @@ impl Client {
     }
 }
 
+/// Whether acknowledgements may be sent again after an attempt whose outcome is unknown: a
+/// `failed` without a lease passes the broker's checks a second time and counts again toward the
+/// message's `retryLimit`; with its lease it is refused, which the lease's release by the first
+/// makes harmless.
+fn replay_of(acks: &[WireAck<'_>]) -> Replay {
+    if acks.iter().any(|ack| ack.status == AckStatus::Failed && ack.lease_id.is_none()) {
+        Replay::IfUnapplied
+    } else {
+        Replay::Always
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_failed_without_its_lease_is_not_sent_again_after_a_lost_answer() {
+        let lease = Some(Uuid::nil());
+        let ack = |status, lease_id| WireAck { transaction_id: "t", partition_id: "1", status, lease_id, error: None };
+        assert_eq!(replay_of(&[ack(AckStatus::Completed, None), ack(AckStatus::Failed, lease)]), Replay::Always);
+        assert_eq!(replay_of(&[ack(AckStatus::Dlq, None), ack(AckStatus::Retry, None)]), Replay::Always);
+        assert_eq!(replay_of(&[ack(AckStatus::Completed, None), ack(AckStatus::Failed, None)]), Replay::IfUnapplied);
+    }
 
     #[test]
     fn acks_encode_as_the_broker_reads_them() {

@@ -16,7 +16,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
-use crate::transport::{Request, seg};
+use crate::transport::{Replay, Request, seg};
 use crate::{Client, Error};
 
 /// A queue's configuration: create a queue, or merge options into an existing one (options
@@ -930,7 +930,7 @@ impl Client {
     /// Deletes a queue with everything of it: partitions, messages, cursors, registrations,
     /// dead letters. A push to the name later starts a fresh queue.
     pub async fn delete_queue(&self, queue: &str) -> Result<QueueDeleted, Error> {
-        self.call(Request::delete(format!("/api/v1/resources/queues/{}", seg(queue)))).await
+        self.call(Request::delete(format!("/api/v1/resources/queues/{}", seg(queue))).replay(Replay::IfUnapplied)).await
     }
 
     /// A page of queues (`/api/v1/resources/queues`).

@@ -3,7 +3,7 @@
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::transport::{Request, seg};
+use crate::transport::{Replay, Request, seg};
 use crate::{Client, Error};
 
 /// A consumer group and its lag on each queue it reads.
@@ -219,7 +219,7 @@ impl Client {
     /// registrations too, so that its next pop subscribes afresh.
     pub async fn delete_consumer_group(&self, group: &str, delete_metadata: bool) -> Result<GroupDeleted, Error> {
         let path = format!("/api/v1/consumer-groups/{}", seg(group));
-        self.call(Request::delete(path).query("deleteMetadata", delete_metadata)).await
+        self.call(Request::delete(path).query("deleteMetadata", delete_metadata).replay(Replay::IfUnapplied)).await
     }
 
     /// Deletes a group's cursors (and with `delete_metadata` its registration) on one queue.
@@ -230,7 +230,7 @@ impl Client {
         delete_metadata: bool,
     ) -> Result<GroupDeleted, Error> {
         let path = format!("/api/v1/consumer-groups/{}/queues/{}", seg(group), seg(queue));
-        self.call(Request::delete(path).query("deleteMetadata", delete_metadata)).await
+        self.call(Request::delete(path).query("deleteMetadata", delete_metadata).replay(Replay::IfUnapplied)).await
     }
 
     /// Sets where a registered group starts on partitions it has not read yet; [`Error::Status`]
@@ -256,7 +256,7 @@ impl Client {
     /// ```
     pub async fn seek(&self, group: &str, queue: &str, target: SeekTarget) -> Result<Seeked, Error> {
         let path = format!("/api/v1/consumer-groups/{}/queues/{}/seek", seg(group), seg(queue));
-        self.call(Request::post(path).json(&seek_body(target))?).await
+        self.call(Request::post(path).json(&seek_body(target))?.replay(Replay::IfUnapplied)).await
     }
 
     /// Moves a group's cursor on one partition of `queue`, by the partition's id.
@@ -278,7 +278,7 @@ impl Client {
             SeekTarget::End => Request::post(path),
             SeekTarget::Time(_) => Request::post(path).json(&seek_body(target))?,
         };
-        self.call(request).await
+        self.call(request.replay(Replay::IfUnapplied)).await
     }
 }
 

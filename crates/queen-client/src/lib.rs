@@ -50,10 +50,10 @@
 //! |---|---|---|
 //! | reads: listings, lookups, status, health, metrics | yes | they change nothing |
 //! | [`Client::push`] | yes | items carry transaction ids (generated when not given, before the first attempt): a push that was stored answers `duplicate` with the stored message's id, and nothing is stored twice |
-//! | [`Client::pop`] | yes | a pop whose answer was lost leased its messages to nobody: the lease expires and they are delivered again (the expiry counts as a failed delivery toward `retryLimit`) |
-//! | [`Client::ack`], [`Client::ack_batch`] | yes | an acknowledgement is a cursor commit: a repeated `completed` is a no-op (`noop: true`); a repeated `failed`/`retry`/`dlq` is refused (its lease was released), so its verdict may read refused though the first attempt applied |
-//! | [`Client::extend_lease`], configure, seek, subscription, maintenance switches, group and queue deletion | yes | doing them twice leaves the same state |
-//! | [`Client::commit`] (transactions), [`Client::retry_dead_letter`], [`Client::delete_dead_letters`] | only when the first attempt certainly did nothing (the connection could not be made, or the broker answered `overloaded`) | a repeat of one that applied would be refused (rolled back, 404), misreporting what happened |
+//! | [`Client::pop`] | yes, but an auto-acked one | a pop whose answer was lost leased its messages to nobody: the lease expires and they are delivered again (the expiry counts as a failed delivery toward `retryLimit`) |
+//! | [`Client::ack`], [`Client::ack_batch`] | yes, but one holding a `failed` that names no lease | an acknowledgement is a cursor commit: a repeated `completed` is a no-op (`noop: true`); a repeated `failed`/`retry`/`dlq` with its lease is refused (the lease was released), so its verdict may read refused though the first attempt applied |
+//! | [`Client::extend_lease`], configure, subscription, maintenance switches | yes | doing them twice leaves the same state |
+//! | [`Client::commit`] (transactions), [`Client::retry_dead_letter`], [`Client::delete_dead_letters`], seeks, group and queue deletion, an auto-acked pop, acks holding a `failed` without a lease | only when the first attempt certainly did nothing (the connection could not be made, or the broker answered `overloaded`) | a repeat of one that applied would be refused (rolled back, 404) or act again: a seek to the end skips what came meanwhile and releases leases taken meanwhile, a deletion answers "not found" or deletes a queue pushed again meanwhile, an auto-acked pop takes the next messages while the first ones are gone, a `failed` counts twice |
 //!
 //! # TLS
 //!

@@ -10,7 +10,7 @@ use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use crate::framed_pop;
-use crate::transport::{Request, seg};
+use crate::transport::{Replay, Request, seg};
 use crate::{Client, Error};
 
 /// The consumer group of consumers that name none ("queue mode"): one more group, reading every
@@ -246,7 +246,9 @@ impl Pop {
         };
         request = request.query_opt("consumerGroup", self.group.as_ref());
         if self.auto_ack {
-            request = request.query("autoAck", "true");
+            // Committed at delivery: a lost answer's messages are gone for the group, and a pop
+            // sent again would take the next ones.
+            request = request.query("autoAck", "true").replay(Replay::IfUnapplied);
         }
         request = request.query_opt("subscriptionMode", self.subscription_mode.map(SubscriptionMode::as_str));
         request = request.query_opt(

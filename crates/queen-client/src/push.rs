@@ -248,6 +248,11 @@ impl Client {
         if items.is_empty() {
             return Ok(Vec::new());
         }
+        // The binary body has no way to refuse it: the broker would store the message under its
+        // message id's text, and a retry (with a message id minted afresh) store it again.
+        if let Some(index) = items.iter().position(|item| item.transaction_id().is_empty()) {
+            return Err(Error::InvalidArgument(format!("item {index} has an empty transaction id")));
+        }
         let Ok(body) = binary_push::encode(items) else { return self.push(items).await };
         let request = Request::post("/api/v1/push".into()).bytes(body, binary_push::CONTENT_TYPE);
         let answer = self.send(&request).await?.success()?;

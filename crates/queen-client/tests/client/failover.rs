@@ -146,3 +146,32 @@ async fn a_503_fails_over_and_a_429_is_retried_after_its_retry_after() {
     assert!(metrics.value("queen_overload_refusals_total", &[("bound", "client_long_polls")]).unwrap_or(0.0) >= 1.0);
     assert!(first_poll.await.expect("the poller").expect("the first long poll").is_empty());
 }
+
+/// Calls that would act again if sent twice are not sent again once the broker may have acted on
+/// them (its answer was lost): an auto-acked pop (a second would take the next messages while
+/// the first ones are gone for the group) and a seek report the lost answer; a pop with a lease
+/// is sent again (the lost lease's messages come back when it runs out).
+#[actix_web::test]
+async fn a_lost_answer_is_reported_for_calls_that_would_act_twice() {
+    let broker = TestBroker::start().await;
+    let losing = crate::helpers::AnswerLosingProxy::start(&broker.url).await;
+    let direct = client_of(&[&broker.url]);
+    let items: Vec<PushItem> =
+        (0..3).map(|n| PushItem::new("lost", &n).unwrap().with_transaction_id(format!("m{n}"))).collect();
+    direct.push(&items).await.expect("a push");
+
+    let client = client_of(&[&losing.url, &broker.url]);
+    let auto_acked = client.pop(&Pop::queue("lost").group("g").batch(1).auto_ack(true)).await;
+    assert!(matches!(auto_acked, Err(Error::Transport { .. })), "{auto_acked:?}");
+    // m0 was consumed by the pop whose answer was lost; nothing else was.
+    let next = direct.pop(&Pop::queue("lost").group("g").batch(10).auto_ack(true)).await.expect("a pop");
+    let ids: Vec<&str> = next.messages.iter().map(|m| m.transaction_id.as_str()).collect();
+    assert_eq!(ids, ["m1", "m2"]);
+
+    let sought = client.seek("g", "lost", queen_client::SeekTarget::End).await;
+    assert!(matches!(sought, Err(Error::Transport { .. })), "{sought:?}");
+
+    // Answered by the second broker: the partition is leased to the lost answer for now.
+    let leased = client.pop(&Pop::queue("lost").group("h").batch(1)).await.expect("sent again");
+    assert!(leased.messages.is_empty(), "{leased:?}");
+}

@@ -142,3 +142,45 @@ impl Drop for Proxy {
         self.task.abort();
     }
 }
+
+/// A forwarder that loses every answer: the request reaches the broker, which acts on it, and
+/// the connection is closed as the answer starts coming back.
+pub struct AnswerLosingProxy {
+    pub url: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl AnswerLosingProxy {
+    pub async fn start(target: &str) -> AnswerLosingProxy {
+        use tokio::io::AsyncReadExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a loopback port");
+        let url = format!("http://{}", listener.local_addr().expect("an address"));
+        let target = target.trim_start_matches("http://").to_owned();
+        let task = tokio::spawn(async move {
+            let mut connections = JoinSet::new();
+            while let Ok((inbound, _)) = listener.accept().await {
+                let target = target.clone();
+                connections.spawn(async move {
+                    let Ok(outbound) = tokio::net::TcpStream::connect(&target).await else { return };
+                    let (mut from_client, _to_client) = inbound.into_split();
+                    let (mut from_broker, mut to_broker) = outbound.into_split();
+                    let forward = tokio::spawn(async move {
+                        let _ = tokio::io::copy(&mut from_client, &mut to_broker).await;
+                    });
+                    // The first byte of the answer: the broker has acted; the client hears nothing.
+                    let _ = from_broker.read(&mut [0; 1]).await;
+                    // Both halves of the client's connection dropped: it is closed.
+                    forward.abort();
+                    let _ = forward.await;
+                });
+            }
+        });
+        AnswerLosingProxy { url, task }
+    }
+}
+
+impl Drop for AnswerLosingProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
