@@ -48,6 +48,9 @@ pub async fn batch(
     answer(&broker, &group, requests).await
 }
 
+/// The most acknowledgements one batch may carry: ten of the largest pops.
+const MAX_BATCH_ACKS: usize = 100_000;
+
 /// A batch's group and its acknowledgements.
 type GroupRequests = (Arc<str>, Vec<AckRequest>);
 
@@ -60,7 +63,14 @@ fn batch_members(body: &[u8]) -> Result<GroupRequests, ApiError> {
     if items.is_empty() {
         return Err(ApiError::bad_request("acknowledgments must not be empty"));
     }
+    if items.len() > MAX_BATCH_ACKS {
+        return Err(ApiError::bad_request(format!(
+            "acknowledgments holds {} acknowledgements; at most {MAX_BATCH_ACKS} are allowed",
+            items.len()
+        )));
+    }
     let requests = items
+        .read()?
         .iter()
         .map(|item| item.takes_only(ACK_MEMBERS).and_then(|()| parse_ack(item, &group)))
         .collect::<Result<Vec<_>, _>>()?;

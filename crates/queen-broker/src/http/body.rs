@@ -292,6 +292,59 @@ impl fmt::Display for MemberName<'_> {
     }
 }
 
+/// An array member of a body, counted; its elements are read on demand.
+pub struct Objects<'a> {
+    raw: &'a RawValue,
+    array: Arc<str>,
+    len: usize,
+}
+
+impl<'a> Objects<'a> {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Every element, each of which must be an object.
+    pub fn read(&self) -> Result<Vec<JsonObject<'a>>, ApiError> {
+        let elements: Vec<&'a RawValue> = serde_json::from_str(self.raw.get())
+            .map_err(|_| ApiError::bad_request(format!("{} must be an array of objects", self.array)))?;
+        elements
+            .into_iter()
+            .enumerate()
+            .map(|(index, raw)| JsonObject::nested(raw, ObjectPath::Element { array: self.array.clone(), index }))
+            .collect()
+    }
+}
+
+/// The number of elements of a JSON array, read without keeping any.
+struct ElementCount(usize);
+
+impl<'de> Deserialize<'de> for ElementCount {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Counting;
+        impl<'de> Visitor<'de> for Counting {
+            type Value = ElementCount;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an array")
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<ElementCount, A::Error> {
+                let mut count = 0;
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                    count += 1;
+                }
+                Ok(ElementCount(count))
+            }
+        }
+        deserializer.deserialize_seq(Counting)
+    }
+}
+
 impl<'a> JsonObject<'a> {
     /// Parses a request body that must be a JSON object. An empty body is `{}` when
     /// `empty_is_object` (routes where the client sends no body for no options).
@@ -427,18 +480,15 @@ impl<'a> JsonObject<'a> {
         Self::nested(raw, ObjectPath::Member(self.name_of(key).into())).map(Some)
     }
 
-    /// A member that must be an array of objects.
-    pub fn objects(&self, key: &str) -> Result<Option<Vec<JsonObject<'a>>>, ApiError> {
+    /// A member that must be an array of objects: counted now, its elements read by
+    /// [`Objects::read`] once the caller has checked how many there are (a body of millions of
+    /// tiny elements would otherwise cost a map each before its count is refused).
+    pub fn objects(&self, key: &str) -> Result<Option<Objects<'a>>, ApiError> {
         let Some(raw) = self.raw(key) else { return Ok(None) };
         let array: Arc<str> = self.name_of(key).into();
-        let elements: Vec<&'a RawValue> = serde_json::from_str(raw.get())
-            .map_err(|_| ApiError::bad_request(format!("{array} must be an array of objects")))?;
-        elements
-            .into_iter()
-            .enumerate()
-            .map(|(index, raw)| Self::nested(raw, ObjectPath::Element { array: array.clone(), index }))
-            .collect::<Result<_, _>>()
-            .map(Some)
+        let not_an_array = || ApiError::bad_request(format!("{array} must be an array of objects"));
+        let ElementCount(len) = serde_json::from_str(raw.get()).map_err(|_| not_an_array())?;
+        Ok(Some(Objects { raw, array, len }))
     }
 
     fn nested(raw: &'a RawValue, path: ObjectPath) -> Result<Self, ApiError> {
@@ -604,14 +654,14 @@ mod tests {
     fn members_are_found_by_name_however_they_are_spelt_and_named_by_their_place() {
         let body = br#"{"acks": [{"st\u0061tus": "fa\u0069led", "leaseId": "x"}, {"status": "dlq"}]}"#;
         let object = JsonObject::parse_body(body, false).expect("an object");
-        let items = object.objects("acks").expect("objects").expect("present");
+        let items = object.objects("acks").expect("an array").expect("present").read().expect("objects");
         assert_eq!(items[0].text("status").expect("a string").as_deref(), Some("failed"));
         assert!(matches!(items[0].text("leaseId").expect("a string"), Some(Cow::Borrowed("x"))));
         assert_eq!(items[1].string("status").expect("a string").as_deref(), Some("dlq"));
         assert_eq!(items[1].member("status").to_string(), "acks[1].status");
         let twice = JsonObject::parse_body(br#"{"acks": [{}, {"status": "dlq", "st\u0061tus": "retry"}]}"#, false)
             .expect("an object");
-        let refused = twice.objects("acks").err().expect("a member twice");
+        let refused = twice.objects("acks").expect("an array").expect("present").read().err().expect("a member twice");
         assert_eq!(refused.to_string(), "acks[1].status is given more than once");
         let refused = JsonObject::parse_body(br#"{"acks": [], "acks": []}"#, false).err().expect("a member twice");
         assert_eq!(refused.to_string(), "acks is given more than once");
@@ -619,7 +669,12 @@ mod tests {
         let refused = items[0].takes_only(&["status"]).expect_err("leaseId is not taken");
         assert_eq!(refused.to_string(), "acks[0].leaseId is not a member the broker reads here; acks[0] takes status");
         let nested = JsonObject::parse_body(br#"{"acks": [{}, 1]}"#, false).expect("an object");
-        assert_eq!(nested.objects("acks").err().expect("not an object").to_string(), "acks[1] must be a JSON object");
+        let read = nested.objects("acks").expect("an array").expect("present").read();
+        assert_eq!(read.err().expect("not an object").to_string(), "acks[1] must be a JSON object");
+        let counted = JsonObject::parse_body(br#"{"acks": [{}, 1, [2], "x"]}"#, false).expect("an object");
+        assert_eq!(counted.objects("acks").expect("an array").expect("present").len(), 4, "counted, not read");
+        let scalar = JsonObject::parse_body(br#"{"acks": {"a": 1}}"#, false).expect("an object");
+        assert_eq!(scalar.objects("acks").err().expect("not an array").to_string(), "acks must be an array of objects");
     }
 
     #[tokio::test]

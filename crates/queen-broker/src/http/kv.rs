@@ -145,7 +145,12 @@ pub fn parse_batch(body: &JsonObject<'_>, field: &str, rider: Rider) -> Result<B
             format!("{}: {refused}", body.name_of(field)),
         ));
     }
-    let parsed = operations.iter().map(|operation| parse_operation(operation, rider)).collect::<Result<Vec<_>, _>>()?;
+    let parsed = operations
+        .read()
+        .map_err(invalid)?
+        .iter()
+        .map(|operation| parse_operation(operation, rider))
+        .collect::<Result<Vec<_>, _>>()?;
     Batch::new(parsed).map_err(|refused| {
         let (code, field) = match &refused {
             BatchRefusal::TooManyOperations(_) => ("kv_too_many_operations", body.name_of(field)),

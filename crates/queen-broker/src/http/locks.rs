@@ -45,6 +45,7 @@ fn parse_operations(body: &JsonObject<'_>) -> Result<Vec<LockOp>, Refusal> {
             format!("operations must hold 1 to {MAX_OPERATIONS} operations, not {}", operations.len()),
         ));
     }
+    let operations = operations.read().map_err(|e| Refusal::new("lock_invalid_body", field, e.to_string()))?;
     operations.iter().map(parse_operation).collect()
 }
 

@@ -69,7 +69,7 @@ fn entries_of<'a>(body: &JsonObject<'a>, max: usize) -> Result<Vec<JsonObject<'a
     if items.len() > max {
         return Err(ApiError::bad_request(format!("entries holds {} entries; at most {max} are allowed", items.len())));
     }
-    Ok(items)
+    items.read()
 }
 
 /// A `maxBytes`: a positive integer, read as at most [`MAX_FETCH_BYTES`].

@@ -80,7 +80,7 @@ fn items_by_member(body: &[u8], max_items: usize) -> Result<Vec<PushItem>, ApiEr
             items.len()
         )));
     }
-    items.iter().map(parse_item).collect()
+    items.read()?.iter().map(parse_item).collect()
 }
 
 /// The members of a push item, here and in a transaction's push operation.

@@ -172,7 +172,7 @@ fn parse_ops(body: &JsonObject<'_>, key: &str, broker: &Broker) -> Result<Option
         )));
     }
     let max_payload = broker.config.http.max_body_bytes;
-    ops.iter().map(|op| parse_op(op, max_payload)).collect::<Result<_, _>>().map(Some)
+    ops.read()?.iter().map(|op| parse_op(op, max_payload)).collect::<Result<_, _>>().map(Some)
 }
 
 fn parse_op(op: &JsonObject<'_>, max_payload: usize) -> Result<TimerOp, ApiError> {

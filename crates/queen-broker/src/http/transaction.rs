@@ -109,7 +109,13 @@ fn parse_bundle(body: &JsonObject<'_>, max_items: usize, pushed: Option<Vec<Push
         ),
     };
     let operations = match (body.objects("operations")?, &pushed) {
-        (Some(operations), _) => operations,
+        (Some(operations), _) if operations.len() > max_items => {
+            return Err(ApiError::bad_request(format!(
+                "operations holds {} operations; at most {max_items} are allowed",
+                operations.len()
+            )));
+        }
+        (Some(operations), _) => operations.read()?,
         (None, Some(_)) => Vec::new(),
         (None, None) => return Err(ApiError::bad_request("operations is required")),
     };
@@ -167,7 +173,7 @@ fn parse_bundle(body: &JsonObject<'_>, max_items: usize, pushed: Option<Vec<Push
                         operation.name_of("items")
                     )));
                 }
-                Ok(Operation::Push(pushed.iter().map(parse_item).collect::<Result<_, _>>()?))
+                Ok(Operation::Push(pushed.read()?.iter().map(parse_item).collect::<Result<_, _>>()?))
             }
             other => Err(ApiError::bad_request(format!(
                 "{} must be `ack` or `push`, not {other:?}",

@@ -407,3 +407,22 @@ async fn a_query_parameter_a_route_does_not_take_or_given_twice_is_refused_by_na
     let again = app.pop("queue/q", "wait=false").await;
     assert_eq!(again.messages().len(), 1, "queue mode still has the message: {again:?}");
 }
+
+/// Arrays past their bound are refused by their count, before any element is read: a body of
+/// tiny elements costs no map per element before its 400.
+#[actix_web::test]
+async fn arrays_past_their_bound_are_refused_by_count_and_write_nothing() {
+    let app = TestApp::spawn().await;
+    let tiny = |n: usize| vec![json!({}); n];
+    for (path, body, named) in [
+        ("/api/v1/push", json!({"items": tiny(10_001)}), "items holds 10001 messages"),
+        ("/api/v1/ack/batch", json!({"acknowledgments": tiny(100_001)}), "acknowledgments holds 100001"),
+        ("/api/v1/transaction", json!({"operations": tiny(10_001)}), "operations holds 10001 operations"),
+    ] {
+        let refused = app.post(path, &body).await;
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{path}: {refused:?}");
+        let error = refused.body["error"].as_str().unwrap_or_default();
+        assert!(error.contains(named), "{path}: {error}");
+    }
+    assert_nothing_written(&app).await;
+}
