@@ -430,11 +430,14 @@ impl Api {
         self.http.post(format!("{}/api/v1/transaction", self.base)).json(bundle).send().await.expect("an answer")
     }
 
-    /// Each write was answered 503 within the bound, and counted as given up on.
+    /// Each write was answered 503 within the bound, saying that its outcome is unknown, and
+    /// counted as given up on.
     async fn assert_unanswered<const N: usize>(&self, answers: [(&str, reqwest::Response); N], took: Duration) {
         for (what, answer) in answers {
             let status = answer.status();
-            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "the {what}: {:?}", answer.text().await);
+            let text = answer.text().await.unwrap_or_default();
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "the {what}: {text}");
+            assert!(text.contains("whether it took effect is unknown"), "the {what}: {text}");
         }
         assert!(took < SILENT_STANDBY_BOUND, "answered after {took:?}");
         let unanswered = queen_testkit::metric_at(&self.http, &self.base, "queen_db_errors_total{kind=\"unanswered\"}");

@@ -27,6 +27,10 @@ pub enum WorkError {
     /// The database could not be reached (the cause is logged where it happened).
     #[error("{}", crate::broker::DATABASE_UNAVAILABLE)]
     Unavailable,
+    /// PostgreSQL did not answer the write in time: whether it took effect is unknown, which the
+    /// message (the store's) says.
+    #[error("{0}")]
+    Unanswered(String),
     /// PostgreSQL answers but takes no writes now (read-only, out of disk space); nothing was
     /// written (the cause is logged where it happened).
     #[error("{}", .0.message())]
@@ -45,6 +49,10 @@ impl From<StoreError> for WorkError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::Missing(what) => WorkError::Gone(what),
+            StoreError::Unanswered { .. } => {
+                tracing::warn!(error = %e, "a write went unanswered");
+                WorkError::Unanswered(e.to_string())
+            }
             StoreError::WritesRefused { refusal, .. } => {
                 tracing::warn!(error = %e, "writes refused");
                 WorkError::WritesRefused(refusal)

@@ -109,7 +109,7 @@ impl From<StoreError> for BrokerError {
 impl From<WorkError> for BrokerError {
     fn from(e: WorkError) -> Self {
         match e {
-            WorkError::Unavailable => BrokerError::Unavailable(e.to_string()),
+            WorkError::Unavailable | WorkError::Unanswered(_) => BrokerError::Unavailable(e.to_string()),
             WorkError::WritesRefused(refusal) => BrokerError::Unavailable(writes_refused(refusal)),
             WorkError::Overloaded(refused) => BrokerError::Overloaded(refused),
             WorkError::Gone(_) => BrokerError::Unavailable(format!("{e}; retry the request")),
