@@ -54,6 +54,7 @@ pub struct Metrics {
     // Consumer lag, refreshed from the database when scraped.
     pub lag_messages: IntGaugeVec,
     pub lag_seconds: prometheus::GaugeVec,
+    pub lag_read_at: IntGauge,
     // Actors.
     pub actors: IntGaugeVec,
     pub actors_started: IntCounterVec,
@@ -249,6 +250,11 @@ impl Metrics {
                     &["queue", "group"],
                 )
                 .expect("a valid metric definition"),
+            ),
+            lag_read_at: gauge(
+                &r,
+                "queen_consumer_group_lag_read_timestamp_seconds",
+                "When the lag gauges were last read from the database (Unix time); they keep their values while a read fails.",
             ),
             actors: gauge_vec(&r, "queen_actors", "Live actors of this broker.", &["actor"]),
             actors_started: counter_vec(

@@ -348,7 +348,9 @@ pub struct CursorLag {
 /// A registered group's cursor on a partition it has none on yet (cursors are made when a pop
 /// reaches the partition, so one pushed to after the group fell behind has none) counts from
 /// where the group would start there, as queue depth counts it: a group that stopped reading
-/// must not show less lag than it has.
+/// must not show less lag than it has. A group reading a queue without a registration there
+/// (queue mode, which is never registered; a group whose registration was deleted) counts from
+/// the oldest retained message, where such a group starts.
 pub(crate) const CURSORS_WITH_OLDEST_UNREAD: &str = concat!(
     "(SELECT consumer_group, partition_id, committed, lease_id, lease_expires_at, total_consumed,
             last_consumed_at, retry_count, redelivery_count
@@ -362,6 +364,17 @@ pub(crate) const CURSORS_WITH_OLDEST_UNREAD: &str = concat!(
        JOIN queen.partitions p ON p.queue_id = rq.id
       WHERE NOT EXISTS (SELECT 1 FROM queen.log_consumers lc
                          WHERE lc.partition_id = p.id AND lc.consumer_group = m.consumer_group)
+     UNION ALL
+     SELECT g.consumer_group, p.id, p.retained_from - 1,
+            NULL::uuid, NULL::timestamptz, 0::bigint, NULL::timestamptz, 0, 0
+       FROM (SELECT DISTINCT lc.consumer_group, lp.queue_id
+               FROM queen.log_consumers lc JOIN queen.partitions lp ON lp.id = lc.partition_id) g
+       JOIN queen.queues gq ON gq.id = g.queue_id
+       JOIN queen.partitions p ON p.queue_id = g.queue_id
+      WHERE NOT EXISTS (SELECT 1 FROM queen.consumer_groups_metadata m
+                         WHERE m.queue_name = gq.name AND m.consumer_group = g.consumer_group)
+        AND NOT EXISTS (SELECT 1 FROM queen.log_consumers lc
+                         WHERE lc.partition_id = p.id AND lc.consumer_group = g.consumer_group)
     ) c
        JOIN queen.partitions p ON p.id = c.partition_id
        JOIN queen.queues q ON q.id = p.queue_id

@@ -91,7 +91,12 @@ pub async fn refresh_metrics(broker: &Broker) {
     let read = async |client: &mut deadpool_postgres::Client| {
         queen_store::groups::queue_lags(client, PROBE_TIMEOUT).await.ok()
     };
-    let Some(lags) = on_a_connection(broker, 2 * PROBE_TIMEOUT, read).await else { return };
+    let Some(lags) = on_a_connection(broker, 2 * PROBE_TIMEOUT, read).await else {
+        // The gauges keep what they last read, which `queen_consumer_group_lag_read_timestamp_seconds`
+        // dates.
+        tracing::warn!("could not read consumer lag for the metrics; the lag gauges keep their last values");
+        return;
+    };
     // Queues past the label limit share one label.
     let mut totals: BTreeMap<(&str, &str), (i64, f64)> = BTreeMap::new();
     for lag in &lags {
@@ -101,6 +106,7 @@ pub async fn refresh_metrics(broker: &Broker) {
     }
     metrics.lag_messages.reset();
     metrics.lag_seconds.reset();
+    metrics.lag_read_at.set(chrono::Utc::now().timestamp());
     for ((queue, group), (messages, seconds)) in totals {
         metrics.lag_messages.with_label_values(&[queue, group]).set(messages);
         metrics.lag_seconds.with_label_values(&[queue, group]).set(seconds);

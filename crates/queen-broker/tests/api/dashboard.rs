@@ -209,7 +209,10 @@ async fn a_queue_status_lists_each_groups_cursor_with_its_lag_and_lease_holder()
     // billing registered on the queue: the partition it has not read yet counts from its start.
     let unread = find("billing", "us");
     assert_eq!((&unread["lagMessages"], &unread["leaseId"]), (&json!(1), &Value::Null));
-    assert_eq!(cursors.len(), 3, "registered groups, and queue mode where it read: {cursors:?}");
+    // Queue mode too, reading the queue, from the oldest message where it has not read yet.
+    let unread = find("__QUEUE_MODE__", "eu");
+    assert_eq!((&unread["lagMessages"], &unread["committed"]), (&json!(2), &json!(0)));
+    assert_eq!(cursors.len(), 4, "every group reading the queue, on every partition: {cursors:?}");
 }
 
 /// Each broker's points of one analytics series, by broker id.

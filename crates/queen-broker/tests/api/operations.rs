@@ -70,6 +70,8 @@ async fn the_prometheus_text_passes_promtool() {
         "queen_actor_queued_requests{actor=\"partition_writer\"}",
         "queen_actors{actor=\"group_leases\"}",
         "queen_notices_received_total",
+        "queen_consumer_group_lag_read_timestamp_seconds",
+        "queen_fleet_listening 1",
         "process_resident_memory_bytes",
     ] {
         assert!(text.contains(family), "{family} is missing from:\n{text}");
@@ -129,9 +131,12 @@ async fn consumer_lag_is_a_groups_unread_messages_over_every_partition_of_the_qu
         app.ack_all(&first, "completed", Some("g")).await;
     }
     // Group h reads all of partition a and nothing else: b and c, which it has no cursor on
-    // yet, are all its lag. Group i reads everything.
+    // yet, are all its lag; so does queue mode, which is never registered. Group i reads
+    // everything.
     let all_of_a = app.pop("queue/lagged/partition/a", "batch=10&consumerGroup=h").await.messages();
     app.ack_all(&all_of_a, "completed", Some("h")).await;
+    let all_of_a = app.pop("queue/lagged/partition/a", "batch=10").await.messages();
+    app.ack_all(&all_of_a, "completed", None).await;
     let everything = app.pop("queue/lagged", "batch=10&partitions=3&consumerGroup=i").await.messages();
     assert_eq!(everything.len(), 9);
     app.ack_all(&everything, "completed", Some("i")).await;
@@ -146,6 +151,7 @@ async fn consumer_lag_is_a_groups_unread_messages_over_every_partition_of_the_qu
     assert!(sample("queen_consumer_group_lag_seconds", "g") > 0.0);
     assert_eq!(sample("queen_consumer_group_lag_messages", "h"), 7.0);
     assert!(sample("queen_consumer_group_lag_seconds", "h") > 0.0);
+    assert_eq!(sample("queen_consumer_group_lag_messages", "__QUEUE_MODE__"), 7.0);
     assert_eq!(sample("queen_consumer_group_lag_messages", "i"), 0.0);
     assert_eq!(sample("queen_consumer_group_lag_seconds", "i"), 0.0);
 }
@@ -226,7 +232,8 @@ async fn status_and_resource_routes_report_the_data() {
     let groups = ops["consumerGroups"].as_array().expect("groups");
     // g read all of a; b's message, which it has not reached, is its lag.
     assert!(groups.iter().any(|g| g["name"] == "g" && g["lagMessages"] == 1 && g["partitions"] == 2), "{groups:?}");
-    assert!(groups.iter().any(|g| g["name"] == "__QUEUE_MODE__" && g["lagMessages"] == 1), "{groups:?}");
+    // Queue mode took b's message under a lease and never read a: a's two messages and b's.
+    assert!(groups.iter().any(|g| g["name"] == "__QUEUE_MODE__" && g["lagMessages"] == 3), "{groups:?}");
 
     let one = app.get("/api/v1/status/queues/ops").await;
     assert_eq!(one.body["queue"]["name"], "ops");
