@@ -545,6 +545,34 @@ impl Default for LogConfig {
     }
 }
 
+impl LogConfig {
+    /// The tracing filter `level` names. A bare word must be a level: tracing would read any
+    /// other (`warning`, a typo) as a target's name and log nothing else. Upstream Queen's names
+    /// for levels (`warning`, `err`, `critical`) read as the nearest level.
+    pub fn filter(&self) -> Result<tracing_subscriber::EnvFilter, String> {
+        let mut directives = Vec::new();
+        for directive in self.level.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+            if directive.contains(['=', '[']) {
+                directives.push(directive.to_owned());
+                continue;
+            }
+            let level = match directive.to_ascii_lowercase().as_str() {
+                "warning" => "warn".to_owned(),
+                "err" | "critical" => "error".to_owned(),
+                level @ ("error" | "warn" | "info" | "debug" | "trace" | "off") => level.to_owned(),
+                _ => {
+                    return Err(format!(
+                        "{directive:?} is not a level (error, warn, info, debug, trace, off); a target is named with \
+                         its level, as queen_broker=debug"
+                    ));
+                }
+            };
+            directives.push(level);
+        }
+        tracing_subscriber::EnvFilter::try_new(directives.join(",")).map_err(|e| e.to_string())
+    }
+}
+
 /// Upstream Queen's environment variable names, accepted as aliases.
 pub const ENV_ALIASES: &[(&str, &str)] = &[
     ("HOST", "http.host"),
@@ -734,6 +762,16 @@ impl Config {
                 return Err(invalid(name, "must be at least 1"));
             }
         }
+        // PostgreSQL reads 0 as no limit: a statement or a lock wait could then outlast every
+        // bound of the broker's (and an idle transaction's, derived from the statement timeout).
+        for (name, value) in [
+            ("database.statement_timeout_ms", db.statement_timeout_ms),
+            ("database.lock_timeout_ms", db.lock_timeout_ms),
+        ] {
+            if value == 0 {
+                return Err(invalid(name, "must be at least 1 (0, no limit, is not offered)"));
+            }
+        }
         if let Some(url) = &db.url {
             let (url, _) = queen_store::tls::split_tls_params(url);
             url.parse::<tokio_postgres::Config>().map_err(|e| invalid("database.url", e.to_string()))?;
@@ -841,7 +879,7 @@ impl Config {
         if !matches!(self.log.format.as_str(), "text" | "json") {
             return Err(invalid("log.format", "must be `text` or `json`"));
         }
-        tracing_subscriber::EnvFilter::try_new(&self.log.level).map_err(|e| invalid("log.level", e.to_string()))?;
+        self.log.filter().map_err(|e| invalid("log.level", e))?;
         Ok(())
     }
 }
@@ -977,17 +1015,36 @@ mod tests {
         let mut config = Config::default();
         config.database.lock_timeout_ms = config.database.answer_within_ms;
         assert_eq!(config.validate().unwrap_err().setting, "database.answer_within_ms", "above the lock timeout");
-        for setting in
-            ["database.connect_timeout_ms", "database.pool_wait_timeout_ms", "maintenance.partition_cleanup_days"]
-        {
+        for setting in [
+            "database.connect_timeout_ms",
+            "database.pool_wait_timeout_ms",
+            "database.statement_timeout_ms",
+            "database.lock_timeout_ms",
+            "maintenance.partition_cleanup_days",
+        ] {
             let mut config = Config::default();
             match setting {
                 "database.connect_timeout_ms" => config.database.connect_timeout_ms = 0,
                 "database.pool_wait_timeout_ms" => config.database.pool_wait_timeout_ms = 0,
+                "database.statement_timeout_ms" => config.database.statement_timeout_ms = 0,
+                "database.lock_timeout_ms" => config.database.lock_timeout_ms = 0,
                 _ => config.maintenance.partition_cleanup_days = 0,
             }
             assert_eq!(config.validate().unwrap_err().setting, setting, "0 is refused");
         }
+    }
+
+    #[test]
+    fn a_log_level_is_a_level_or_names_its_target() {
+        let filter = |level: &str| LogConfig { level: level.into(), ..LogConfig::default() }.filter();
+        for level in ["info", "WARN", "queen_broker=debug,info", "off", "warning", "critical"] {
+            filter(level).unwrap_or_else(|e| panic!("{level}: {e}"));
+        }
+        let refused = filter("inf0").expect_err("not a level");
+        assert!(refused.contains("\"inf0\" is not a level"), "{refused}");
+        let mut config = Config::default();
+        config.log.level = "warn,inf0".into();
+        assert_eq!(config.validate().unwrap_err().setting, "log.level");
     }
 
     #[test]
