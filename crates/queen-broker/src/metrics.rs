@@ -153,7 +153,12 @@ impl Metrics {
                 "queen_delivered_bytes_total",
                 "Payload bytes handed to consumers.",
             ),
-            messages_acked: per_queue(&r, &queues, "queen_messages_acked_total", "Messages acknowledged as completed."),
+            messages_acked: per_queue(
+                &r,
+                &queues,
+                "queen_messages_acked_total",
+                "Messages acknowledged as completed (auto-acked ones at delivery).",
+            ),
             messages_failed: per_queue(
                 &r,
                 &queues,

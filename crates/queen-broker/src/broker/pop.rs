@@ -565,7 +565,10 @@ fn hand_out(broker: &Broker, request: &PopRequest, lease_id: Uuid, taken: Taken,
     metrics.messages_delivered.inc_by(&queue, messages.len() as u64);
     let bytes: usize = messages.iter().map(|m| m.data.get().len()).sum();
     metrics.bytes_delivered.inc_by(&queue, bytes as u64);
-    if !request.auto_ack {
+    if request.auto_ack {
+        // Committed at delivery: acknowledged then, as an ack would have.
+        metrics.messages_acked.inc_by(&queue, messages.len() as u64);
+    } else {
         metrics.leases_granted.inc_by(claims.len() as u64);
         delivery.lease_id = Some(lease_id);
     }

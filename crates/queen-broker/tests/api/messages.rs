@@ -194,6 +194,7 @@ async fn auto_ack_commits_at_delivery_and_grants_no_lease() {
     assert!(answer.messages().iter().all(|m| m["leaseId"].is_null()));
     assert_eq!(app.pop("queue/auto", "batch=10").await.status, StatusCode::NO_CONTENT);
     assert_eq!(app.count("SELECT committed FROM queen.log_consumers").await, 2);
+    assert_eq!(app.metric("queen_messages_acked_total{queue=\"auto\"}").await, 2.0, "acknowledged at delivery");
 }
 
 #[actix_web::test]
