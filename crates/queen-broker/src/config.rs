@@ -786,8 +786,12 @@ impl Config {
                 "must be at least 1000 and above database.lock_timeout_ms",
             ));
         }
-        if self.http.max_body_bytes < 1024 {
-            return Err(invalid("http.max_body_bytes", "must be at least 1024"));
+        // A request is written as one segment at most that large, and readers refuse a segment
+        // that decodes past queen_store::log::MAX_SEGMENT_RAW_BYTES: half of it leaves room for
+        // the frames' own bytes.
+        let most = queen_store::log::MAX_SEGMENT_RAW_BYTES / 2;
+        if self.http.max_body_bytes < 1024 || self.http.max_body_bytes > most {
+            return Err(invalid("http.max_body_bytes", format!("must be 1024 to {most}")));
         }
         if self.http.max_connections == 0 {
             return Err(invalid("http.max_connections", "must be at least 1"));
@@ -810,6 +814,9 @@ impl Config {
         let push = &self.push;
         if push.max_items == 0 || push.max_segment_messages == 0 || push.max_segment_bytes == 0 {
             return Err(invalid("push", "max_items, max_segment_messages and max_segment_bytes must be positive"));
+        }
+        if push.max_segment_bytes > most {
+            return Err(invalid("push.max_segment_bytes", format!("must be at most {most}")));
         }
         if push.writer_mailbox == 0 {
             return Err(invalid("push.writer_mailbox", "must be at least 1"));
@@ -1015,6 +1022,12 @@ mod tests {
         let mut config = Config::default();
         config.database.lock_timeout_ms = config.database.answer_within_ms;
         assert_eq!(config.validate().unwrap_err().setting, "database.answer_within_ms", "above the lock timeout");
+        let mut config = Config::default();
+        config.http.max_body_bytes = 300 << 20;
+        assert_eq!(config.validate().unwrap_err().setting, "http.max_body_bytes", "a segment readers would refuse");
+        let mut config = Config::default();
+        config.push.max_segment_bytes = 300 << 20;
+        assert_eq!(config.validate().unwrap_err().setting, "push.max_segment_bytes");
         for setting in [
             "database.connect_timeout_ms",
             "database.pool_wait_timeout_ms",
