@@ -201,8 +201,34 @@ async fn writes_whose_commit_waits_on_a_silent_standby_are_answered_503_and_take
                                           "payload": payload, "delayMs": 3_600_000, "txn": "timer-1"}]});
     let (kv_written, locked, scheduled) =
         (api.post("kv", &kv_put), api.post("locks", &acquire), api.post("timers", &schedule));
-    let (pushed, created, registered, cursor_made, claimed, acked, transacted, extended, kv_written, locked, scheduled) = tokio::join!(
+    // A push to `silent-push` once commits wait for the standby: queued behind `during`'s write,
+    // it is answered within the bound too, not after that write's bound and then its own.
+    let watcher = pair.primary.connect("postgres").await;
+    let queued = async {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'";
+        while watcher.query_one(waiting, &[]).await.expect("pg_stat_activity").get::<_, i64>(0) == 0 {
+            assert!(Instant::now() < deadline, "no commit waits for the standby");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        api.push("silent-push", "queued-during").await
+    };
+    let (
+        pushed,
+        queued,
+        created,
+        registered,
+        cursor_made,
+        claimed,
+        acked,
+        transacted,
+        extended,
+        kv_written,
+        locked,
+        scheduled,
+    ) = tokio::join!(
         api.push("silent-push", "during"),
+        queued,
         api.push("silent-new", "created-during"),
         // A group's first pop registers it.
         api.pop_answer("newcomer", 1, ""),
@@ -219,6 +245,9 @@ async fn writes_whose_commit_waits_on_a_silent_standby_are_answered_503_and_take
     );
     let took = sent.elapsed();
     assert_eq!(extended.status(), StatusCode::OK, "the lease extension: {:?}", extended.text().await);
+    let (status, text) = (queued.status(), queued.text().await.unwrap_or_default());
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "the queued push: {text}");
+    assert!(text.contains("whether it took effect is unknown"), "the queued push: {text}");
     let answers = [
         ("push", pushed),
         ("creation", created),

@@ -255,7 +255,12 @@ impl Reserved<'_> {
         self.target.partition_id
     }
 
-    /// Appends the request's messages to the partition and waits for their outcomes.
+    /// Appends the request's messages to the partition and waits for their outcomes, within
+    /// about `database.answer_within_ms` in all: a request queued behind a write PostgreSQL does
+    /// not answer would otherwise wait for that write's bound and then its own, each one queued
+    /// behind it longer still. Its append may still be written after: its outcome is unknown.
+    /// (A second more than the write's own bound, so that a write given up on is answered as
+    /// such, and counted once.)
     pub async fn append(self, messages: Vec<NewMessage>, policy: AppendPolicy) -> Result<Vec<Appended>, WorkError> {
         let Reserved { writers, target, place } = self;
         let (reply, answer) = oneshot::channel();
@@ -263,6 +268,13 @@ impl Reserved<'_> {
         if writers.registry.send(&target.partition_id, || writers.start(&target), append).is_err() {
             return Err(WorkError::Failed("the partition writer could not be started".into()));
         }
-        answer.await.unwrap_or_else(|_| Err(WorkError::Failed("the partition writer stopped".into())))
+        let within = writers.deps.limits.answer_within + Duration::from_secs(1);
+        match tokio::time::timeout(within, answer).await {
+            Ok(answer) => answer.unwrap_or_else(|_| Err(WorkError::Failed("the partition writer stopped".into()))),
+            Err(_) => Err(WorkError::Unanswered(format!(
+                "the push waited {} ms behind a write PostgreSQL has not answered; whether it took effect is unknown",
+                within.as_millis()
+            ))),
+        }
     }
 }
