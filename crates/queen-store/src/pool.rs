@@ -27,19 +27,18 @@ pub struct PoolSettings {
 /// target too (its `sslmode` only: nothing verified).
 pub fn build_pool(target: impl Into<PgTarget>, settings: &PoolSettings) -> Result<Pool, StoreError> {
     let PgTarget { config: mut pg, tls } = target.into();
-    pg.application_name(&settings.application_name);
+    // A name the URL gives wins (an operator's way to tell brokers apart in pg_stat_activity).
+    if pg.get_application_name().is_none() {
+        pg.application_name(&settings.application_name);
+    }
     pg.connect_timeout(settings.connect_timeout);
     // Generic plans: the broker runs a few statements thousands of times a second, and with the
     // default choice PostgreSQL re-plans each of them on every execution (their generic plans
     // look dearer to it than a custom plan for one small `unnest` list), which cost the hot
-    // path more than executing them.
-    pg.options(format!(
-        "-c statement_timeout={} -c lock_timeout={} -c idle_in_transaction_session_timeout={} \
-         -c plan_cache_mode=force_generic_plan",
-        settings.statement_timeout.as_millis(),
-        settings.lock_timeout.as_millis(),
-        settings.statement_timeout.as_millis().max(1000) * 2,
-    ));
+    // path more than executing them. After the URL's own `options` (a search_path, a hosted
+    // server's endpoint), which setting them would replace; a setting given twice takes the last.
+    let options = session_options(pg.get_options(), settings);
+    pg.options(options);
     let create_timeout = crate::connect::whole_attempt(settings.connect_timeout, &pg);
     let manager = Manager::from_connect(
         pg,
@@ -76,6 +75,21 @@ pub fn build_pool(target: impl Into<PgTarget>, settings: &PoolSettings) -> Resul
         .recycle_timeout(Some(settings.connect_timeout))
         .build()
         .map_err(|e| StoreError::Unavailable(format!("cannot build the connection pool: {e}")))
+}
+
+/// The `options` every pooled session starts with: the URL's own, then the broker's settings.
+fn session_options(given: Option<&str>, settings: &PoolSettings) -> String {
+    let ours = format!(
+        "-c statement_timeout={} -c lock_timeout={} -c idle_in_transaction_session_timeout={} \
+         -c plan_cache_mode=force_generic_plan",
+        settings.statement_timeout.as_millis(),
+        settings.lock_timeout.as_millis(),
+        settings.statement_timeout.as_millis().max(1000) * 2,
+    );
+    match given.map(str::trim) {
+        Some(given) if !given.is_empty() => format!("{given} {ours}"),
+        _ => ours,
+    }
 }
 
 /// Gives up on a write `client` ran for longer than `waited` without an answer ([`discard`]),
@@ -169,4 +183,26 @@ pub(crate) fn connection_lost() {
 fn maybe_lost(metrics: &Metrics) -> bool {
     let last_lost = *LAST_LOST.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     last_lost.is_some_and(|lost| metrics.recycled.unwrap_or(metrics.created) <= lost)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_urls_own_session_options_are_kept_before_the_brokers() {
+        let settings = PoolSettings {
+            max_size: 1,
+            wait_timeout: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(1),
+            statement_timeout: Duration::from_millis(30_000),
+            lock_timeout: Duration::from_millis(5_000),
+            application_name: "queen".into(),
+        };
+        let ours = session_options(None, &settings);
+        assert!(ours.starts_with("-c statement_timeout=30000 -c lock_timeout=5000"), "{ours}");
+        let both = session_options(Some("-c search_path=app,queen endpoint=ep-1"), &settings);
+        assert_eq!(both, format!("-c search_path=app,queen endpoint=ep-1 {ours}"));
+        assert_eq!(session_options(Some("  "), &settings), ours);
+    }
 }

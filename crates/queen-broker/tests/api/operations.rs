@@ -398,3 +398,19 @@ async fn a_write_dropped_mid_statement_does_not_leave_its_connection_to_the_next
     .await;
     assert_eq!(next.ok(), Some(1), "the next user waited behind the abandoned sleep");
 }
+
+/// The database URL's own `application_name` and `options` reach the broker's sessions (its
+/// timeouts are added after the options, not in their place).
+#[actix_web::test]
+async fn the_database_urls_application_name_and_options_are_kept() {
+    let app = TestApp::spawn_with(|config| {
+        let url = config.database.url.take().expect("the test database's URL");
+        let joiner = if url.contains('?') { '&' } else { '?' };
+        config.database.url = Some(format!("{url}{joiner}application_name=queen-eu&options=-c%20work_mem%3D7MB"));
+    })
+    .await;
+    assert_eq!(app.push_one("named", "p", "m", json!(1)).await["status"], "queued");
+    let named =
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'queen-eu'";
+    assert!(app.count(named).await >= 1, "the broker's sessions carry the URL's name");
+}
