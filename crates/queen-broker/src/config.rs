@@ -637,6 +637,33 @@ fn queen_env() -> Env {
         .split("__")
 }
 
+/// A `QUEEN_<SECTION>_<KEY>` variable naming a setting with one underscore where two belong
+/// (`QUEEN_DATABASE_URL`) would be left alone as not a setting, and the broker would start
+/// without it (on its embedded database, for that one): it stops start-up, naming the variable
+/// to set. Upstream names and their aliases (`QUEEN_ENCRYPTION_KEY`) are read as they are.
+fn refuse_one_underscore_settings(vars: &[(String, String)]) -> Result<(), ConfigError> {
+    let Ok(serde_json::Value::Object(sections)) = serde_json::to_value(Config::default()) else { return Ok(()) };
+    for (name, _) in vars {
+        let Some(rest) = name.get(..6).filter(|prefix| prefix.eq_ignore_ascii_case("QUEEN_")).map(|_| &name[6..])
+        else {
+            continue;
+        };
+        if rest.contains("__") || ENV_ALIASES.iter().any(|(alias, _)| name.eq_ignore_ascii_case(alias)) {
+            continue;
+        }
+        for (section, keys) in &sections {
+            let serde_json::Value::Object(keys) = keys else { continue };
+            for key in keys.keys() {
+                if rest.eq_ignore_ascii_case(&format!("{section}_{key}")) {
+                    let meant = format!("QUEEN_{}__{}", section.to_uppercase(), key.to_uppercase());
+                    return Err(invalid(&format!("{section}.{key}"), format!("{name} is not read; set {meant}")));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Settings whose values are text, with whether they are optional. figment reads a variable's
 /// value as a literal (`12345678` a number, `true` a boolean, `[x]` an array, quotes taken off,
 /// spaces trimmed), which would refuse or alter a password, a secret or a path; these settings
@@ -732,6 +759,7 @@ impl Config {
         let vars: Vec<(String, String)> = std::env::vars_os()
             .filter_map(|(name, value)| Some((name.into_string().ok()?, value.into_string().ok()?)))
             .collect();
+        refuse_one_underscore_settings(&vars)?;
         let figment = figment
             .merge(aliases)
             .merge(text_from_env(&vars, false))
@@ -1044,6 +1072,17 @@ mod tests {
                 _ => config.maintenance.partition_cleanup_days = 0,
             }
             assert_eq!(config.validate().unwrap_err().setting, setting, "0 is refused");
+        }
+    }
+
+    #[test]
+    fn a_setting_named_with_one_underscore_too_few_is_refused_naming_the_variable_to_set() {
+        let vars = |name: &str| vec![(name.to_owned(), "x".to_owned())];
+        let refused = refuse_one_underscore_settings(&vars("QUEEN_DATABASE_URL")).expect_err("one underscore");
+        assert_eq!(refused.setting, "database.url");
+        assert!(refused.problem.contains("set QUEEN_DATABASE__URL"), "{}", refused.problem);
+        for fine in ["QUEEN_DATABASE__URL", "QUEEN_ENCRYPTION_KEY", "QUEEN_SDK_POP_AUTOPILOT", "DATABASE_URL"] {
+            refuse_one_underscore_settings(&vars(fine)).unwrap_or_else(|e| panic!("{fine}: {e:?}"));
         }
     }
 
