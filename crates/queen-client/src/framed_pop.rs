@@ -27,9 +27,10 @@ pub(crate) const MAGIC: &[u8; 4] = b"QPF1";
 const CODEC_RAW: u8 = 0;
 const CODEC_ZSTD: u8 = 1;
 
-/// What a compressed record may decompress to at most: a bound on the memory a corrupt answer
-/// can make the client allocate.
-const MAX_RECORD_RAW_BYTES: usize = 256 * 1024 * 1024;
+/// What the records of one answer may hold at most, decompressed: a bound on the memory a
+/// corrupt answer can make the client allocate (a few kilobytes of zstd can declare a quarter of
+/// a gigabyte, and an answer can hold any number of records).
+const MAX_ANSWER_RAW_BYTES: usize = 256 * 1024 * 1024;
 
 /// The keys of the JSON part the client reads.
 #[derive(Deserialize)]
@@ -40,6 +41,11 @@ struct OwnKeys {
 
 /// The delivery a QPF1 body carries, or what in it does not fit.
 pub(crate) fn decode(body: &[u8]) -> Result<Delivery, String> {
+    decode_within(body, MAX_ANSWER_RAW_BYTES)
+}
+
+/// [`decode`], the records holding at most `most` bytes decompressed.
+fn decode_within(body: &[u8], most: usize) -> Result<Delivery, String> {
     let mut wire = Wire { body, at: 0 };
     if wire.take(4)? != MAGIC {
         return Err("not a QPF1 answer".into());
@@ -63,6 +69,8 @@ pub(crate) fn decode(body: &[u8]) -> Result<Delivery, String> {
     let consumer_group = wire.str16()?.to_owned();
     let claims = wire.u32()?;
     let mut messages = Vec::new();
+    // What the records decoded so far hold, against `most`.
+    let mut decoded = 0usize;
     for _ in 0..claims {
         let partition_id = wire.u64()?.to_string();
         let partition = wire.str16()?.to_owned();
@@ -75,11 +83,14 @@ pub(crate) fn decode(body: &[u8]) -> Result<Delivery, String> {
             let codec = wire.u8()?;
             let len = wire.u32()?;
             let bytes = wire.take(len)?;
+            let room = most - decoded;
             let raw = match codec {
-                CODEC_RAW => Cow::Borrowed(bytes),
-                CODEC_ZSTD => Cow::Owned(decompress(bytes)?),
+                CODEC_RAW if bytes.len() <= room => Cow::Borrowed(bytes),
+                CODEC_RAW => return Err(format!("the records hold more than the {most} bytes an answer may hold")),
+                CODEC_ZSTD => Cow::Owned(decompress(bytes, room)?),
                 other => return Err(format!("record codec {other} is not known to this client")),
             };
+            decoded += raw.len();
             let mut frames = 0;
             for (index, frame) in queen_log::FrameIter::new(&raw).enumerate() {
                 let frame = frame.map_err(|e| format!("a record's frame: {e}"))?;
@@ -124,14 +135,14 @@ fn payload(bytes: &[u8]) -> Result<Box<RawValue>, String> {
     RawValue::from_string(text.to_owned()).map_err(|e| format!("a payload is not JSON: {e}"))
 }
 
-/// A codec-1 record's frames: one zstd frame that declares its size, bounded.
-fn decompress(bytes: &[u8]) -> Result<Vec<u8>, String> {
+/// A codec-1 record's frames: one zstd frame that declares its size, within `room` bytes.
+fn decompress(bytes: &[u8], room: usize) -> Result<Vec<u8>, String> {
     let declared = zstd::zstd_safe::get_frame_content_size(bytes)
         .map_err(|_| "a compressed record is not a zstd frame")?
         .ok_or("a compressed record does not declare its size")?;
     let declared = usize::try_from(declared).unwrap_or(usize::MAX);
-    if declared > MAX_RECORD_RAW_BYTES {
-        return Err(format!("a compressed record declares {declared} bytes"));
+    if declared > room {
+        return Err(format!("a compressed record declares {declared} bytes, past what the answer may still hold"));
     }
     // On the thread's kept context: making one per record costs a `cpuid`, which virtual
     // machines trap.
@@ -282,5 +293,16 @@ mod tests {
         let last = garbled.len() - 3;
         garbled[last] ^= 0xff;
         assert!(decode(&answer(1, 5, &[(1, 5, CODEC_ZSTD, garbled)])).is_err(), "corrupt zstd");
+    }
+
+    #[test]
+    fn the_records_of_an_answer_are_bounded_together() {
+        let held = frames(1..6).len() + frames(6..11).len();
+        let body = answer(1, 10, &[(1, 5, CODEC_ZSTD, compressed(1..6)), (6, 5, CODEC_ZSTD, compressed(6..11))]);
+        assert_eq!(decode_within(&body, held).unwrap().len(), 10);
+        let refused = decode_within(&body, held - 1).unwrap_err();
+        assert!(refused.contains("past what the answer may still hold"), "{refused}");
+        let raw = answer(1, 10, &[(1, 5, CODEC_RAW, frames(1..6)), (6, 5, CODEC_RAW, frames(6..11))]);
+        assert!(decode_within(&raw, held - 1).unwrap_err().contains("bytes an answer may hold"));
     }
 }
