@@ -52,6 +52,14 @@ pub async fn handle(
 pub fn stamp(caller: &Caller, items: &mut [PushItem]) -> Result<(), ApiError> {
     caller.check_queues(items.iter().map(|item| item.queue.as_str()))?;
     if let Some(producer) = caller.subject() {
+        // Refused here, alone: in a segment it would fail the append of every push fused with it.
+        if producer.len() > usize::from(u16::MAX) {
+            return Err(ApiError::bad_request(format!(
+                "the token's subject is {} bytes long; a message records at most {} as its producer",
+                producer.len(),
+                u16::MAX
+            )));
+        }
         for item in items {
             item.producer = Some(producer.to_owned());
         }

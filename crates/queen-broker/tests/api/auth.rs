@@ -595,3 +595,18 @@ async fn allow_cross_site_serves_requests_of_other_origins() {
     let answer = app.http.get(app.url("/api/v1/resources/queues")).header("sec-fetch-site", "cross-site");
     assert_eq!(answer.send().await.expect("a response").status(), StatusCode::OK);
 }
+
+/// A token whose subject is longer than a message can record as its producer is refused alone
+/// (400), before its push is fused with another's: the other is stored.
+#[actix_web::test]
+async fn a_subject_too_long_to_record_is_refused_alone() {
+    let app = TestApp::spawn_with(with_hs256).await;
+    let long = hs256(&claims(&"s".repeat(70_000), "read-write"), SECRET);
+    let short = hs256(&claims("producer", "read-write"), SECRET);
+    let (refused, stored) =
+        tokio::join!(push_as(&app, &long, "subjects", "long"), push_as(&app, &short, "subjects", "short"));
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{refused:?}");
+    assert!(refused.body["error"].as_str().is_some_and(|e| e.contains("subject")), "{refused:?}");
+    assert_eq!(stored.status, StatusCode::CREATED, "{stored:?}");
+    assert_eq!(app.count("SELECT count(*) FROM queen.log_message_ids").await, 1);
+}
