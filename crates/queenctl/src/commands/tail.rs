@@ -181,8 +181,18 @@ async fn follow(ctx: &Ctx, args: &TailArgs, group: &str, throwaway: bool, mut si
             continue;
         }
         paused = false;
-        for message in &delivery.messages {
-            print(ctx, message)?;
+        for (index, message) in delivery.messages.iter().enumerate() {
+            if let Err(failure) = print(ctx, message) {
+                // The reader went away (`tail ... | head`): what it was shown is acknowledged, and
+                // the rest given back now rather than left leased until the lease runs out, which
+                // would count a failed delivery against each.
+                if !throwaway {
+                    let (shown, rest) = delivery.messages.split_at(index);
+                    let _ = ctx.client.ack_messages(shown, AckStatus::Completed).await;
+                    let _ = ctx.client.ack_messages(rest, AckStatus::Retry).await;
+                }
+                return Err(failure);
+            }
         }
         if !throwaway && !delivery.is_empty() {
             let verdicts = ctx.client.ack_messages(&delivery.messages, AckStatus::Completed).await?;

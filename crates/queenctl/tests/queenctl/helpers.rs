@@ -64,7 +64,7 @@ impl TestBroker {
     }
 }
 
-fn with_url<'a>(url: &'a str, args: &[&'a str]) -> Vec<&'a str> {
+pub fn with_url<'a>(url: &'a str, args: &[&'a str]) -> Vec<&'a str> {
     let mut all = vec!["--url", url];
     all.extend_from_slice(args);
     all
@@ -133,7 +133,7 @@ impl Run {
 }
 
 /// The `queenctl` binary, with nothing of the environment that would steer it.
-fn command(args: &[&str], env: &[(&str, &str)]) -> Command {
+pub fn command(args: &[&str], env: &[(&str, &str)]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_queenctl"));
     command.args(args).env_remove("QUEEN_URL").env_remove("QUEEN_TOKEN").envs(env.iter().copied());
     command.kill_on_drop(true);

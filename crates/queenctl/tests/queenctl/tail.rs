@@ -95,3 +95,28 @@ async fn tail_as_a_named_group_acknowledges_what_it_printed() {
     assert_eq!(rest["messages"].as_array().expect("messages").len(), 1);
     assert_eq!(rest["messages"][0]["data"], 3);
 }
+
+/// A named group's tail whose reader is gone (its output a closed pipe, as under `| head`) gives
+/// back what it could not print: the group gets those messages at once, not after their lease.
+#[actix_web::test]
+async fn tail_as_a_named_group_gives_back_what_it_could_not_print() {
+    let broker = TestBroker::start().await;
+    for n in 1..=3 {
+        broker.run(&["push", "piped", &n.to_string()]).await.success();
+    }
+    let mut command = crate::helpers::command(
+        &crate::helpers::with_url(&broker.url, &["tail", "piped", "--group", "reader", "--from", "all"]),
+        &[],
+    );
+    command
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = command.spawn().expect("queenctl starts");
+    drop(child.stdout.take());
+    // It ends quietly, as a command under `| head` does.
+    tokio::time::timeout(crate::helpers::DEADLINE, child.wait()).await.expect("it ends").expect("a status");
+    let again = broker.json(&["pop", "piped", "--group", "reader", "--batch", "5", "--auto-ack"]).await;
+    let data: Vec<&Value> = again["messages"].as_array().expect("messages").iter().map(|m| &m["data"]).collect();
+    assert_eq!(data, [1, 2, 3], "{again}");
+}
