@@ -325,7 +325,21 @@ async fn handle_run(
         }
         let in_flight = stats.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         stats.max_in_flight.fetch_max(in_flight, Ordering::Relaxed);
-        let outcome = tokio::spawn((context.handler)(message.clone())).await;
+        let handling = tokio::spawn((context.handler)(message.clone()));
+        tokio::pin!(handling);
+        // Completed acknowledgements waiting are sent when they are due, while the handler runs:
+        // a slow handler does not hold the ones before it (work done, to be redone if the lease
+        // were lost meanwhile).
+        let outcome = loop {
+            let Some(due) = oldest_pending.map(|at| at + ACK_FLUSH_INTERVAL) else { break (&mut handling).await };
+            tokio::select! {
+                outcome = &mut handling => break outcome,
+                () = tokio::time::sleep_until(due) => {
+                    flush(&context, &mut acks).await;
+                    oldest_pending = None;
+                }
+            }
+        };
         stats.in_flight.fetch_sub(1, Ordering::Relaxed);
         stats.handled.fetch_add(1, Ordering::Relaxed);
         let outcome = outcome.unwrap_or_else(|e| {

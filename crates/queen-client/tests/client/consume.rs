@@ -218,3 +218,35 @@ async fn a_consumer_waits_out_a_broker_it_cannot_reach_and_carries_on() {
     assert_eq!(seen.all(), (0..20).collect::<Vec<_>>(), "every message once");
     assert!(stats.pop_errors >= 2 && stats.handled == 20, "{stats:?}");
 }
+
+/// A completed acknowledgement waiting to be sent with others goes within the flush interval,
+/// even while the partition's next handler is still running.
+#[actix_web::test]
+async fn a_completed_message_is_acknowledged_while_the_next_handler_still_runs() {
+    let broker = TestBroker::start().await;
+    let client = broker.client();
+    push_spread(&client, "slow-next", 2, 1).await;
+    let release = Arc::new(Semaphore::new(0));
+    let consumer = client
+        .consumer(Pop::queue("slow-next").group("g").batch(2).wait(Duration::from_secs(1)))
+        .start({
+            let release = Arc::clone(&release);
+            move |message: Message| {
+                let release = Arc::clone(&release);
+                async move {
+                    if message.transaction_id == "m1" {
+                        let _held = release.acquire().await.expect("released");
+                    }
+                    Ok::<(), String>(())
+                }
+            }
+        })
+        .expect("a consumer");
+    eventually("m0 is acknowledged while m1's handler runs", || async {
+        client.consumer_group("g").await.is_ok_and(|g| g.summary.total_lag == 1)
+    })
+    .await;
+    release.add_permits(1);
+    eventually("m1 is acknowledged", || all_committed(&client, "g")).await;
+    consumer.shutdown().await.expect("a clean stop");
+}
