@@ -68,9 +68,10 @@ impl Maintenance {
             return;
         }
         self.running = true;
-        let (pool, settings, broker_id, keys) =
-            (self.pool.clone(), self.settings, self.broker_id.clone(), self.keys.clone());
-        ctx.spawn(async move { run_pass(&pool, settings, &broker_id, keys.as_deref()).await }.into_actor(self).map(
+        let (pool, settings, broker_id, keys, metrics) =
+            (self.pool.clone(), self.settings, self.broker_id.clone(), self.keys.clone(), Arc::clone(&self.metrics));
+        let pass = async move { run_pass(&pool, settings, &broker_id, keys.as_deref(), &metrics).await };
+        ctx.spawn(pass.into_actor(self).map(
             |outcome, service, _| {
                 service.running = false;
                 let label = match &outcome {
@@ -81,7 +82,6 @@ impl Maintenance {
                 service.metrics.maintenance_passes.with_label_values(&[label]).inc();
                 match outcome {
                     Ok(Some((report, removed))) => {
-                        service.metrics.segments_retained_away.inc_by(report.trimmed.segments);
                         service.metrics.partitions_cleaned_up.inc_by(report.partitions_deleted);
                         service.metrics.kv_rows_pruned.inc_by(report.kv_rows_deleted);
                         for partition in removed {
@@ -102,6 +102,7 @@ async fn run_pass(
     settings: MaintenanceSettings,
     broker_id: &str,
     keys: Option<&Cipher>,
+    metrics: &Metrics,
 ) -> Result<Option<(PassReport, Vec<retention::RemovedPartition>)>, StoreError> {
     let mut client = pool.get().await?;
     if !retention::try_lock(&client).await? {
@@ -115,6 +116,8 @@ async fn run_pass(
                 retention::apply_trim(&mut client, trim, settings.batch_segments, keys, QUEUE_MODE_GROUP).await;
             match trimmed {
                 Ok(trimmed) => {
+                    // Counted as each trim commits: a pass that fails later deleted them all the same.
+                    metrics.segments_retained_away.inc_by(trimmed.segments);
                     report.trimmed.segments += trimmed.segments;
                     report.trimmed.messages += trimmed.messages;
                 }
