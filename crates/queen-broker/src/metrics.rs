@@ -1,6 +1,7 @@
-//! Prometheus metrics: `queen_` names in base units, labels of bounded cardinality (queue and
-//! group names, never partitions or messages; queues capped by [`QueueLabels`]). Rendered as the
-//! Prometheus text format, or as JSON for the official client.
+//! Prometheus metrics: `queen_` names in base units, labelled by queue and (for lag) group names,
+//! never by partitions or messages; queues capped by [`QueueLabels`], groups by
+//! `limits.max_groups_per_queue`. Rendered as the Prometheus text format, or as JSON for the
+//! official client.
 
 mod queue_labels;
 

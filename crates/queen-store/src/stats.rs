@@ -6,8 +6,9 @@ use crate::queues::{QUEUE_COLUMNS, Queue, queue_from_row};
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
 
-/// The sizes of a set of partitions `p`, in this order: how many, messages ever pushed, messages
-/// still stored, and the last push.
+/// The sizes of a set of partitions `p`, in this order: how many, messages ever pushed to them
+/// (a partition cleaned up or a queue deleted takes its count with it), messages still stored,
+/// and the last push.
 const PARTITION_SIZES: &str = "count(p.id), COALESCE(sum(p.last_offset), 0)::bigint,
         COALESCE(sum(GREATEST(p.last_offset - p.retained_from + 1, 0)), 0)::bigint,
         max(p.last_segment_at)";
@@ -17,7 +18,8 @@ const PARTITION_SIZES: &str = "count(p.id), COALESCE(sum(p.last_offset), 0)::big
 pub struct Overview {
     pub queues: i64,
     pub partitions: i64,
-    /// Messages ever pushed (the sum of the partitions' last offsets).
+    /// Messages ever pushed to the partitions there are now (the sum of their last offsets: a
+    /// partition cleaned up or a queue deleted takes its count with it).
     pub messages_pushed: i64,
     /// Messages still stored (not yet retained away).
     pub messages_stored: i64,
