@@ -382,6 +382,19 @@ impl Metrics {
         }
     }
 
+    /// What one append to a partition stored, whichever path wrote it (a partition's writer, a
+    /// capped push, a transaction, a timer, a dead letter's retry): `queued` new messages, in one
+    /// segment of `payload_bytes` when there are any, and `duplicates` found stored already.
+    pub fn record_append(&self, queue: &str, queued: u64, duplicates: u64, payload_bytes: u64) {
+        self.messages_pushed.inc_by(queue, queued);
+        self.duplicates.inc_by(queue, duplicates);
+        if queued > 0 {
+            self.bytes_pushed.inc_by(queue, payload_bytes);
+            self.segments_written.inc();
+            self.messages_per_segment.observe(queued as f64);
+        }
+    }
+
     /// The `queue` label value to record the queue's lag under (see [`QueueLabels`]).
     pub fn queue_label<'a>(&self, queue: &'a str) -> &'a str {
         self.queue_labels.label(queue)

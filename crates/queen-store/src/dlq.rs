@@ -146,6 +146,8 @@ pub struct Requeued {
     pub outcome: Appended,
     /// Dead letters of the message that were removed (one per group that gave up on it).
     pub dead_letters: u64,
+    /// The length of the message's data.
+    pub payload_bytes: usize,
 }
 
 /// What re-queuing the dead letters of a message found.
@@ -231,6 +233,7 @@ pub async fn requeue(
     };
     let new_transaction_id = format!("dlq:{id}");
     let payload = dead_letter_payload(id, first.get(4), keys)?;
+    let payload_bytes = payload.len();
     let message = NewMessage {
         message_id: queen_log::new_message_id(),
         transaction_id: new_transaction_id.clone(),
@@ -252,6 +255,7 @@ pub async fn requeue(
         transaction_id: new_transaction_id,
         outcome,
         dead_letters: rows.len() as u64,
+        payload_bytes,
     }))
 }
 

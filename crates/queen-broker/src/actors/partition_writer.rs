@@ -154,16 +154,9 @@ impl PartitionWriter {
     }
 
     fn record(&self, result: &queen_store::log::AppendResult, bytes: usize) {
-        let queue = &*self.target.queue;
         let queued = result.outcomes.iter().filter(|o| matches!(o, Appended::Queued { .. })).count() as u64;
         let duplicates = result.outcomes.len() as u64 - queued;
-        self.metrics.messages_pushed.inc_by(queue, queued);
-        self.metrics.duplicates.inc_by(queue, duplicates);
-        if result.segment.is_some() {
-            self.metrics.bytes_pushed.inc_by(queue, bytes as u64);
-            self.metrics.segments_written.inc();
-            self.metrics.messages_per_segment.observe(queued as f64);
-        }
+        self.metrics.record_append(&self.target.queue, queued, duplicates, bytes as u64);
     }
 }
 

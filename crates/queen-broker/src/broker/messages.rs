@@ -49,6 +49,8 @@ pub async fn requeue(broker: &Broker, partition_id: i64, transaction_id: &str) -
         async |c: &mut Object| dlq::requeue(c, partition_id, transaction_id, broker.cipher.as_deref(), limits).await;
     let moved = broker.write_within("a dead letter's retry", requeue).await?.1?;
     if let Requeue::Moved(moved) = &moved {
+        let queued = u64::from(matches!(moved.outcome, queen_store::log::Appended::Queued { .. }));
+        broker.metrics.record_append(&moved.queue, queued, 1 - queued, moved.payload_bytes as u64);
         let queue = Arc::from(moved.queue.as_str());
         broker.announcer.announce(DataAvailable { queue, queue_id: moved.queue_id, partition_id: moved.partition_id });
     }

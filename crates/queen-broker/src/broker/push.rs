@@ -277,11 +277,11 @@ async fn write_capped(
     let metrics = &broker.metrics;
     for (share, outcomes) in shares.iter().zip(&outcomes) {
         let name = &share.queue.name;
-        let adding: usize = outcomes.iter().map(|o| queued(o)).sum();
-        metrics.messages_pushed.inc_by(name, adding as u64);
-        metrics.duplicates.inc_by(name, (outcomes.iter().map(Vec::len).sum::<usize>() - adding) as u64);
-        for ((_, partition_id, _), appended) in share.partitions.iter().zip(outcomes) {
-            if queued(appended) > 0 {
+        for ((_, partition_id, messages), appended) in share.partitions.iter().zip(outcomes) {
+            let adding = queued(appended) as u64;
+            let bytes: usize = messages.iter().map(|m| m.payload.len()).sum();
+            metrics.record_append(name, adding, appended.len() as u64 - adding, bytes as u64);
+            if adding > 0 {
                 let queue = Arc::from(name.as_str());
                 let queue_id = share.queue.id;
                 broker.announcer.announce(DataAvailable { queue, queue_id, partition_id: *partition_id });

@@ -411,11 +411,14 @@ async fn deliver_to_partition(
         failures.extend(over.iter().map(|timer| (timer.key.clone(), full.to_string())));
     }
     let mut queued = 0;
+    // The payload bytes of what the append took, for the push metrics.
+    let mut bytes = 0;
     let mut delivered: Vec<TimerKey> = Vec::new();
     if !take.is_empty() {
         match append(broker, &mut tx, queue, partition_id, &take).await? {
             Ok(count) => {
                 queued = count;
+                bytes = take.iter().map(|timer| timer.item.payload.len()).sum::<usize>();
                 delivered.extend(take.iter().map(|timer| timer.key.clone()));
             }
             Err(error) => failures.extend(take.iter().map(|timer| (timer.key.clone(), error.clone()))),
@@ -424,8 +427,9 @@ async fn deliver_to_partition(
     timers::delete_delivered(&tx, token, &delivered).await?;
     let failed = timers::record_failures(&tx, token, &failures, retry_policy(broker)).await?;
     tx.commit().await.map_err(StoreError::from)?;
+    let duplicates = (delivered.len() - queued) as u64;
+    broker.metrics.record_append(&queue.name, queued as u64, duplicates, bytes as u64);
     if queued > 0 {
-        broker.metrics.messages_pushed.inc_by(&queue.name, queued as u64);
         broker.announcer.announce(DataAvailable {
             queue: Arc::from(queue.name.as_str()),
             queue_id: queue.id,

@@ -228,10 +228,19 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
     let Written { kv_results, released, ack_outcomes, timer_results, by_partition, mut pushed } = written?;
     broker.names.remember(&known);
     timers::wake_sweeper(broker, &timer_ops, &timer_results);
-    for (item, pushed) in items.iter().zip(&pushed) {
-        if let Some(Pushed { outcome: Appended::Queued { .. }, .. }) = pushed {
-            broker.metrics.messages_pushed.inc(&item.queue);
+    for indices in by_partition.values() {
+        let (mut queued, mut duplicates, mut bytes) = (0, 0, 0);
+        for &index in indices {
+            match &pushed[index] {
+                Some(Pushed { outcome: Appended::Queued { .. }, .. }) => {
+                    queued += 1;
+                    bytes += items[index].payload.len() as u64;
+                }
+                Some(_) => duplicates += 1,
+                None => {}
+            }
         }
+        broker.metrics.record_append(&items[indices[0]].queue, queued, duplicates, bytes);
     }
 
     for (&(partition_id, queue_id), indices) in &by_partition {

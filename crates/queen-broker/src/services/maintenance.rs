@@ -71,28 +71,26 @@ impl Maintenance {
         let (pool, settings, broker_id, keys, metrics) =
             (self.pool.clone(), self.settings, self.broker_id.clone(), self.keys.clone(), Arc::clone(&self.metrics));
         let pass = async move { run_pass(&pool, settings, &broker_id, keys.as_deref(), &metrics).await };
-        ctx.spawn(pass.into_actor(self).map(
-            |outcome, service, _| {
-                service.running = false;
-                let label = match &outcome {
-                    Ok(Some(_)) => "ran",
-                    Ok(None) => "skipped",
-                    Err(_) => "failed",
-                };
-                service.metrics.maintenance_passes.with_label_values(&[label]).inc();
-                match outcome {
-                    Ok(Some((report, removed))) => {
-                        service.metrics.partitions_cleaned_up.inc_by(report.partitions_deleted);
-                        service.metrics.kv_rows_pruned.inc_by(report.kv_rows_deleted);
-                        for partition in removed {
-                            service.names.forget_partition(partition.queue_id, &partition.partition);
-                        }
+        ctx.spawn(pass.into_actor(self).map(|outcome, service, _| {
+            service.running = false;
+            let label = match &outcome {
+                Ok(Some(_)) => "ran",
+                Ok(None) => "skipped",
+                Err(_) => "failed",
+            };
+            service.metrics.maintenance_passes.with_label_values(&[label]).inc();
+            match outcome {
+                Ok(Some((report, removed))) => {
+                    service.metrics.partitions_cleaned_up.inc_by(report.partitions_deleted);
+                    service.metrics.kv_rows_pruned.inc_by(report.kv_rows_deleted);
+                    for partition in removed {
+                        service.names.forget_partition(partition.queue_id, &partition.partition);
                     }
-                    Ok(None) => {}
-                    Err(e) => tracing::warn!(error = %e, "maintenance pass failed"),
                 }
-            },
-        ));
+                Ok(None) => {}
+                Err(e) => tracing::warn!(error = %e, "maintenance pass failed"),
+            }
+        }));
     }
 }
 

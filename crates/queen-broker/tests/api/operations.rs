@@ -414,3 +414,44 @@ async fn the_database_urls_application_name_and_options_are_kept() {
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'queen-eu'";
     assert!(app.count(named).await >= 1, "the broker's sessions carry the URL's name");
 }
+
+/// Every path that appends counts what it stored: a capped queue's push, a transaction's push and
+/// a dead letter's retry each write a segment, counted with its messages and bytes.
+#[actix_web::test]
+async fn every_path_that_appends_counts_its_segments_messages_and_bytes() {
+    let app = TestApp::spawn().await;
+    app.configure("capped", json!({"maxSize": 100})).await;
+    let counts = async || {
+        (
+            app.metric("queen_segments_written_total").await,
+            app.metric("queen_messages_pushed_total{queue=\"capped\"}").await,
+            app.metric("queen_pushed_bytes_total{queue=\"capped\"}").await,
+        )
+    };
+    let before = counts().await;
+    let pushed = app.push_one("capped", "p", "direct", json!(12345)).await;
+    let after_push = counts().await;
+    assert_eq!((after_push.0 - before.0, after_push.1 - before.1, after_push.2 - before.2), (1.0, 1.0, 5.0));
+
+    let bundle = json!({"operations": [{"type": "push", "items": [{"queue": "capped", "partition": "p",
+                                                                    "transactionId": "bundled", "payload": 678}]}]});
+    assert_eq!(app.post("/api/v1/transaction", &bundle).await.status, StatusCode::OK);
+    let after_bundle = counts().await;
+    assert_eq!(
+        (after_bundle.0 - after_push.0, after_bundle.1 - after_push.1, after_bundle.2 - after_push.2),
+        (1.0, 1.0, 3.0)
+    );
+
+    let popped = app.pop("queue/capped", "batch=1").await.messages();
+    app.ack_all(&popped, "dlq", None).await;
+    let partition = pushed["partition_id"].as_str().expect("partition_id");
+    assert_eq!(
+        app.post(&format!("/api/v1/messages/{partition}/direct/retry"), &json!({})).await.status,
+        StatusCode::OK
+    );
+    let after_retry = counts().await;
+    assert_eq!(
+        (after_retry.0 - after_bundle.0, after_retry.1 - after_bundle.1, after_retry.2 - after_bundle.2),
+        (1.0, 1.0, 5.0)
+    );
+}
