@@ -16,6 +16,9 @@ pub enum ApiError {
     BadRequest(String),
     #[error("{0}")]
     NotFound(String),
+    /// The route exists, not for this method: 405.
+    #[error("{0}")]
+    MethodNotAllowed(String),
     /// No usable bearer token (auth on): 401.
     #[error(transparent)]
     Unauthorized(#[from] crate::auth::AuthFailure),
@@ -60,6 +63,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) | ApiError::Broker(BrokerError::Invalid(_)) => "bad_request",
             ApiError::NotFound(_) => "not_found",
+            ApiError::MethodNotAllowed(_) => "method_not_allowed",
             ApiError::Unauthorized(_) => "unauthorized",
             ApiError::Forbidden(_) => "forbidden",
             ApiError::Conflict(_) => "conflict",
@@ -123,6 +127,7 @@ impl ResponseError for ApiError {
         match self {
             ApiError::BadRequest(_) | ApiError::Broker(BrokerError::Invalid(_)) => StatusCode::BAD_REQUEST,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::Conflict(_) => StatusCode::CONFLICT,

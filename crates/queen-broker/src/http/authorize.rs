@@ -155,7 +155,7 @@ pub async fn authorize(
     let Access::Role(role, scope) = access else { return next.call(req).await };
     let Some(broker) = req.app_data::<web::Data<Broker>>().cloned() else { return next.call(req).await };
     let Some(auth) = broker.auth.as_deref() else { return next.call(req).await };
-    if auth.is_public(req.path()) {
+    if auth.is_public(super::routed_path(&req)) {
         return next.call(req).await;
     }
     match admit(&broker, auth, role, scope, &req).await {

@@ -20,7 +20,7 @@ pub async fn admit(
         return next.call(req).await.map(ServiceResponse::map_into_left_body);
     };
     let _under_way = broker.request_under_way();
-    if broker.is_shutting_down() && req.path().starts_with("/api/") {
+    if broker.is_shutting_down() && super::is_api(&req) {
         let mut refusal = ApiError::Unavailable(
             "the broker is shutting down and closes this connection; retry on another broker".into(),
         )

@@ -49,6 +49,18 @@ use chrono::{DateTime, Datelike, SecondsFormat, Timelike, Utc};
 use crate::auth::Role;
 use crate::error::ApiError;
 
+/// The request's path as the router reads it: percent-escapes decoded (but of `/`, `%` and
+/// `+`), so `/%61pi/v1/push` routes as `/api/v1/push`. The middlewares that act on API requests
+/// (and the public paths of auth) read this one, not the path as sent.
+pub fn routed_path(req: &actix_web::dev::ServiceRequest) -> &str {
+    req.match_info().as_str()
+}
+
+/// Whether the request is for the API, as the router will take it ([`routed_path`]).
+pub fn is_api(req: &actix_web::dev::ServiceRequest) -> bool {
+    routed_path(req).starts_with("/api/")
+}
+
 /// Times as the API writes them: RFC 3339 in UTC with microseconds and `Z`.
 pub fn timestamp(at: DateTime<Utc>) -> String {
     Timestamp(at).to_string()
@@ -125,9 +137,8 @@ async fn no_such_route(req: HttpRequest) -> Result<HttpResponse, ApiError> {
     Err(ApiError::NotFound(format!("no route for {} {}", req.method(), path)))
 }
 
-async fn method_not_allowed(req: HttpRequest) -> HttpResponse {
-    HttpResponse::MethodNotAllowed()
-        .json(serde_json::json!({"error": format!("{} is not allowed on {}", req.method(), req.path()), "code": "method_not_allowed"}))
+async fn method_not_allowed(req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    Err(ApiError::MethodNotAllowed(format!("{} is not allowed on {}", req.method(), req.path())))
 }
 
 /// A resource whose other methods answer 405 with a JSON body.

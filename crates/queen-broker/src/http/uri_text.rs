@@ -23,7 +23,7 @@ pub async fn refuse_non_utf8(
     } else {
         None
     };
-    if let Some(which) = which.filter(|_| req.path().starts_with("/api/")) {
+    if let Some(which) = which.filter(|_| super::is_api(&req)) {
         let refusal = ApiError::bad_request(format!("the {which} is not UTF-8 once percent-decoded")).error_response();
         return Ok(req.into_response(refusal).map_into_right_body());
     }

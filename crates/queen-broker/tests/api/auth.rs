@@ -573,14 +573,31 @@ async fn api_requests_a_page_of_another_origin_made_are_refused() {
             .header("sec-fetch-site", site)
             .header("content-type", "text/plain")
             .body(r#"{"queue": "planted", "options": {"leaseTime": 5}}"#);
-        for request in [popped, configured] {
+        // The router decodes `%61` as `a`: the same route, the same refusal.
+        let escaped = app.http.get(app.url("/%61pi/v1/pop/queue/forged?autoAck=true")).header("sec-fetch-site", site);
+        for request in [popped, configured, escaped] {
             let response = request.send().await.expect("a response");
             assert_eq!(response.status(), StatusCode::FORBIDDEN, "{site}");
             let body: Value = response.json().await.expect("a JSON error");
             assert!(body["error"].as_str().is_some_and(|e| e.contains("another origin")), "{body}");
         }
     }
+    // Over plain HTTP to an address that is not loopback, browsers send no Sec-Fetch-Site; the
+    // Origin of a cross-origin POST says it.
+    for origin in ["http://evil.example", "null"] {
+        let forged = app
+            .http
+            .post(app.url("/api/v1/configure"))
+            .header("origin", origin)
+            .header("content-type", "text/plain")
+            .body(r#"{"queue": "planted", "options": {"leaseTime": 5}}"#);
+        assert_eq!(forged.send().await.expect("a response").status(), StatusCode::FORBIDDEN, "{origin}");
+    }
     assert_eq!(app.get("/api/v1/resources/queues/planted").await.status, StatusCode::NOT_FOUND);
+    let own = app.base.clone();
+    let configured = app.http.post(app.url("/api/v1/configure")).header("origin", own.as_str());
+    let configured = configured.json(&json!({"queue": "own", "options": {}})).send().await.expect("a response");
+    assert_eq!(configured.status(), StatusCode::OK, "a page of the broker's own origin");
     let navigation = app.http.get(app.url("/dashboard")).header("sec-fetch-site", "cross-site").send().await;
     assert_eq!(navigation.expect("a response").status(), StatusCode::OK, "a link to the dashboard is followed");
     let own_page = app.http.get(app.url("/api/v1/pop/queue/forged?batch=1")).header("sec-fetch-site", "same-origin");

@@ -154,6 +154,8 @@ async fn a_path_or_a_query_that_is_not_utf8_once_decoded_is_refused() {
         app.delete("/api/v1/consumer-groups/%FE").await,
         app.post("/api/v1/consumer-groups/%C3/queues/q/seek", &json!({"toEnd": true})).await,
         app.get("/api/v1/pop/queue/q/partition/p%E9").await,
+        // An escaped letter of `/api/` routes the same, and is checked the same.
+        app.get("/%61pi/v1/pop/queue/q?consumerGroup=%FF").await,
     ];
     for answer in &not_text {
         assert_refused(answer, StatusCode::BAD_REQUEST, "not UTF-8");
@@ -215,7 +217,13 @@ async fn bodies_over_the_configured_size_are_refused() {
 async fn unknown_routes_and_methods_get_json_errors() {
     let app = TestApp::spawn().await;
     assert_refused(&app.get("/api/v1/nothing-here").await, StatusCode::NOT_FOUND, "no route");
-    assert_refused(&app.get("/api/v1/push").await, StatusCode::METHOD_NOT_ALLOWED, "not allowed");
+    let wrong_method = app.get("/api/v1/push").await;
+    assert_refused(&wrong_method, StatusCode::METHOD_NOT_ALLOWED, "not allowed");
+    assert_eq!(
+        (&wrong_method.body["success"], &wrong_method.body["code"]),
+        (&json!(false), &json!("method_not_allowed"))
+    );
+    assert!(wrong_method.body["requestId"].is_string(), "{wrong_method:?}");
     assert_refused(&app.get("/api/v1/resources/queues/absent").await, StatusCode::NOT_FOUND, "absent");
 }
 
