@@ -47,6 +47,11 @@ pub fn check(kind: NameKind, field: impl std::fmt::Display, value: &str) -> Resu
     if value.chars().any(char::is_control) {
         return Err(format!("{field}: the {noun} must not contain control characters"));
     }
+    // In a path, `.` and `..` are dot segments that browsers and URL libraries resolve away: the
+    // name could never be read or deleted by its own route.
+    if value == "." || value == ".." {
+        return Err(format!("{field}: the {noun} must not be {value:?}, which a URL path cannot carry"));
+    }
     if kind != NameKind::TransactionId && value.contains('/') {
         return Err(format!("{field}: the {noun} must not contain '/'"));
     }
@@ -105,6 +110,10 @@ mod tests {
         assert!(check(NameKind::Partition, "partition", "a/b").is_err());
         assert!(check(NameKind::TransactionId, "transactionId", "a/b").is_ok());
         assert!(check(NameKind::ConsumerGroup, "consumerGroup", "a\nb").is_err());
+        for kind in [NameKind::Queue, NameKind::Partition, NameKind::ConsumerGroup, NameKind::TransactionId] {
+            assert!(check(kind, "name", "..").is_err() && check(kind, "name", ".").is_err());
+            assert!(check(kind, "name", "...").is_ok() && check(kind, "name", ".hidden").is_ok());
+        }
     }
 
     #[test]
