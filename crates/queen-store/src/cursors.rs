@@ -844,7 +844,9 @@ pub async fn acknowledge_batch(
 ) -> Result<AckBatch, AckBatchFailure> {
     let unanswered = || StoreError::unanswered("an ack commit", answer_within);
     let completed = match tokio::time::timeout(answer_within, completed_spans::commit(&*client, calls)).await {
-        Ok(completed) => completed.map_err(|error| AckBatchFailure::nothing_committed(calls, error))?,
+        Ok(completed) => {
+            completed.map_err(|error| AckBatchFailure::nothing_committed(calls, error.of_commit("an ack commit")))?
+        }
         Err(_) => return Err(AckBatchFailure::nothing_committed(calls, unanswered())),
     };
     let (rest, places) = undecided(calls, &completed);
@@ -869,7 +871,7 @@ async fn rules_transaction(
 ) -> Result<AckBatch, StoreError> {
     let tx = client.transaction().await?;
     let by_rules = apply_rules(&tx, calls, keys, false).await?;
-    tx.commit().await?;
+    tx.commit().await.map_err(|e| StoreError::from(e).of_commit("an ack commit"))?;
     Ok(by_rules)
 }
 

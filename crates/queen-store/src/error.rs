@@ -55,6 +55,10 @@ pub enum StoreError {
         waited.as_millis()
     )]
     Unanswered { what: &'static str, waited: std::time::Duration },
+    /// The connection was lost while PostgreSQL ran a statement that commits (an autocommit
+    /// write, a `COMMIT`): it may have committed or not.
+    #[error("the connection was lost while PostgreSQL ran {what}; whether it took effect is unknown")]
+    Interrupted { what: &'static str },
     #[error("database error: {0}")]
     Db(tokio_postgres::Error),
     /// PostgreSQL answers but refuses to write, for now: nothing of the statement's transaction
@@ -157,11 +161,30 @@ impl StoreError {
         StoreError::Unanswered { what, waited }
     }
 
+    /// What the failure of a statement that commits (an autocommit write, a `COMMIT`) is: a
+    /// connection lost while it ran leaves its outcome unknown ([`StoreError::Interrupted`]),
+    /// where a lost connection before it is a clean failure, nothing written.
+    pub fn of_commit(self, what: &'static str) -> Self {
+        match self {
+            StoreError::Unavailable(_) => StoreError::Interrupted { what },
+            StoreError::Db(e) if is_connection_failure(&e) => StoreError::Interrupted { what },
+            other => other,
+        }
+    }
+
+    /// Whether the outcome of the write that failed is unknown: it may have committed.
+    pub fn outcome_unknown(&self) -> bool {
+        matches!(self, StoreError::Unanswered { .. } | StoreError::Interrupted { .. })
+    }
+
     /// Whether the failure is the database being unreachable or going away, or too slow to
     /// answer in time (as opposed to a statement that PostgreSQL refused).
     pub fn is_unavailable(&self) -> bool {
         match self {
-            StoreError::Unavailable(_) | StoreError::Tls(_) | StoreError::Unanswered { .. } => true,
+            StoreError::Unavailable(_)
+            | StoreError::Tls(_)
+            | StoreError::Unanswered { .. }
+            | StoreError::Interrupted { .. } => true,
             StoreError::Db(e) => is_connection_failure(e) || is_transient(e),
             _ => false,
         }
@@ -253,5 +276,20 @@ impl From<deadpool_postgres::PoolError> for StoreError {
                 StoreError::Unavailable(other.to_string())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_lost_under_a_commit_leaves_its_outcome_unknown() {
+        let lost = StoreError::Unavailable("connection closed".into()).of_commit("an ack commit");
+        assert!(matches!(lost, StoreError::Interrupted { what: "an ack commit" }), "{lost:?}");
+        assert!(lost.outcome_unknown() && lost.is_unavailable());
+        assert!(lost.to_string().contains("whether it took effect is unknown"), "{lost}");
+        let refused = StoreError::Missing("queue").of_commit("an ack commit");
+        assert!(matches!(refused, StoreError::Missing("queue")) && !refused.outcome_unknown());
     }
 }

@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use queen_log::Cipher;
+use queen_store::Pool;
 use queen_store::cursors::{AckBatch, AckBatchFailure, AckOutcome, AckRequest};
-use queen_store::{Pool, StoreError};
 use tokio::sync::oneshot;
 
 use super::WorkError;
@@ -203,7 +203,7 @@ impl AckLane {
                             answer_within,
                         )
                         .await;
-                        if acked.as_ref().is_err_and(|failed| matches!(failed.error, StoreError::Unanswered { .. })) {
+                        if acked.as_ref().is_err_and(|failed| failed.error.outcome_unknown()) {
                             queen_store::pool::discard(client);
                         }
                         acked
@@ -259,8 +259,10 @@ impl AckLane {
             }
             return;
         };
-        // Sent again alone, the batches of an unanswered commit would wait as long again, each.
-        let fused = batches.len() > 1 && !matches!(error, StoreError::Unanswered { .. });
+        // Sent again alone, the batches of an unanswered commit would wait as long again, each,
+        // and those of a commit whose outcome is unknown would apply twice (a `failed` without a
+        // lease counting again).
+        let fused = batches.len() > 1 && !error.outcome_unknown();
         if fused {
             tracing::debug!(error = %error, batches = batches.len(), "a fused ack commit failed: its batches go again one by one");
         }

@@ -49,7 +49,7 @@ impl From<StoreError> for WorkError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::Missing(what) => WorkError::Gone(what),
-            StoreError::Unanswered { .. } => {
+            StoreError::Unanswered { .. } | StoreError::Interrupted { .. } => {
                 tracing::warn!(error = %e, "a write went unanswered");
                 WorkError::Unanswered(e.to_string())
             }

@@ -88,7 +88,7 @@ impl From<StoreError> for BrokerError {
             tracing::error!(error = %e, "refused to write an encrypted queue in plain text");
             return BrokerError::Unavailable(e.to_string());
         }
-        if let StoreError::Unanswered { .. } = e {
+        if e.outcome_unknown() {
             // The message says what the client needs to know: the outcome is unknown.
             tracing::warn!(error = %e, "a write went unanswered");
             return BrokerError::Unavailable(e.to_string());
