@@ -158,8 +158,6 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
             () = ClientConnection::closed(request.connection) => return Ok(Delivery::default()),
         }
     }
-    // One lease for whatever the pop claims, on every queue.
-    let lease_id = Uuid::now_v7();
     let subscribed_at = Utc::now();
     let mut queue_conflates = false;
     if let PopSource::Queue { queue, .. } = &request.source {
@@ -176,6 +174,10 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
         if held_by_pop_maintenance(broker, request, deadline, &mut parked).await? {
             return paused();
         }
+        // One lease for whatever this look claims, on every queue; a new one at each look, so
+        // that a claim given back in the background (`Unhanded`) never meets a later claim of
+        // this same pop under its id.
+        let lease_id = Uuid::now_v7();
         let (names, queues) = sources(broker, request, queue_conflates).await?;
         let mut seen = Vec::new();
         if request.wait {
