@@ -52,7 +52,10 @@ pub fn record(metrics: &Metrics, statuses: &[AckStatus], outcomes: &[AckOutcome]
         metrics.acks.with_label_values(&[status_label(*status), verdict_label(&outcome.verdict)]).inc();
         let per_queue = match outcome.verdict {
             AckVerdict::Committed { .. } => &metrics.messages_acked,
-            AckVerdict::Requeued { .. } => &metrics.messages_failed,
+            // A `retry`, or a `failed` whose failure was counted already (another of the same
+            // call), is no failure of the message's.
+            AckVerdict::Requeued { retry_counted: true } => &metrics.messages_failed,
+            AckVerdict::Requeued { retry_counted: false } => continue,
             AckVerdict::DeadLettered => &metrics.messages_dead_lettered,
             AckVerdict::Dropped => &metrics.messages_dropped,
             AckVerdict::Noop | AckVerdict::Refused(_) => continue,
