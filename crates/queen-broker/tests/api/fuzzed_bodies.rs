@@ -390,7 +390,7 @@ const GOOD_NAMES: &[&str] = &[
     "Default",
 ];
 
-/// A good queue, partition or group name.
+/// A good queue, partition or group name (`.` and `..`, which a URL path cannot carry, are none).
 fn name() -> BoxedStrategy<String> {
     prop_oneof![
         3 => prop::sample::select(GOOD_NAMES).prop_map(str::to_owned),
@@ -399,6 +399,7 @@ fn name() -> BoxedStrategy<String> {
         1 => Just("q".repeat(255)),
         1 => Just("é".repeat(127)),
     ]
+    .prop_filter("not a dot segment", |name| name != "." && name != "..")
     .boxed()
 }
 
@@ -419,6 +420,8 @@ fn bad_name() -> BoxedStrategy<Value> {
         json!(""),
         json!("a/b"),
         json!("/"),
+        json!("."),
+        json!(".."),
         json!("q".repeat(256)),
         json!("é".repeat(128)),
         json!("bell\u{7}"),
