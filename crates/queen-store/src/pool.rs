@@ -142,11 +142,31 @@ impl Drop for WriteUnderWay {
     }
 }
 
-/// When a connection of this process was last found lost (`None`: never).
-static LAST_LOST: Mutex<Option<Instant>> = Mutex::new(None);
+/// When something last happened that puts the pool's older connections in doubt (`None`:
+/// never); a connection last handed out (or opened) before it is checked when next taken.
+struct Mark(Mutex<Option<Instant>>);
 
-/// When a write of this process was last refused as read-only (`None`: never).
-static LAST_READ_ONLY: Mutex<Option<Instant>> = Mutex::new(None);
+impl Mark {
+    const fn new() -> Self {
+        Mark(Mutex::new(None))
+    }
+
+    fn set(&self) {
+        *self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Instant::now());
+    }
+
+    /// Whether the connection `metrics` describes was last handed out before the mark.
+    fn predates(&self, metrics: &Metrics) -> bool {
+        let at = *self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        at.is_some_and(|at| metrics.recycled.unwrap_or(metrics.created) <= at)
+    }
+}
+
+/// When a connection of this process was last found lost.
+static LOST: Mark = Mark::new();
+
+/// When a write of this process was last refused as read-only.
+static READ_ONLY: Mark = Mark::new();
 
 /// A write was refused as read-only: the server may be a standby that a single address (a DNS
 /// name, a virtual IP, a Kubernetes Service) pointed at for a moment, and a pooled connection
@@ -155,14 +175,13 @@ static LAST_READ_ONLY: Mutex<Option<Instant>> = Mutex::new(None);
 /// is in recovery, and dropped if it is ([`maybe_on_a_standby`]); one fenced read-only by
 /// `default_transaction_read_only` is kept.
 pub(crate) fn writes_refused_read_only() {
-    *LAST_READ_ONLY.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Instant::now());
+    READ_ONLY.set();
 }
 
 /// Whether a pooled connection was last handed out (or opened) before the latest read-only
 /// refusal.
 fn maybe_on_a_standby(metrics: &Metrics) -> bool {
-    let refused = *LAST_READ_ONLY.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    refused.is_some_and(|refused| metrics.recycled.unwrap_or(metrics.created) <= refused)
+    READ_ONLY.predates(metrics)
 }
 
 /// A statement failed because its connection was lost (its backend terminated, the server gone).
@@ -175,14 +194,13 @@ fn maybe_on_a_standby(metrics: &Metrics) -> bool {
 /// dropped and the pool takes or opens another. Until a loss, taking a connection costs nothing
 /// more.
 pub(crate) fn connection_lost() {
-    *LAST_LOST.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Instant::now());
+    LOST.set();
 }
 
 /// Whether a pooled connection was last handed out (or opened) before the latest loss, and so may
 /// be the one lost, or another lost with it.
 fn maybe_lost(metrics: &Metrics) -> bool {
-    let last_lost = *LAST_LOST.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    last_lost.is_some_and(|lost| metrics.recycled.unwrap_or(metrics.created) <= lost)
+    LOST.predates(metrics)
 }
 
 #[cfg(test)]
