@@ -781,23 +781,18 @@ impl Config {
         if db.pool_size == 0 {
             return Err(invalid("database.pool_size", "must be at least 1"));
         }
-        // 0 would not mean "no limit" (as libpq's connect_timeout): every wait would end at once.
+        // 0 is no timeout here. For the connection and the pool it would not mean "no limit" (as
+        // libpq's connect_timeout): every wait would end at once. PostgreSQL reads it as no limit,
+        // and a statement or a lock wait could then outlast every bound of the broker's (and an
+        // idle transaction's, derived from the statement timeout).
         for (name, value) in [
             ("database.connect_timeout_ms", db.connect_timeout_ms),
             ("database.pool_wait_timeout_ms", db.pool_wait_timeout_ms),
-        ] {
-            if value == 0 {
-                return Err(invalid(name, "must be at least 1"));
-            }
-        }
-        // PostgreSQL reads 0 as no limit: a statement or a lock wait could then outlast every
-        // bound of the broker's (and an idle transaction's, derived from the statement timeout).
-        for (name, value) in [
             ("database.statement_timeout_ms", db.statement_timeout_ms),
             ("database.lock_timeout_ms", db.lock_timeout_ms),
         ] {
             if value == 0 {
-                return Err(invalid(name, "must be at least 1 (0, no limit, is not offered)"));
+                return Err(invalid(name, "must be at least 1"));
             }
         }
         if let Some(url) = &db.url {
