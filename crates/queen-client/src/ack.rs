@@ -230,7 +230,8 @@ impl Client {
     /// Acknowledges one message; the broker's verdict.
     pub async fn ack(&self, ack: &Ack) -> Result<AckResult, Error> {
         let body = SingleBody { ack: ack.wire(), consumer_group: ack.group_name() };
-        let request = Request::post("/api/v1/ack".into()).json(&body)?.replay(replay_of(&[ack.wire()]));
+        let request =
+            Request::post("/api/v1/ack".into()).json(&body)?.replay(replay_of(std::slice::from_ref(&body.ack)));
         let answer = self.send(&request).await?.success()?;
         let mut results: Vec<AckResult> = answer.json()?;
         if results.len() != 1 {
