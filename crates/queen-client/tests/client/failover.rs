@@ -154,7 +154,7 @@ async fn a_503_fails_over_and_a_429_is_retried_after_its_retry_after() {
 #[actix_web::test]
 async fn a_lost_answer_is_reported_for_calls_that_would_act_twice() {
     let broker = TestBroker::start().await;
-    let losing = crate::helpers::AnswerLosingProxy::start(&broker.url).await;
+    let losing = Proxy::losing_answers(&broker.url).await;
     let direct = client_of(&[&broker.url]);
     let items: Vec<PushItem> =
         (0..3).map(|n| PushItem::new("lost", &n).unwrap().with_transaction_id(format!("m{n}"))).collect();

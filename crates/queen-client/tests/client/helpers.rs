@@ -6,7 +6,7 @@ use std::time::Duration;
 use queen_broker::config::Config;
 use queen_client::{Client, Pop, RetryPolicy};
 use queen_testkit::TestDatabase;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -97,7 +97,7 @@ pub struct Proxy {
 impl Proxy {
     pub async fn start(target: &str) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("a loopback port");
-        Self::serve(listener, target)
+        Self::serve(listener, target, forward)
     }
 
     /// A forwarder on a given port (one a killed proxy had: the broker "comes back").
@@ -105,23 +105,35 @@ impl Proxy {
         let deadline = Instant::now() + DEADLINE;
         loop {
             match TcpListener::bind(format!("127.0.0.1:{port}")).await {
-                Ok(listener) => return Self::serve(listener, target),
+                Ok(listener) => return Self::serve(listener, target, forward),
                 Err(e) => assert!(Instant::now() < deadline, "cannot bind port {port} again: {e}"),
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
-    fn serve(listener: TcpListener, target: &str) -> Proxy {
+    /// A forwarder that loses every answer: the request reaches the broker, which acts on it,
+    /// and the connection is closed as the answer starts coming back.
+    pub async fn losing_answers(target: &str) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a loopback port");
+        Self::serve(listener, target, lose_the_answer)
+    }
+
+    /// Accepts connections on `listener`, each relayed to `target` by `relay`.
+    fn serve<Relay, Relayed>(listener: TcpListener, target: &str, relay: Relay) -> Proxy
+    where
+        Relay: Fn(TcpStream, TcpStream) -> Relayed + Copy + Send + 'static,
+        Relayed: Future<Output = ()> + Send + 'static,
+    {
         let url = format!("http://{}", listener.local_addr().expect("an address"));
         let target = target.trim_start_matches("http://").to_owned();
         let task = tokio::spawn(async move {
             let mut connections = JoinSet::new();
-            while let Ok((mut inbound, _)) = listener.accept().await {
+            while let Ok((inbound, _)) = listener.accept().await {
                 let target = target.clone();
                 connections.spawn(async move {
-                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    if let Ok(outbound) = TcpStream::connect(&target).await {
+                        relay(inbound, outbound).await;
                     }
                 });
             }
@@ -143,44 +155,22 @@ impl Drop for Proxy {
     }
 }
 
-/// A forwarder that loses every answer: the request reaches the broker, which acts on it, and
-/// the connection is closed as the answer starts coming back.
-pub struct AnswerLosingProxy {
-    pub url: String,
-    task: tokio::task::JoinHandle<()>,
+/// Both ways, as they come.
+async fn forward(mut client: TcpStream, mut broker: TcpStream) {
+    let _ = tokio::io::copy_bidirectional(&mut client, &mut broker).await;
 }
 
-impl AnswerLosingProxy {
-    pub async fn start(target: &str) -> AnswerLosingProxy {
-        use tokio::io::AsyncReadExt;
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a loopback port");
-        let url = format!("http://{}", listener.local_addr().expect("an address"));
-        let target = target.trim_start_matches("http://").to_owned();
-        let task = tokio::spawn(async move {
-            let mut connections = JoinSet::new();
-            while let Ok((inbound, _)) = listener.accept().await {
-                let target = target.clone();
-                connections.spawn(async move {
-                    let Ok(outbound) = tokio::net::TcpStream::connect(&target).await else { return };
-                    let (mut from_client, _to_client) = inbound.into_split();
-                    let (mut from_broker, mut to_broker) = outbound.into_split();
-                    let forward = tokio::spawn(async move {
-                        let _ = tokio::io::copy(&mut from_client, &mut to_broker).await;
-                    });
-                    // The first byte of the answer: the broker has acted; the client hears nothing.
-                    let _ = from_broker.read(&mut [0; 1]).await;
-                    // Both halves of the client's connection dropped: it is closed.
-                    forward.abort();
-                    let _ = forward.await;
-                });
-            }
-        });
-        AnswerLosingProxy { url, task }
-    }
-}
-
-impl Drop for AnswerLosingProxy {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+/// The request to the broker, and nothing back: the first byte of the answer says the broker has
+/// acted, and the client's connection is then closed.
+async fn lose_the_answer(client: TcpStream, broker: TcpStream) {
+    use tokio::io::AsyncReadExt;
+    let (mut from_client, _to_client) = client.into_split();
+    let (mut from_broker, mut to_broker) = broker.into_split();
+    let forwarding = tokio::spawn(async move {
+        let _ = tokio::io::copy(&mut from_client, &mut to_broker).await;
+    });
+    let _ = from_broker.read(&mut [0; 1]).await;
+    // Both halves of the client's connection dropped: it is closed.
+    forwarding.abort();
+    let _ = forwarding.await;
 }
