@@ -315,7 +315,9 @@ fn every_environment_variable_and_config_file_key_the_chart_sets_is_a_broker_set
             keys.push(format!("{section}.{key}"));
         }
     }
-    for expected in ["http.tls_cert_file", "http.tls_key_file", "database.sslmode", "database.sslrootcert"] {
+    for expected in
+        ["http.tls_cert_file", "http.tls_key_file", "http.allowed_hosts", "database.sslmode", "database.sslrootcert"]
+    {
         assert!(keys.iter().any(|k| k == expected), "the ConfigMap does not write {expected}");
     }
     for key in &keys {

@@ -64,6 +64,10 @@ pub struct HttpConfig {
     /// Serve API requests that a browser made for a page of another origin (`Sec-Fetch-Site`
     /// `cross-site` or `same-site`), refused (403) by default: see `http::cross_site`.
     pub allow_cross_site: bool,
+    /// Host names, comma-separated and without ports, that a request over loopback may name in
+    /// its `Host` besides IP addresses, `localhost` and this machine's name; `*` allows any
+    /// (see `http::dns_rebinding`).
+    pub allowed_hosts: String,
 }
 
 impl Default for HttpConfig {
@@ -81,6 +85,7 @@ impl Default for HttpConfig {
             tls_cert_file: None,
             tls_key_file: None,
             allow_cross_site: false,
+            allowed_hosts: String::new(),
         }
     }
 }
@@ -93,6 +98,11 @@ impl HttpConfig {
             path.as_deref().filter(|p| !p.as_os_str().is_empty())
         }
         set(&self.tls_cert_file).zip(set(&self.tls_key_file))
+    }
+
+    /// The entries of `allowed_hosts`, trimmed and lowercased (host names are not case-sensitive).
+    pub fn allowed_host_names(&self) -> impl Iterator<Item = String> + '_ {
+        self.allowed_hosts.split(',').map(|name| name.trim().to_ascii_lowercase()).filter(|name| !name.is_empty())
     }
 }
 
@@ -672,6 +682,7 @@ const TEXT_SETTINGS: &[(&str, Presence)] = &[
     ("http.host", Presence::Required),
     ("http.tls_cert_file", Presence::Optional),
     ("http.tls_key_file", Presence::Optional),
+    ("http.allowed_hosts", Presence::Required),
     ("database.url", Presence::Optional),
     ("database.host", Presence::Optional),
     ("database.name", Presence::Required),
@@ -827,6 +838,12 @@ impl Config {
         }
         if self.http.keep_alive_seconds == 0 {
             return Err(invalid("http.keep_alive_seconds", "must be at least 1"));
+        }
+        if let Some(name) = self.http.allowed_host_names().find(|name| name != "*" && name.contains([':', '/', '*'])) {
+            return Err(invalid(
+                "http.allowed_hosts",
+                format!("{name:?} is not a host name (no scheme, port or pattern)"),
+            ));
         }
         let set = |path: &Option<PathBuf>| path.as_ref().is_some_and(|p| !p.as_os_str().is_empty());
         match (set(&self.http.tls_cert_file), set(&self.http.tls_key_file)) {
@@ -1048,6 +1065,15 @@ mod tests {
         let mut config = Config::default();
         config.http.max_body_bytes = 300 << 20;
         assert_eq!(config.validate().unwrap_err().setting, "http.max_body_bytes", "a segment readers would refuse");
+        for listed in ["queen.internal:6632", "http://queen.internal", "*.internal"] {
+            let mut config = Config::default();
+            config.http.allowed_hosts = format!("localhost, {listed}");
+            assert_eq!(config.validate().unwrap_err().setting, "http.allowed_hosts", "{listed}");
+        }
+        let mut config = Config::default();
+        config.http.allowed_hosts = " Queen.Internal ,*,".into();
+        config.validate().expect("names and the wildcard");
+        assert_eq!(config.http.allowed_host_names().collect::<Vec<_>>(), ["queen.internal", "*"]);
         let mut config = Config::default();
         config.push.max_segment_bytes = 300 << 20;
         assert_eq!(config.validate().unwrap_err().setting, "push.max_segment_bytes");

@@ -100,6 +100,7 @@ impl Application {
                 .app_data(app_broker.clone())
                 .wrap(from_fn(http::uri_text::refuse_non_utf8))
                 .wrap(from_fn(http::cross_site::refuse))
+                .wrap(from_fn(http::dns_rebinding::refuse))
                 .wrap(from_fn(http::gate::admit))
                 .wrap(from_fn(http::leading_slashes::collapse))
                 .wrap(from_fn(http::request_id::assign))
@@ -241,6 +242,7 @@ fn raise_open_file_limit(max_connections: usize) {
     }
 }
 
-fn hostname() -> String {
+/// This machine's name, or `localhost` when it has none that is UTF-8.
+pub(crate) fn hostname() -> String {
     nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "localhost".into())
 }

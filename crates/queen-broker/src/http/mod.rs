@@ -14,6 +14,7 @@ pub mod cross_site;
 mod dashboard;
 mod depth;
 mod dlq;
+pub mod dns_rebinding;
 mod framed_pop;
 pub mod gate;
 mod health;

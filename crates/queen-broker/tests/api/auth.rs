@@ -611,6 +611,48 @@ async fn allow_cross_site_serves_requests_of_other_origins() {
     assert_eq!(answer.send().await.expect("a response").status(), StatusCode::OK);
 }
 
+/// DNS rebinding: a page whose name now points at 127.0.0.1 reaches a broker on its visitor's
+/// machine as its own origin (its `Origin` matches the `Host` it names, its own) and could read
+/// every answer. Over loopback, a `Host` naming another host than localhost, this machine or one
+/// `http.allowed_hosts` lists is refused and nothing is done; addresses and localhost are served.
+#[actix_web::test]
+async fn a_page_whose_name_rebinds_to_loopback_is_refused() {
+    let app = TestApp::spawn().await;
+    app.push_one("rebound", "p", "m1", json!(1)).await;
+    let port = app.base.rsplit(':').next().expect("a port").to_owned();
+    let evil = format!("evil.example:{port}");
+    let popped = app.http.get(app.url("/api/v1/pop/queue/rebound?autoAck=true")).header("host", &evil);
+    // What the page's scripts could add to pass for another host.
+    let forwarded = app
+        .http
+        .get(app.url("/api/v1/pop/queue/rebound?autoAck=true"))
+        .header("host", &evil)
+        .header("x-forwarded-host", format!("localhost:{port}"));
+    let configured = app
+        .http
+        .post(app.url("/api/v1/configure"))
+        .header("host", &evil)
+        .header("origin", format!("http://{evil}"))
+        .json(&json!({"queue": "planted", "options": {}}));
+    for request in [popped, forwarded, configured] {
+        let response = request.send().await.expect("a response");
+        assert_eq!(response.status(), StatusCode::FORBIDDEN);
+        let body: Value = response.json().await.expect("a JSON error");
+        assert!(body["error"].as_str().is_some_and(|e| e.contains("http.allowed_hosts")), "{body}");
+    }
+    assert_eq!(app.get("/api/v1/resources/queues/planted").await.status, StatusCode::NOT_FOUND);
+    for host in [format!("localhost:{port}"), format!("queen.localhost:{port}"), format!("127.0.0.1:{port}")] {
+        let listed = app.http.get(app.url("/api/v1/resources/queues")).header("host", &host).send().await;
+        assert_eq!(listed.expect("a response").status(), StatusCode::OK, "{host}");
+    }
+    let popped = app.get("/api/v1/pop/queue/rebound?batch=1").await;
+    assert_eq!(popped.messages()[0]["transactionId"], "m1", "the refused pops took nothing");
+
+    let proxied = TestApp::spawn_with(|config| config.http.allowed_hosts = "queen.internal, Evil.Example".into()).await;
+    let listed = proxied.http.get(proxied.url("/api/v1/resources/queues")).header("host", &evil).send().await;
+    assert_eq!(listed.expect("a response").status(), StatusCode::OK, "a name http.allowed_hosts lists");
+}
+
 /// A token whose subject is longer than a message can record as its producer is refused alone
 /// (400), before its push is fused with another's: the other is stored.
 #[actix_web::test]
