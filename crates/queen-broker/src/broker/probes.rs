@@ -12,6 +12,16 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often scrapes re-read consumer lag from the database.
 const LAG_REFRESH: Duration = Duration::from_secs(10);
 
+/// Why a probe got no answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unanswered {
+    /// Every connection of the full pool stayed in use by requests for the probe's whole time:
+    /// the broker is busy, and PostgreSQL may well be answering them.
+    PoolBusy,
+    /// PostgreSQL did not answer in time (a new connection, or the check itself) or failed.
+    Database,
+}
+
 /// Runs `check` on a pooled connection, the wait for the connection and the check together within
 /// `timeout` (the probes' timeouts in the Helm chart are set just above it). A connection whose
 /// check ran out of time is not given back to the pool, where the next request would wait behind
@@ -20,23 +30,31 @@ async fn on_a_connection<T>(
     broker: &Broker,
     timeout: Duration,
     check: impl AsyncFnOnce(&mut deadpool_postgres::Client) -> Option<T>,
-) -> Option<T> {
+) -> Result<T, Unanswered> {
     let deadline = tokio::time::Instant::now() + timeout;
-    let mut client = tokio::time::timeout_at(deadline, broker.pool.get()).await.ok()?.ok()?;
+    let mut client = match tokio::time::timeout_at(deadline, broker.pool.get()).await {
+        Ok(Ok(client)) => client,
+        Ok(Err(_)) => return Err(Unanswered::Database),
+        Err(_) => {
+            let pool = broker.pool.status();
+            let full = pool.size >= pool.max_size && pool.available == 0;
+            return Err(if full { Unanswered::PoolBusy } else { Unanswered::Database });
+        }
+    };
     let answer = tokio::time::timeout_at(deadline, check(&mut client)).await;
     match answer {
-        Ok(answer) => answer,
+        Ok(answer) => answer.ok_or(Unanswered::Database),
         Err(_) => {
             drop(deadpool_postgres::Object::take(client));
-            None
+            Err(Unanswered::Database)
         }
     }
 }
 
 /// PostgreSQL answers a query within the probe timeout.
-pub async fn database_reachable(broker: &Broker) -> bool {
+pub async fn database_reachable(broker: &Broker) -> Result<(), Unanswered> {
     let ping = async |client: &mut deadpool_postgres::Client| queen_store::probes::ping(client).await.ok();
-    on_a_connection(broker, PROBE_TIMEOUT, ping).await.is_some()
+    on_a_connection(broker, PROBE_TIMEOUT, ping).await
 }
 
 /// What readiness finds of PostgreSQL.
@@ -47,9 +65,11 @@ pub enum Readiness {
     /// It answers with the schema, but its transactions are read-only (`default_transaction_read_only`
     /// on, or a hot standby): no push, pop or ack can be served.
     ReadOnly,
-    /// It does not answer within the probe timeout, or its schema is not the version this broker
-    /// needs (another broker may have rolled the database back or replaced it).
-    Unavailable,
+    /// Its schema is older than this broker needs (another broker may have rolled the database
+    /// back or replaced it).
+    SchemaBehind,
+    /// It could not be asked: see [`Unanswered`].
+    Unanswered(Unanswered),
 }
 
 /// Whether PostgreSQL lets this broker serve, on one pooled connection: the schema version, then
@@ -59,12 +79,12 @@ pub async fn readiness(broker: &Broker) -> Readiness {
     let check = async |client: &mut deadpool_postgres::Client| {
         let version = queen_store::migrations::current_version(client).await.ok()?;
         if version < queen_store::migrations::latest_version() {
-            return Some(Readiness::Unavailable);
+            return Some(Readiness::SchemaBehind);
         }
         let read_only = queen_store::probes::transactions_read_only(client).await.ok()?;
         Some(if read_only { Readiness::ReadOnly } else { Readiness::Ready })
     };
-    on_a_connection(broker, PROBE_TIMEOUT, check).await.unwrap_or(Readiness::Unavailable)
+    on_a_connection(broker, PROBE_TIMEOUT, check).await.unwrap_or_else(Readiness::Unanswered)
 }
 
 /// Brings the gauges a scrape reports up to date: the pool, the database failures, the segment
@@ -91,7 +111,7 @@ pub async fn refresh_metrics(broker: &Broker) {
     let read = async |client: &mut deadpool_postgres::Client| {
         queen_store::groups::queue_lags(client, PROBE_TIMEOUT).await.ok()
     };
-    let Some(lags) = on_a_connection(broker, 2 * PROBE_TIMEOUT, read).await else {
+    let Ok(lags) = on_a_connection(broker, 2 * PROBE_TIMEOUT, read).await else {
         // The gauges keep what they last read, which `queen_consumer_group_lag_read_timestamp_seconds`
         // dates.
         tracing::warn!("could not read consumer lag for the metrics; the lag gauges keep their last values");

@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use super::body::query_pairs;
 use crate::broker::Broker;
-use crate::broker::probes::{self, Readiness};
+use crate::broker::probes::{self, Readiness, Unanswered};
 use crate::error::ApiError;
 
 #[derive(Serialize)]
@@ -18,29 +18,42 @@ struct Health {
 /// The process is alive. Never fails because PostgreSQL is down: restarting the broker would
 /// not bring the database back.
 pub async fn health(broker: web::Data<Broker>) -> HttpResponse {
-    let database = if probes::database_reachable(&broker).await { "connected" } else { "unreachable" };
+    let database = match probes::database_reachable(&broker).await {
+        Ok(()) => "connected",
+        Err(unanswered) => unanswered_state(unanswered),
+    };
     HttpResponse::Ok().json(Health { status: "healthy", database, version: env!("CARGO_PKG_VERSION") })
 }
 
 /// The broker can serve: PostgreSQL answers, holds the schema this broker needs, and takes
 /// writes. While it is read-only the answer is 503 with `database: "read-only"`: a broker that
 /// can take no push (and no pop or ack, which write leases and cursors) is not ready, though it
-/// stays alive (`/health`) and recovers by itself when writes are taken again.
+/// stays alive (`/health`) and recovers by itself when writes are taken again. `database` says
+/// what was found (`busy` when every pooled connection stayed in use by requests), and a broker
+/// that is stopping answers 503 with `status: "stopping"`.
 pub async fn ready(broker: web::Data<Broker>) -> HttpResponse {
-    let readiness = if broker.is_shutting_down() { Readiness::Unavailable } else { probes::readiness(&broker).await };
+    let readiness = probes::readiness(&broker).await;
     let database = match readiness {
-        Readiness::Ready => {
-            let version = env!("CARGO_PKG_VERSION");
-            return HttpResponse::Ok().json(Health { status: "ready", database: "connected", version });
-        }
+        Readiness::Ready => "connected",
         Readiness::ReadOnly => "read-only",
-        Readiness::Unavailable => "unreachable",
+        Readiness::SchemaBehind => "schema-behind",
+        Readiness::Unanswered(unanswered) => unanswered_state(unanswered),
     };
-    HttpResponse::ServiceUnavailable().json(Health {
-        status: "unavailable",
-        database,
-        version: env!("CARGO_PKG_VERSION"),
-    })
+    let version = env!("CARGO_PKG_VERSION");
+    if broker.is_shutting_down() {
+        return HttpResponse::ServiceUnavailable().json(Health { status: "stopping", database, version });
+    }
+    if readiness == Readiness::Ready {
+        return HttpResponse::Ok().json(Health { status: "ready", database, version });
+    }
+    HttpResponse::ServiceUnavailable().json(Health { status: "unavailable", database, version })
+}
+
+fn unanswered_state(unanswered: Unanswered) -> &'static str {
+    match unanswered {
+        Unanswered::PoolBusy => "busy",
+        Unanswered::Database => "unreachable",
+    }
 }
 
 /// `GET /metrics`: the Prometheus text format when the request accepts it (Prometheus asks for

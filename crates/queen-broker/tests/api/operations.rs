@@ -322,6 +322,32 @@ async fn a_read_only_database_is_a_503_that_says_so_and_not_ready_until_it_takes
     assert_eq!(app.pop("queue/fenced", "batch=10").await.messages().len(), 2, "before, and the push after");
 }
 
+/// `/ready` tells a pool whose every connection stays in use by requests (`busy`) from a database
+/// that does not answer (`unreachable`): the two send an operator after different faults.
+#[actix_web::test]
+async fn ready_says_the_pool_is_busy_when_every_connection_is_in_use() {
+    let app = TestApp::spawn_with(|config| config.database.pool_size = 1).await;
+    app.push_one("busy", "p", "m1", json!(1)).await;
+    let popped = app.pop("queue/busy", "batch=1&consumerGroup=g").await.messages();
+    let mut locker = app.db.connect().await;
+    let lock = locker.transaction().await.expect("a transaction");
+    let cursor = "SELECT 1 FROM queen.log_consumers WHERE consumer_group = 'g' FOR UPDATE";
+    assert_eq!(lock.execute(cursor, &[]).await.expect("the lock"), 1);
+    // The ack holds the pool's only connection while it waits for the cursor.
+    let ack = app.ack_all(&popped, "completed", Some("g"));
+    let meanwhile = async {
+        app.until_waiting_for_a_lock("queen.log_consumers", "the ack never waited for the cursor").await;
+        let ready = app.get("/ready").await;
+        lock.rollback().await.expect("the lock released");
+        ready
+    };
+    let (acked, ready) = tokio::join!(ack, meanwhile);
+    assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE, "{ready:?}");
+    assert_eq!(ready.body["database"], "busy", "{ready:?}");
+    assert_eq!(acked[0]["success"], true, "{acked:?}");
+    assert_eq!(app.get("/ready").await.status, StatusCode::OK, "free again");
+}
+
 /// A host of a multi-host URL that accepts connections and never answers (a frozen server, a
 /// proxy whose backend hung) is passed over after `connect_timeout`, as libpq does: a broker
 /// whose URL names one first starts (its TLS check and migrations), serves through its pool and
