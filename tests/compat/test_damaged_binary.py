@@ -179,3 +179,43 @@ def test_a_damaged_binary_transaction_is_refused_and_neither_acks_nor_pushes(que
             assert [m["transactionId"] for m in got] == ["d-1", "d-2"], got
 
     run(body())
+
+
+def asking_for_a_2_gib_window(z):
+    """The same zstd frame, still valid, asking its reader for a 2 GiB window instead of being one
+    segment: one-shot decoders take it, and so does the client's streaming one while the content
+    fits its 128 KiB output buffer, but not past that."""
+    descriptor = z[4]
+    assert descriptor & 0x20, "the client writes single-segment frames"
+    assert descriptor >> 6 in (1, 2), "a content size field of 2 or 4 bytes, the same either way"
+    return z[:4] + bytes([descriptor & ~0x20 & 0xFF, 0xA8]) + z[5:]
+
+
+BIG_ITEMS = [{"data": {"n": n, "text": f"{n}" * 60_000}, "transactionId": f"big-{n}"} for n in range(1, 4)]
+
+
+def test_a_group_asking_for_a_window_streaming_readers_refuse_is_taken_and_read_by_a_framed_pop(queen_url):
+    """Such a group is no damage, and the broker takes it. Kept as sent, it would be shipped as sent
+    in framed pops, and the client would refuse every pop answer that holds it (its partition stuck
+    for that consumer). The broker compresses it again, and the framed pop hands every message out."""
+
+    async def body():
+        name, group = unique("window"), unique("g")
+        form = {"binary_push": True, "push_compression": True}
+        raw = b"x" * 200_000
+        sent = asking_for_a_2_gib_window(zstandard.ZstdCompressor(level=1, write_content_size=True).compress(raw))
+        assert zstandard.ZstdDecompressor().decompress(sent) == raw, "a valid frame"
+        with pytest.raises(zstandard.ZstdError, match="memory"):
+            zstandard.ZstdDecompressor().decompressobj().decompress(sent)
+        transport = Damaging(lambda body: with_group_bytes(body, asking_for_a_2_gib_window))
+        async with client(queen_url, transport=transport, **form) as q:
+            pushed = await q.queue(name).partition("p").push(BIG_ITEMS)
+            assert [r["status"] for r in pushed] == ["queued"] * len(BIG_ITEMS), pushed
+            assert transport.damaged == 1
+
+        async with client(queen_url, framed_pop=True) as q:
+            got = await collect(q.queue(name).group(group).batch(100).wait(False), len(BIG_ITEMS))
+            assert [m["transactionId"] for m in got] == [item["transactionId"] for item in BIG_ITEMS]
+            assert [m["data"] for m in got] == [item["data"] for item in BIG_ITEMS]
+
+    run(body())

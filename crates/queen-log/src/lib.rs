@@ -29,7 +29,7 @@ pub use error::{DecodeError, EncodeError};
 pub use frame::{Frame, FrameIter, FrameOwned, encode_frame, encoded_len};
 pub use ids::new_message_id;
 pub use journal::{JOURNAL_MAGIC, JournalDefect, JournalEntry, JournalReader, encode_record};
-pub use segment::{DecodedSegment, EncodedSegment, SegmentBuilder, decode_segment};
+pub use segment::{DecodedSegment, EncodedSegment, SegmentBuilder, decode_segment, window_within_streaming_limit};
 
 /// Frame flag: a 16-byte trace id follows the message id.
 pub const FLAG_TRACE: u8 = 0x01;

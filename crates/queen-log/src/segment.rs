@@ -81,6 +81,24 @@ impl DecodedSegment {
     }
 }
 
+/// The largest window a streaming zstd reader allows unless told otherwise
+/// (`ZSTD_WINDOWLOG_LIMIT_DEFAULT`, 2^27 bytes). The official Python client decodes the segments
+/// of a framed pop that way and refuses a frame that asks for more.
+pub const STREAMING_WINDOW_LIMIT: u64 = 1 << 27;
+
+/// Whether a zstd frame's window is one every reader takes (at most [`STREAMING_WINDOW_LIMIT`]).
+/// A single-segment frame has no window of its own: it is the content, which its reader holds
+/// whole anyway. Other frames say theirs in the byte after the header descriptor.
+pub fn window_within_streaming_limit(frame: &[u8]) -> bool {
+    let Some(&descriptor) = frame.get(4) else { return false };
+    if descriptor & 0x20 != 0 {
+        return true;
+    }
+    let Some(&window) = frame.get(5) else { return false };
+    let base = 1u64 << (10 + u32::from(window >> 3));
+    base + base / 8 * u64::from(window & 7) <= STREAMING_WINDOW_LIMIT
+}
+
 /// Decompresses a segment body and checks that it holds exactly `expected_frames` well-formed
 /// frames. `max_raw_len` bounds the memory a corrupt or hostile body can make us allocate.
 pub fn decode_segment(body: &[u8], expected_frames: usize, max_raw_len: usize) -> Result<DecodedSegment, DecodeError> {
@@ -121,6 +139,18 @@ mod tests {
 
     use super::*;
     use crate::FrameOwned;
+
+    #[test]
+    fn a_window_past_what_streaming_readers_allow_is_told_apart() {
+        let frame = crate::zstd_contexts::compress_segment(&[7; 300_000]).expect("compressed");
+        assert!(window_within_streaming_limit(&frame), "the broker's own segments");
+        // Not one segment, and a window of 2^27 (exponent 17), 2^27 + 2^24 (mantissa 1), 2^31.
+        let asking = |window: u8| [&frame[..4], &[frame[4] & !0x20, window], &frame[5..]].concat();
+        assert!(window_within_streaming_limit(&asking(17 << 3)));
+        assert!(!window_within_streaming_limit(&asking(17 << 3 | 1)));
+        assert!(!window_within_streaming_limit(&asking(21 << 3)));
+        assert!(!window_within_streaming_limit(&frame[..4]), "cut short");
+    }
 
     fn frames(n: usize) -> Vec<FrameOwned> {
         (0..n)

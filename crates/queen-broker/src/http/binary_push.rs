@@ -239,7 +239,9 @@ fn frames_groups(wire: &mut Wire<'_>, max_items: usize, budget: &mut usize) -> R
             check_payload(frame.payload, || field(".payload"))?;
             items.push(item(&queue, &partition, transaction_id, frame.message_id, frame.payload));
         }
-        if as_received && n > 0 {
+        // A frame asking readers for a window larger than streaming readers allow is compressed
+        // again: stored as received, the official client's framed pops would refuse it.
+        if as_received && n > 0 && queen_log::window_within_streaming_limit(z) {
             let segment = Arc::new(EncodedSegment { body: z.to_vec(), raw_len, frame_count: n });
             for (index, item) in items[first..].iter_mut().enumerate() {
                 item.received = Some(ReceivedFrame { segment: Arc::clone(&segment), index });

@@ -106,7 +106,9 @@ fn shippable<'a>(
     })?;
     let covers = first.offset == segment.base_offset.max(start) && last.offset == segment.end_offset().min(end);
     let most = record.len() * 2 >= segment.frames.frame_count();
-    let body = segment.zstd_body.as_deref()?;
+    // A segment stored before pushes' windows were checked may ask for more than a client's
+    // streaming reader allows: its messages are sent rebuilt.
+    let body = segment.zstd_body.as_deref().filter(|body| queen_log::window_within_streaming_limit(body))?;
     (covers && most).then_some((segment, body))
 }
 
