@@ -119,17 +119,26 @@ impl Caller {
 
     /// Refuses (403) a partition of a queue outside the token's scope, and one of no queue: what
     /// is left of a partition cleaned up (its dead letters) is no longer known to be the token's.
+    /// The refusal names no queue and is the same for both: partition ids are sequential, and a
+    /// token walking them would otherwise learn every queue's name and which partitions exist.
     pub async fn check_partitions(&self, broker: &Broker, partitions: &[i64]) -> Result<(), ApiError> {
-        if !self.0.as_ref().is_some_and(Identity::is_scoped) {
+        let Some(identity) = self.0.as_ref().filter(|identity| identity.is_scoped()) else { return Ok(()) };
+        let owners = access::queues_of_partitions(broker, partitions).await?;
+        if owners.unknown.is_empty() && owners.queues.iter().all(|queue| identity.allows_queue(queue)) {
             return Ok(());
         }
-        let owners = access::queues_of_partitions(broker, partitions).await?;
-        if let Some(unknown) = owners.unknown.first() {
-            return Err(ApiError::Forbidden(format!(
-                "partition {unknown} belongs to no queue: a token confined to queues acts only on partitions of its queues"
-            )));
+        Err(ApiError::Forbidden(
+            "a token confined to queues acts only on partitions of its queues, and a partition named is not one".into(),
+        ))
+    }
+
+    /// Refuses (403) a lease holding messages of a queue outside the token's scope, naming none.
+    pub fn check_lease_queues(&self, queues: &[String]) -> Result<(), ApiError> {
+        let Some(identity) = self.0.as_ref().filter(|identity| identity.is_scoped()) else { return Ok(()) };
+        if queues.iter().all(|queue| identity.allows_queue(queue)) {
+            return Ok(());
         }
-        self.check_queues(owners.queues.iter().map(String::as_str))
+        Err(ApiError::Forbidden("a token confined to queues acts only on leases of its queues".into()))
     }
 }
 
@@ -237,7 +246,7 @@ async fn check_scope(broker: &Broker, identity: &Identity, scope: Scope, req: &S
         Scope::PathLease => match param("lease_id").and_then(|id| uuid::Uuid::parse_str(&id).ok()) {
             Some(lease) => {
                 let queues = access::queues_of_lease(broker, lease).await?;
-                caller.check_queues(queues.iter().map(String::as_str))
+                caller.check_lease_queues(&queues)
             }
             None => Ok(()),
         },

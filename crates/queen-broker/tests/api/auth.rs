@@ -419,6 +419,12 @@ async fn static_tokens_confine_their_holder_to_their_queue_prefixes() {
         let answer = call(&app, method, &path, Some(ORDERS_TOKEN), body).await;
         assert!(forbidden(&answer), "{method} {path}: {answer:?}");
     }
+    // A partition of another queue and one of no queue are refused alike, naming no queue: a token
+    // walking the (sequential) partition ids learns nothing of other queues.
+    let theirs = call(&app, "get", &format!("/api/v1/messages/{billing_partition}/t1"), Some(ORDERS_TOKEN), None).await;
+    let nobodys = call(&app, "get", "/api/v1/messages/999999/t1", Some(ORDERS_TOKEN), None).await;
+    assert_eq!(theirs.body["error"], nobodys.body["error"], "{theirs:?}");
+    assert!(!theirs.body.to_string().contains("billing"), "{theirs:?}");
     let allowed = [
         ("get", "/api/v1/pop/queue/orders.eu?wait=false".to_owned()),
         ("get", format!("/api/v1/messages/{partition}/t1")),
