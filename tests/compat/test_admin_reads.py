@@ -23,6 +23,9 @@ def test_every_admin_read_answers_about_the_queue_it_was_shown(queen_url):
             assert "reads-task" in str(tasks), tasks
             listed = await q.admin.list_queues(limit=1000)
             assert name in str(listed), listed
+            # `search` (as the client documents it): the queues whose names hold it, in any case.
+            searched = await q.admin.list_queues(search=name[-12:].upper())
+            assert [found["name"] for found in searched["queues"]] == [name], searched
             queue = await q.admin.get_queue(name)
             assert queue["name"] == name, queue
             depth = await q.admin.get_queue_depth(name, group)

@@ -70,6 +70,7 @@ pub async fn queues(
     name: Option<&str>,
     namespace: Option<&str>,
     task: Option<&str>,
+    search: Option<&str>,
     limit: i64,
     offset: i64,
 ) -> Result<Vec<QueueStats>, StoreError> {
@@ -79,13 +80,14 @@ pub async fn queues(
               WHERE ($1::text IS NULL OR name = $1)
                 AND ($2::text IS NULL OR namespace = $2)
                 AND ($3::text IS NULL OR task = $3)
+                AND ($4::text IS NULL OR strpos(lower(name), lower($4)) > 0)
               ORDER BY name
-              LIMIT $4 OFFSET $5) q
+              LIMIT $5 OFFSET $6) q
          CROSS JOIN LATERAL (
              SELECT {PARTITION_SIZES} FROM queen.partitions p WHERE p.queue_id = q.id) s
          ORDER BY q.name"
     );
-    let rows = client.query(&sql, &[&name, &namespace, &task, &limit, &offset]).await?;
+    let rows = client.query(&sql, &[&name, &namespace, &task, &search, &limit, &offset]).await?;
     Ok(rows
         .iter()
         .map(|row| QueueStats {

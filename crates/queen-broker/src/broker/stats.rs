@@ -13,6 +13,8 @@ use super::BrokerError;
 pub struct QueueFilter<'a> {
     pub namespace: Option<&'a str>,
     pub task: Option<&'a str>,
+    /// Only queues whose name holds this, in any case.
+    pub search: Option<&'a str>,
     pub limit: i64,
     pub offset: i64,
 }
@@ -35,7 +37,7 @@ pub async fn overview(broker: &Broker) -> Result<Overview, BrokerError> {
 /// A page of queues with their sizes.
 pub async fn queues(broker: &Broker, filter: &QueueFilter<'_>) -> Result<Vec<QueueStats>, BrokerError> {
     let client = client(broker).await?;
-    Ok(stats::queues(&client, None, filter.namespace, filter.task, filter.limit, filter.offset).await?)
+    Ok(stats::queues(&client, None, filter.namespace, filter.task, filter.search, filter.limit, filter.offset).await?)
 }
 
 /// A page of the namespaces (or tasks) queues carry, with their queues' sizes summed.
@@ -55,7 +57,8 @@ pub async fn queues_with_lag(
     filter: &QueueFilter<'_>,
 ) -> Result<(Vec<QueueStats>, Vec<CursorLag>), BrokerError> {
     let client = client(broker).await?;
-    let queues = stats::queues(&client, None, filter.namespace, filter.task, filter.limit, filter.offset).await?;
+    let queues =
+        stats::queues(&client, None, filter.namespace, filter.task, filter.search, filter.limit, filter.offset).await?;
     let names: Vec<&str> = queues.iter().map(|stats| stats.queue.name.as_str()).collect();
     let lags = groups::cursor_lags(&client, None, Some(&names)).await?;
     Ok((queues, lags))
@@ -79,7 +82,7 @@ pub async fn queue_status(
     max_partitions: i64,
 ) -> Result<Option<QueueStatus>, BrokerError> {
     let client = client(broker).await?;
-    let Some(queue) = stats::queues(&client, Some(name), None, None, 1, 0).await?.pop() else { return Ok(None) };
+    let Some(queue) = stats::queues(&client, Some(name), None, None, None, 1, 0).await?.pop() else { return Ok(None) };
     let partitions = stats::partitions(&client, Some(name), max_partitions, 0).await?;
     let lags = groups::cursor_lags(&client, None, Some(&[name])).await?;
     Ok(Some(QueueStatus { queue, partitions, lags }))

@@ -107,15 +107,19 @@ impl From<QueueStats> for QueueJson {
     }
 }
 
-/// A page of queues, filtered by the `namespace` and `task` of the query.
+/// What a page of queues may be filtered by: a `namespace`, a `task`, and a `search` text their
+/// names hold (the official client's `list_queues(search=)`).
+const QUEUE_FILTERS: &[&str] = &["namespace", "task", "search"];
+
+/// A page of queues, filtered as [`QUEUE_FILTERS`] says.
 fn queue_filter(query: &BTreeMap<String, String>, limit: i64, offset: i64) -> QueueFilter<'_> {
-    let (namespace, task) = (query.get("namespace").map(String::as_str), query.get("task").map(String::as_str));
-    QueueFilter { namespace, task, limit, offset }
+    let filter = |name: &str| query.get(name).map(String::as_str);
+    QueueFilter { namespace: filter("namespace"), task: filter("task"), search: filter("search"), limit, offset }
 }
 
-/// `GET /resources/queues?namespace=&task=&limit=&offset=`.
+/// `GET /resources/queues?namespace=&task=&search=&limit=&offset=`.
 pub async fn queues(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
-    let (query, limit, offset) = page(&req, 100, &["namespace", "task"])?;
+    let (query, limit, offset) = page(&req, 100, QUEUE_FILTERS)?;
     let found = stats::queues(&broker, &queue_filter(&query, limit, offset)).await?;
     let queues: Vec<QueueJson> = found.into_iter().map(QueueJson::from).collect();
     Ok(HttpResponse::Ok().json(serde_json::json!({ "queues": queues, "limit": limit, "offset": offset })))
@@ -257,7 +261,7 @@ fn with_groups(queue: QueueStats, lags: &mut BTreeMap<&str, BTreeMap<&str, Group
 
 /// `GET /status/queues`: every queue with its size and its groups' lag.
 pub async fn queue_statuses(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
-    let (query, limit, offset) = page(&req, 100, &["namespace", "task"])?;
+    let (query, limit, offset) = page(&req, 100, QUEUE_FILTERS)?;
     let (found, lags) = stats::queues_with_lag(&broker, &queue_filter(&query, limit, offset)).await?;
     let mut by_queue = lag_by_queue(&lags);
     let queues: Vec<QueueStatusJson> = found.into_iter().map(|q| with_groups(q, &mut by_queue)).collect();

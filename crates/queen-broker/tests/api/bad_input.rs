@@ -185,6 +185,7 @@ async fn a_nul_character_in_a_path_or_a_query_is_refused() {
         "/api/v1/dlq?queue=a%00b",
         "/api/v1/resources/queues?namespace=%00",
         "/api/v1/status/queues?namespace=x%00",
+        "/api/v1/resources/queues?search=a%00",
         "/api/v1/messages/1/t%00",
         "/api/v1/traces/by-name/n%00",
     ] {
