@@ -50,6 +50,56 @@ async fn with_no_database_configured_the_broker_runs_and_owns_its_own_postgresql
     std::fs::remove_dir_all(&data_dir).expect("the data dir can be removed");
 }
 
+/// The embedded PostgreSQL killed under the broker (the kernel's out-of-memory killer, say) is
+/// started again by the broker, on the same port: pushes answer 503 meanwhile, then go through,
+/// and what was acknowledged before is still there.
+#[tokio::test]
+async fn an_embedded_postgresql_killed_under_the_broker_is_started_again() {
+    let data_dir = target_dir().join(format!("e2e-embedded-killed-{}", uuid::Uuid::new_v4().simple()));
+    let data_arg = data_dir.to_string_lossy().into_owned();
+    let mut broker = BrokerProcess::start(queen_binary(), &["--data-dir", &data_arg], &[]).await;
+    let http = queen_testkit::http().build().expect("an HTTP client");
+    let push = |txn: &'static str| {
+        let body = serde_json::json!({"items": [{"queue": "killed", "transactionId": txn, "payload": txn}]});
+        http.post(format!("{}/api/v1/push", broker.url())).json(&body).send()
+    };
+    assert_eq!(push("before").await.expect("an answer").status(), StatusCode::CREATED);
+
+    let pid_file = data_dir.join("pg").join("postmaster.pid");
+    let postmaster = |text: &str| text.lines().next().and_then(|pid| pid.trim().parse::<i32>().ok());
+    let killed = postmaster(&std::fs::read_to_string(&pid_file).expect("postmaster.pid")).expect("its pid");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(killed), Signal::SIGKILL).expect("the postmaster killed");
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let answer = push("after").await.expect("an answer");
+        if answer.status() == StatusCode::CREATED {
+            break;
+        }
+        assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE, "503 while it is down");
+        assert!(std::time::Instant::now() < deadline, "the broker never started its PostgreSQL again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let now_running = std::fs::read_to_string(&pid_file).ok().and_then(|text| postmaster(&text));
+    assert!(now_running.is_some_and(|pid| pid != killed), "another postmaster: {now_running:?}");
+    let popped = http.get(format!("{}/api/v1/pop/queue/killed?batch=10", broker.url())).send().await.expect("a pop");
+    let popped: serde_json::Value = popped.json().await.expect("JSON");
+    let ids: Vec<&str> =
+        popped["messages"].as_array().expect("messages").iter().filter_map(|m| m["transactionId"].as_str()).collect();
+    assert_eq!(ids, ["before", "after"], "{popped}");
+    assert!(
+        broker.log().iter().any(|line| line.contains("started it again")),
+        "the broker says what it did: {:?}",
+        broker.log()
+    );
+
+    broker.signal(Signal::SIGTERM);
+    let status = broker.wait(Duration::from_secs(60)).await.expect("the broker exits after SIGTERM");
+    assert!(status.success(), "exit status {status:?}; log:\n{}", broker.log().join("\n"));
+    assert!(!pid_file.exists(), "the broker stopped the PostgreSQL it started again");
+    std::fs::remove_dir_all(&data_dir).expect("the data dir can be removed");
+}
+
 #[tokio::test]
 async fn queen_migrate_brings_a_database_up_to_date_and_can_run_again() {
     let db = TestDatabase::create("e2e_migrate").await;

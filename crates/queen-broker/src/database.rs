@@ -1,6 +1,9 @@
 //! Which PostgreSQL the broker uses: the configured server, or (with none configured) the
 //! embedded one it starts and owns under its data directory.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use queen_store::embedded::{EmbeddedError, EmbeddedOptions, EmbeddedPostgres};
 use queen_store::tls::{PgTarget, SslMode, TlsError, TlsSettings};
 use tokio_postgres::error::SqlState;
@@ -13,8 +16,14 @@ const EMBEDDED_DATABASE: &str = "queen";
 pub struct Database {
     /// Where every connection goes (the pool, the LISTEN connection) and how, TLS included.
     pub target: PgTarget,
-    embedded: Option<EmbeddedPostgres>,
+    embedded: Option<Arc<EmbeddedPostgres>>,
+    /// The task that starts the embedded server again when it stops under the broker, and what
+    /// tells it to end.
+    supervisor: Option<(tokio::task::JoinHandle<()>, tokio::sync::watch::Sender<bool>)>,
 }
+
+/// How often a broker looks whether its embedded server still runs.
+const EMBEDDED_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum DatabaseError {
@@ -43,7 +52,7 @@ impl Database {
             let tls = config.database.tls()?;
             let target = PgTarget::new(config.database.pg_config(), &tls)?;
             check_tls(&target, tls.mode, config.database.pool_settings().connect_timeout).await?;
-            return Ok(Self { target, embedded: None });
+            return Ok(Self { target, embedded: None, supervisor: None });
         }
         let data_dir = config.embedded.data_dir.join("pg");
         tracing::info!(
@@ -65,11 +74,44 @@ impl Database {
         create_database_if_missing(&embedded("postgres")?, EMBEDDED_DATABASE).await?;
         let target = embedded(EMBEDDED_DATABASE)?;
         tracing::info!(port = server.port(), "embedded PostgreSQL ready on 127.0.0.1:{}", server.port());
-        Ok(Self { target, embedded: Some(server) })
+        Ok(Self { target, embedded: Some(Arc::new(server)), supervisor: None })
+    }
+
+    /// Keeps the embedded server running, if this broker runs one: a server killed (the kernel's
+    /// out-of-memory killer, an operator) or crashed past its own recovery is started again on
+    /// the same port, and the pool's connections find it there. A configured server is its
+    /// operator's to run. Stopped by [`Database::close`].
+    pub fn keep_embedded_running(&mut self) {
+        let Some(server) = self.embedded.clone() else { return };
+        let (end, mut ended) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            loop {
+                // Ended between looks only: a start under way finishes before the server is stopped.
+                tokio::select! {
+                    _ = tokio::time::sleep(EMBEDDED_CHECK_INTERVAL) => {}
+                    _ = ended.changed() => return,
+                }
+                match server.start_again_if_stopped().await {
+                    Ok(false) => {}
+                    Ok(true) => tracing::warn!(
+                        data_dir = %server.data_dir().display(),
+                        "the embedded PostgreSQL had stopped; started it again"
+                    ),
+                    Err(e) => {
+                        tracing::error!(error = %e, "the embedded PostgreSQL has stopped and could not be started again")
+                    }
+                }
+            }
+        });
+        self.supervisor = Some((task, end));
     }
 
     /// Stops the embedded server, if this broker runs one (at the end of `serve`, whoever started it).
-    pub async fn close(self) {
+    pub async fn close(mut self) {
+        if let Some((task, end)) = self.supervisor.take() {
+            let _ = end.send(true);
+            let _ = task.await;
+        }
         if let Some(server) = self.embedded
             && let Err(e) = server.stop().await
         {

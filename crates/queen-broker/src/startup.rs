@@ -54,7 +54,8 @@ impl Application {
         let cipher = config.encryption.cipher()?.map(Arc::new);
         let auth = crate::auth::Authenticator::from_config(&config.auth)?;
         // The first log line says where the database is (the embedded one's data directory).
-        let database = Database::open(&config).await?;
+        let mut database = Database::open(&config).await?;
+        database.keep_embedded_running();
         // Every connection is a descriptor: a 1024 soft limit would cap clients far below
         // `http.max_connections`.
         raise_open_file_limit(config.http.max_connections);

@@ -72,6 +72,8 @@ pub struct EmbeddedPostgres {
     password: Option<String>,
     /// Found running rather than started by this process.
     adopted: bool,
+    /// The settings it was started with, for [`EmbeddedPostgres::start_again_if_stopped`].
+    settings: Vec<(String, String)>,
 }
 
 /// Why the embedded PostgreSQL could not be set up, started or stopped.
@@ -156,7 +158,7 @@ impl EmbeddedPostgres {
         let password = cluster.password().await?;
         if let Some(port) = cluster.running_port().await? {
             info!(data_dir = %cluster.data_dir.display(), port, "adopting the running PostgreSQL");
-            return Ok(Self { cluster, port, password, adopted: true });
+            return Ok(Self { cluster, port, password, adopted: true, settings: opts.settings });
         }
         let port = match opts.port {
             Some(port) => port,
@@ -166,7 +168,20 @@ impl EmbeddedPostgres {
             write_private(&cluster.data_dir.join(&file.name), &file.contents, cluster.server_user.as_ref()).await?;
         }
         cluster.start_server(port, &opts.settings).await?;
-        Ok(Self { cluster, port, password, adopted: false })
+        Ok(Self { cluster, port, password, adopted: false, settings: opts.settings })
+    }
+
+    /// Starts the server again, on the same port and with the same settings, when it is no
+    /// longer running (killed, or crashed past its own recovery); whether it had to. A server
+    /// another process started again meanwhile is left as it is (the start lock orders them).
+    pub async fn start_again_if_stopped(&self) -> Result<bool, EmbeddedError> {
+        let cluster = &self.cluster;
+        let _lock = cluster.lock().await?;
+        if cluster.is_running().await? {
+            return Ok(false);
+        }
+        cluster.start_server(self.port, &self.settings).await?;
+        Ok(true)
     }
 
     pub fn port(&self) -> u16 {
