@@ -155,14 +155,14 @@ impl Drop for Trickle {
 
 /// A request head that never ends: a header whose value goes on and on.
 fn endless_head() -> Vec<u8> {
-    let mut head = b"POST /api/v1/push HTTP/1.1\r\nHost: queen\r\nX-Slow: ".to_vec();
+    let mut head = b"POST /api/v1/push HTTP/1.1\r\nHost: localhost\r\nX-Slow: ".to_vec();
     head.extend(std::iter::repeat_n(b'a', 10_000));
     head
 }
 
 fn push_head(content_length: usize) -> Vec<u8> {
     format!(
-        "POST /api/v1/push HTTP/1.1\r\nHost: queen\r\nContent-Type: application/json\r\nContent-Length: {content_length}\r\n\r\n"
+        "POST /api/v1/push HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {content_length}\r\n\r\n"
     )
     .into_bytes()
 }
@@ -258,7 +258,7 @@ async fn a_slow_body_is_cut_off_with_408_within_the_body_timeout() {
 async fn a_slow_chunked_body_is_cut_off_with_408_within_the_body_timeout() {
     let (_db, broker) = broker("chaos_slow_chunked", HEAD_TIMEOUT, BODY_TIMEOUT, &[]).await;
     let (mut reader, mut writer) = connect(&broker).await;
-    let head = "POST /api/v1/push HTTP/1.1\r\nHost: queen\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+    let head = "POST /api/v1/push HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
     let head_sent = Instant::now();
     writer.write_all(head.as_bytes()).await.expect("the head");
     // One-byte chunks of a body that never ends.
@@ -314,7 +314,7 @@ async fn an_oversized_content_length_is_refused_413_without_tying_up_the_worker(
 async fn an_oversized_chunked_body_is_refused_413() {
     let (_db, broker) = broker("chaos_oversized_chunked", HEAD_TIMEOUT, BODY_TIMEOUT, &[]).await;
     let (mut reader, mut writer) = connect(&broker).await;
-    let head = "POST /api/v1/push HTTP/1.1\r\nHost: queen\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+    let head = "POST /api/v1/push HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
     writer.write_all(head.as_bytes()).await.expect("the head");
     let started = Instant::now();
     // 8 KiB chunks, four times the limit in all, then the body's end.
@@ -342,7 +342,7 @@ async fn oversized_headers_are_refused_quickly_and_the_connection_closed() {
     let head_timeout = Duration::from_secs(20);
     let (_db, broker) = broker("chaos_oversized_head", head_timeout, BODY_TIMEOUT, &[]).await;
     let (mut reader, mut writer) = connect(&broker).await;
-    let mut head = b"GET /health HTTP/1.1\r\nHost: queen\r\n".to_vec();
+    let mut head = b"GET /health HTTP/1.1\r\nHost: localhost\r\n".to_vec();
     // 1 MiB of headers, eight times what actix buffers of a head (128 KiB).
     for i in 0..1024 {
         head.extend(format!("X-Big-{i}: {}\r\n", "a".repeat(1000)).into_bytes());
