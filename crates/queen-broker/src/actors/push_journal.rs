@@ -181,6 +181,12 @@ impl ActiveFile {
     /// A new, empty journal file, durable in its directory.
     fn create(dir: &Path, sequence: u64) -> io::Result<Self> {
         let path = dir.join(format!("{sequence:020}{FILE_SUFFIX}"));
+        // A drain's progress left by an earlier file of this name (a crash between deleting the
+        // two) would have the new file's first records taken as replayed, and skipped.
+        match std::fs::remove_file(progress_path(&path)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
         let mut file = OpenOptions::new().create_new(true).append(true).open(&path)?;
         file.write_all(JOURNAL_MAGIC)?;
         file.sync_data()?;
@@ -223,6 +229,12 @@ impl JournalContents {
     /// Reads a whole file.
     pub fn read(path: &Path) -> io::Result<Self> {
         Ok(Self { path: path.to_owned(), data: std::fs::read(path)? })
+    }
+
+    /// Whether the file starts with another format's bytes (another version's journal, say),
+    /// rather than with ours or a part of ours (a creation cut short, which holds no record).
+    fn is_foreign(&self) -> bool {
+        !self.data.starts_with(JOURNAL_MAGIC) && !JOURNAL_MAGIC.starts_with(&self.data)
     }
 
     /// Every readable record, in order, each as its entries. A torn or corrupt record was never
@@ -329,6 +341,13 @@ impl FoundJournal {
         for (sequence, path) in files {
             found.next_sequence = found.next_sequence.max(sequence + 1);
             let contents = JournalContents::read(&path)?;
+            if contents.is_foreign() {
+                tracing::error!(
+                    file = %path.display(),
+                    "not a push journal this broker reads (another version's?): left in place, not replayed"
+                );
+                continue;
+            }
             let messages: u64 = contents.records().map(|entries| entries.len() as u64).sum();
             tracing::info!(file = %path.display(), messages, "found a push journal file to replay");
             keep_sealed(&mut found.sealed, path, messages, contents.data.len() as u64);

@@ -167,10 +167,17 @@ async fn replay_file(broker: &Broker, path: PathBuf) -> Result<(), Stopped> {
     let mut batch: Vec<PushItem> = Vec::new();
     let (mut batched, mut batch_bytes) = (done, 0);
     for items in records.into_iter().skip(usize::try_from(done).unwrap_or(usize::MAX)) {
-        batch_bytes += items.iter().map(|item| item.payload.len()).sum::<usize>();
+        let bytes = items.iter().map(|item| item.payload.len()).sum::<usize>();
+        // A record is one push, written alone as the push would have been; one that would take
+        // a batch past the bound starts the next batch.
+        if !batch.is_empty() && batch_bytes + bytes > max_bytes {
+            replay(broker, &mut batch, &path, batched).await?;
+            batch_bytes = 0;
+        }
+        batch_bytes += bytes;
         batch.extend(items);
         batched += 1;
-        if batch.len() >= limit || batch_bytes >= max_bytes {
+        if batch.len() >= limit {
             replay(broker, &mut batch, &path, batched).await?;
             batch_bytes = 0;
         }

@@ -425,14 +425,51 @@ async fn a_drain_goes_on_after_the_records_an_earlier_drain_put_in_the_log() {
     assert_eq!(buffered_messages(&app.base).await, 0);
 }
 
+/// A journal directory holding a drain's progress left by an earlier file of the name the next
+/// file gets (a crash between deleting a drained file and its progress, then a journal started
+/// afresh): the new file's records are not taken as replayed, and all reach the log.
+#[actix_web::test]
+async fn a_progress_left_by_an_earlier_file_of_the_same_name_skips_nothing() {
+    let dir = queen_testkit::target_dir().join("test-buffers").join(uuid::Uuid::new_v4().simple().to_string());
+    std::fs::create_dir_all(&dir).expect("the journal directory");
+    std::fs::write(dir.join("00000000000000000001.journal.replayed"), "5").expect("a stale progress");
+    let app = TestApp::spawn_with(|config| config.buffer.dir = dir.clone()).await;
+    switch(&app, PUSH_SWITCH, true).await;
+    let items: Vec<Value> = (1..=3).map(|n| item("fresh", "p", &format!("t{n}"), n)).collect();
+    let pushed = app.push(json!(items)).await;
+    assert!(pushed.iter().all(|result| result["status"] == "buffered"), "{pushed:?}");
+    switch(&app, PUSH_SWITCH, false).await;
+    eventually("the journal is drained", || async { buffered_messages(&app.base).await == 0 }).await;
+    assert_eq!(drain_partition(&app, "fresh", "p").await, ["t1", "t2", "t3"]);
+}
+
+/// A file of another format in the directory (another version's journal) is neither replayed
+/// nor deleted as empty: it is left for whoever can read it, and the journal goes on beside it.
+#[actix_web::test]
+async fn a_journal_file_of_another_format_is_left_in_place() {
+    let dir = queen_testkit::target_dir().join("test-buffers").join(uuid::Uuid::new_v4().simple().to_string());
+    std::fs::create_dir_all(&dir).expect("the journal directory");
+    let foreign = dir.join("00000000000000000001.journal");
+    let bytes = b"QJRNL-9 records of a format this broker does not know".to_vec();
+    std::fs::write(&foreign, &bytes).expect("a foreign journal file");
+    let app = TestApp::spawn_with(|config| config.buffer.dir = dir.clone()).await;
+    assert_eq!(buffered_messages(&app.base).await, 0, "nothing of it counted");
+    switch(&app, PUSH_SWITCH, true).await;
+    assert_eq!(app.push(json!([item("beside", "p", "t1", 1)])).await[0]["status"], "buffered");
+    switch(&app, PUSH_SWITCH, false).await;
+    eventually("the journal is drained", || async { buffered_messages(&app.base).await == 0 }).await;
+    assert_eq!(drain_partition(&app, "beside", "p").await, ["t1"]);
+    assert_eq!(std::fs::read(&foreign).expect("still there"), bytes);
+}
+
 /// A drain's batch of one partition becomes one segment, so it is bounded by bytes as fused
 /// pushes are (`push.max_segment_bytes`): a journal of large payloads writes segments readers
-/// can decode, not one of everything buffered.
+/// can decode, not one of everything buffered, and no batch goes past the bound.
 #[actix_web::test]
 async fn a_drain_writes_segments_no_larger_than_a_push_would() {
     let app = TestApp::spawn_with(|config| config.push.max_segment_bytes = 1024).await;
     switch(&app, PUSH_SWITCH, true).await;
-    let large = "x".repeat(600);
+    let large = "x".repeat(400);
     for n in 1..=3 {
         let pushed = app
             .push(json!([{"queue": "large", "partition": "p", "transactionId": format!("t{n}"), "payload": large}]))
@@ -441,7 +478,9 @@ async fn a_drain_writes_segments_no_larger_than_a_push_would() {
     }
     switch(&app, PUSH_SWITCH, false).await;
     eventually("the journal is drained", || async { buffered_messages(&app.base).await == 0 }).await;
-    // 600 bytes and 600 more pass 1024: the first two, then the third.
+    // 400 bytes and 400 more stay within 1024, and 400 more would pass it: the first two, then
+    // the third.
     assert_eq!(app.count("SELECT count(*) FROM queen.log_segments").await, 2);
+    assert_eq!(app.count("SELECT count(*) FROM queen.log_segments WHERE frame_count = 2").await, 1);
     assert_eq!(drain_partition(&app, "large", "p").await, ["t1", "t2", "t3"]);
 }
