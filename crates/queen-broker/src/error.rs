@@ -71,7 +71,9 @@ impl ApiError {
             ApiError::RequestTimeout(_) => "request_timeout",
             ApiError::Broker(BrokerError::QueueFull { .. }) => "queue_full",
             ApiError::Broker(BrokerError::LimitReached(_)) => "limit_reached",
-            ApiError::Unavailable(_) | ApiError::Broker(BrokerError::Unavailable(_)) => "unavailable",
+            ApiError::Unavailable(_) | ApiError::Broker(BrokerError::Unavailable(_) | BrokerError::NoKey(_)) => {
+                "unavailable"
+            }
             ApiError::Broker(BrokerError::Overloaded(_)) => "overloaded",
             ApiError::Internal(_) | ApiError::Broker(BrokerError::Internal(_)) => "internal",
         }
@@ -85,7 +87,10 @@ impl ApiError {
             self,
             ApiError::Unavailable(_)
                 | ApiError::Broker(
-                    BrokerError::Unavailable(_) | BrokerError::QueueFull { .. } | BrokerError::Overloaded(_)
+                    BrokerError::Unavailable(_)
+                        | BrokerError::NoKey(_)
+                        | BrokerError::QueueFull { .. }
+                        | BrokerError::Overloaded(_)
                 )
         )
     }
@@ -136,7 +141,9 @@ impl ResponseError for ApiError {
             ApiError::Broker(BrokerError::QueueFull { .. }) => StatusCode::TOO_MANY_REQUESTS,
             // Final, not a rate: the official clients retry a 429 in place, a long poll for ever.
             ApiError::Broker(BrokerError::LimitReached(_)) => StatusCode::CONFLICT,
-            ApiError::Unavailable(_) | ApiError::Broker(BrokerError::Unavailable(_)) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::Broker(BrokerError::Unavailable(_) | BrokerError::NoKey(_)) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::Broker(BrokerError::Overloaded(refused)) if refused.limited.is_broker_wide() => {
                 StatusCode::SERVICE_UNAVAILABLE
             }

@@ -47,6 +47,8 @@ const MAX_APPENDS: usize = 16 * 1024;
 const MAX_WRITE_BYTES: usize = 8 * 1024 * 1024;
 const FILE_SUFFIX: &str = ".journal";
 const LOCK_FILE: &str = "journal.lock";
+/// What a file set aside gets after its name (and is then no journal file to the broker).
+const HELD_SUFFIX: &str = ".held";
 
 /// Whether pushes go to the journal or to the log. One atomic word, so that the push path pays
 /// one load for it.
@@ -146,6 +148,14 @@ pub struct Replayed {
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct FileDrained {
+    pub path: PathBuf,
+}
+
+/// The file being drained can never be replayed as things are (its payloads sealed with a key this
+/// broker lacks, say): keep it beside the journal, out of the drain (see [`set_aside`]).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct FileSetAside {
     pub path: PathBuf,
 }
 
@@ -526,6 +536,18 @@ impl PushJournal {
         }
     }
 
+    /// The file being drained leaves the journal, `finish` deleting it or setting it aside.
+    fn let_go(&mut self, path: &Path, finish: fn(&Path)) {
+        if self.sealed.front().is_some_and(|file| file.path == path)
+            && let Some(file) = self.sealed.pop_front()
+        {
+            finish(&file.path);
+            // Its messages leave the count: in the log, unreadable, or kept with the file set aside.
+            self.buffered = self.buffered.saturating_sub(file.remaining);
+            self.record_count();
+        }
+    }
+
     fn answer_drain_waiter(&mut self) {
         if self.drain_waiter.is_some()
             && let Some(step) = self.next_step()
@@ -534,6 +556,30 @@ impl PushJournal {
             let _ = waiter.send(step);
         }
     }
+}
+
+/// Renames the file `<name>.journal.held`, and its drain's progress with it, where no drain looks:
+/// its pushes were acknowledged and stay on disk, and the operator, having fixed the cause (the
+/// broker's key, say), renames it back to be replayed at the next start.
+fn set_aside(path: &Path) {
+    let mut held = path.as_os_str().to_owned();
+    held.push(HELD_SUFFIX);
+    let held = PathBuf::from(held);
+    if let Err(e) = std::fs::rename(path, &held) {
+        tracing::error!(file = %path.display(), error = %e, "cannot set aside a push journal file");
+        return;
+    }
+    match std::fs::rename(progress_path(path), progress_path(&held)) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            tracing::error!(file = %held.display(), error = %e, "cannot set aside a push journal file's progress");
+        }
+        _ => {}
+    }
+    tracing::error!(
+        file = %held.display(),
+        "set aside a push journal file that cannot be replayed; rename it back (without .held) once the cause \
+         is fixed, and restart the broker to replay it"
+    );
 }
 
 fn remove(path: &Path) {
@@ -605,14 +651,15 @@ impl Handler<FileDrained> for PushJournal {
     type Result = ();
 
     fn handle(&mut self, msg: FileDrained, _: &mut Self::Context) {
-        if self.sealed.front().is_some_and(|file| file.path == msg.path)
-            && let Some(file) = self.sealed.pop_front()
-        {
-            remove(&file.path);
-            // Records that could not be read never reach the log; they are gone with the file.
-            self.buffered = self.buffered.saturating_sub(file.remaining);
-            self.record_count();
-        }
+        self.let_go(&msg.path, remove);
+    }
+}
+
+impl Handler<FileSetAside> for PushJournal {
+    type Result = ();
+
+    fn handle(&mut self, msg: FileSetAside, _: &mut Self::Context) {
+        self.let_go(&msg.path, set_aside);
     }
 }
 
@@ -680,6 +727,10 @@ impl Journal {
 
     pub fn file_drained(&self, path: PathBuf) {
         self.addr.do_send(FileDrained { path });
+    }
+
+    pub fn file_set_aside(&self, path: PathBuf) {
+        self.addr.do_send(FileSetAside { path });
     }
 
     pub fn drain_health(&self, healthy: bool) {

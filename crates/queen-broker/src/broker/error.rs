@@ -28,6 +28,11 @@ pub enum BrokerError {
     /// words, fit for the client.
     #[error("{0}")]
     Unavailable(String),
+    /// The request needs an encryption key this broker does not hold (another broker of the
+    /// fleet may); nothing was written or read. Retry later, as [`BrokerError::Unavailable`], but
+    /// not going away by itself: the broker is misconfigured.
+    #[error("{0}")]
+    NoKey(String),
     /// A bound of what the broker holds at once was reached; nothing was written.
     #[error(transparent)]
     Overloaded(#[from] Refused),
@@ -86,7 +91,7 @@ impl From<StoreError> for BrokerError {
         if let StoreError::NoEncryptionKey { .. } = e {
             // Another broker of the fleet may have the key; this one is misconfigured.
             tracing::error!(error = %e, "refused to write an encrypted queue in plain text");
-            return BrokerError::Unavailable(e.to_string());
+            return BrokerError::NoKey(e.to_string());
         }
         if e.outcome_unknown() {
             // The message says what the client needs to know: the outcome is unknown.

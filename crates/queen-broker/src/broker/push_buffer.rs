@@ -8,7 +8,7 @@
 //! append every push uses ([`super::push::write`]), which drops a transaction id the partition
 //! already holds, so replaying a record again (after a crash mid-drain) changes nothing.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use actix_web::web;
 use std::borrow::Cow;
@@ -108,8 +108,31 @@ pub async fn keep_draining(broker: web::Data<Broker>) {
     }
 }
 
-/// Why a drain stopped before the journal was empty.
-struct Stopped;
+/// Why a drain stopped replaying a file before its end.
+enum Halt {
+    /// Push maintenance is on again, or the broker is stopping.
+    Stopped,
+    /// The file can never be replayed as things are; why.
+    Unreplayable(String),
+}
+
+/// Why an attempt at replaying failed.
+enum Failure {
+    /// It may go through later (PostgreSQL away, the disk busy).
+    Transient(String),
+    /// It never will while the broker is as it is: a payload sealed with a key it does not hold,
+    /// or a queue that is encrypted without a key here.
+    Permanent(String),
+}
+
+impl From<BrokerError> for Failure {
+    fn from(e: BrokerError) -> Self {
+        match e {
+            BrokerError::NoKey(_) => Failure::Permanent(e.to_string()),
+            e => Failure::Transient(e.to_string()),
+        }
+    }
+}
 
 /// Replays file after file until the journal is empty, push maintenance is on again, or the
 /// broker is stopping (a drain never holds up a shutdown; what is left is replayed at the next
@@ -120,11 +143,16 @@ async fn drain(broker: &Broker) {
             return;
         }
         match broker.journal.next_to_drain().await {
-            Ok(DrainStep::File(path)) => {
-                if replay_file(broker, path).await.is_err() {
-                    return;
+            Ok(DrainStep::File(path)) => match replay_file(broker, &path).await {
+                Ok(()) => {}
+                Err(Halt::Stopped) => return,
+                // Set aside, not retried for ever: the pushes after it would wait behind it, and
+                // every new push of this broker with them, answered but never in the log.
+                Err(Halt::Unreplayable(why)) => {
+                    tracing::error!(file = %path.display(), error = %why, "a push journal file cannot be replayed");
+                    broker.journal.file_set_aside(path);
                 }
-            }
+            },
             Ok(DrainStep::Paused | DrainStep::Done) => return,
             Err(e) => {
                 tracing::error!(error = %e, "the push journal stopped answering; the drain stops");
@@ -134,32 +162,33 @@ async fn drain(broker: &Broker) {
     }
 }
 
-async fn replay_file(broker: &Broker, path: PathBuf) -> Result<(), Stopped> {
+async fn replay_file(broker: &Broker, path: &Path) -> Result<(), Halt> {
     let records = retrying(broker, || {
-        let (path, keys) = (path.clone(), broker.cipher.clone());
+        let (path, keys) = (path.to_owned(), broker.cipher.clone());
         async move {
             tokio::task::spawn_blocking(move || {
-                let contents =
-                    JournalContents::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                let contents = JournalContents::read(&path)
+                    .map_err(|e| Failure::Transient(format!("cannot read {}: {e}", path.display())))?;
                 contents
                     .records()
                     .map(|entries| entries.iter().map(|entry| item_of(entry, keys.as_deref())).collect())
                     .collect::<Result<Vec<Vec<PushItem>>, String>>()
+                    .map_err(Failure::Permanent)
             })
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(|e| Failure::Transient(e.to_string()))?
         }
     })
     .await?;
     // Records an earlier drain of this file put in the log are not replayed again.
-    let done =
-        retrying(broker, || {
-            let path = path.clone();
-            async move {
-                push_journal::replayed_records(&path).map_err(|e| format!("cannot read the drain's progress: {e}"))
-            }
-        })
-        .await?;
+    let done = retrying(broker, || {
+        let path = path.to_owned();
+        async move {
+            push_journal::replayed_records(&path)
+                .map_err(|e| Failure::Transient(format!("cannot read the drain's progress: {e}")))
+        }
+    })
+    .await?;
     // A batch of a partition becomes one segment: bounded by bytes as pushes fused into one are
     // (`push.max_segment_bytes`), so a journal of large payloads does not write a segment past
     // what readers decode.
@@ -171,33 +200,33 @@ async fn replay_file(broker: &Broker, path: PathBuf) -> Result<(), Stopped> {
         // A record is one push, written alone as the push would have been; one that would take
         // a batch past the bound starts the next batch.
         if !batch.is_empty() && batch_bytes + bytes > max_bytes {
-            replay(broker, &mut batch, &path, batched).await?;
+            replay(broker, &mut batch, path, batched).await?;
             batch_bytes = 0;
         }
         batch_bytes += bytes;
         batch.extend(items);
         batched += 1;
         if batch.len() >= limit {
-            replay(broker, &mut batch, &path, batched).await?;
+            replay(broker, &mut batch, path, batched).await?;
             batch_bytes = 0;
         }
     }
-    replay(broker, &mut batch, &path, batched).await?;
+    replay(broker, &mut batch, path, batched).await?;
     tracing::info!(file = %path.display(), "replayed a push journal file into the log");
-    broker.journal.file_drained(path);
+    broker.journal.file_drained(path.to_owned());
     Ok(())
 }
 
 /// Appends the batch to the log (whole, in order), records that the file's first `records`
 /// records are in it, and empties the batch.
-async fn replay(broker: &Broker, batch: &mut Vec<PushItem>, path: &Path, records: u64) -> Result<(), Stopped> {
+async fn replay(broker: &Broker, batch: &mut Vec<PushItem>, path: &Path, records: u64) -> Result<(), Halt> {
     if batch.is_empty() {
         return Ok(());
     }
     if must_stop(broker) {
-        return Err(Stopped);
+        return Err(Halt::Stopped);
     }
-    retrying(broker, || async { write(broker, batch, Admission::Accepted).await.map_err(|e| e.to_string()) }).await?;
+    retrying(broker, || async { write(broker, batch, Admission::Accepted).await.map_err(Failure::from) }).await?;
     broker.journal.replayed(batch.len() as u64);
     batch.clear();
     // Not recorded (the disk refused), the batch is replayed again by the next drain of the
@@ -211,11 +240,12 @@ async fn replay(broker: &Broker, batch: &mut Vec<PushItem>, path: &Path, records
 }
 
 /// Runs `attempt` until it succeeds, with a backoff, reporting the journal unhealthy meanwhile;
-/// gives up when push maintenance is on again or the broker is stopping.
-async fn retrying<T, F, Fut>(broker: &Broker, attempt: F) -> Result<T, Stopped>
+/// gives up when push maintenance is on again or the broker is stopping, and at once on a
+/// permanent failure.
+async fn retrying<T, F, Fut>(broker: &Broker, attempt: F) -> Result<T, Halt>
 where
     F: Fn() -> Fut,
-    Fut: Future<Output = Result<T, String>>,
+    Fut: Future<Output = Result<T, Failure>>,
 {
     let mut backoff = Backoff::default();
     let mut failed = false;
@@ -227,7 +257,8 @@ where
                 }
                 return Ok(value);
             }
-            Err(e) => {
+            Err(Failure::Permanent(why)) => return Err(Halt::Unreplayable(why)),
+            Err(Failure::Transient(e)) => {
                 tracing::warn!(error = %e, "cannot replay the push journal; retrying");
                 broker.journal.drain_health(false);
                 failed = true;
@@ -235,7 +266,7 @@ where
         }
         backoff.wait().await;
         if must_stop(broker) {
-            return Err(Stopped);
+            return Err(Halt::Stopped);
         }
     }
 }

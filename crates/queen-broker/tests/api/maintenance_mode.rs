@@ -425,6 +425,37 @@ async fn a_drain_goes_on_after_the_records_an_earlier_drain_put_in_the_log() {
     assert_eq!(buffered_messages(&app.base).await, 0);
 }
 
+/// A journal file this broker can never replay as it is (its payloads sealed with a key it does not
+/// hold: it ran with one when it buffered them) is set aside as `.held`, not retried for ever with
+/// every later push waiting behind it: the file after it is replayed, new pushes reach the log,
+/// and the set-aside file keeps its acknowledged pushes on disk for the operator.
+#[actix_web::test]
+async fn a_journal_file_that_cannot_be_replayed_is_set_aside_and_the_rest_goes_on() {
+    use queen_log::{Cipher, Frame, JOURNAL_MAGIC, JournalEntry, encode_record};
+
+    let dir = queen_testkit::target_dir().join("test-buffers").join(uuid::Uuid::new_v4().simple().to_string());
+    std::fs::create_dir_all(&dir).expect("the journal directory");
+    let cipher = Cipher::from_hex(&"ab".repeat(32)).expect("a key");
+    let file = |sequence: u64, transaction_id: &str, payload: &[u8]| {
+        let mut journal = JOURNAL_MAGIC.to_vec();
+        let frame = Frame { message_id: uuid::Uuid::now_v7(), trace_id: None, transaction_id, producer: None, payload };
+        encode_record(&[JournalEntry { queue: "held", partition: "p", frame }], &mut journal).expect("a record");
+        let path = dir.join(format!("{sequence:020}.journal"));
+        std::fs::write(&path, &journal).expect("a journal file");
+        (path, journal)
+    };
+    let (sealed, sealed_bytes) = file(1, "sealed", &cipher.seal(b"1").expect("sealed"));
+    let (plain, _) = file(2, "plain", b"2");
+
+    let app = TestApp::spawn_with(|config| config.buffer.dir = dir.clone()).await;
+    eventually("the journal is drained", || async { buffered_messages(&app.base).await == 0 }).await;
+    assert_eq!(app.push(json!([item("held", "p", "after", 3)])).await[0]["status"], "queued");
+    assert_eq!(drain_partition(&app, "held", "p").await, ["plain", "after"]);
+    assert!(!sealed.exists() && !plain.exists());
+    let held = dir.join("00000000000000000001.journal.held");
+    assert_eq!(std::fs::read(&held).expect("the file set aside"), sealed_bytes, "kept as it was");
+}
+
 /// A journal directory holding a drain's progress left by an earlier file of the name the next
 /// file gets (a crash between deleting a drained file and its progress, then a journal started
 /// afresh): the new file's records are not taken as replayed, and all reach the log.
