@@ -122,7 +122,9 @@ fn timer_of(req: &HttpRequest) -> Result<(String, String), ApiError> {
 
 /// A timer key is 1 to 255 bytes without control characters. It may contain `/` (it travels
 /// unescaped in the path), but not at its start or twice in a row: the path would be merged into
-/// another key's before it is routed.
+/// another key's before it is routed. Nor may a segment between its `/`s be `.` or `..`: URL
+/// libraries (the official client's httpx) resolve those away, and a cancel of `a/../b` would
+/// cancel `b`.
 fn check_timer_key(field: &str, key: &str) -> Result<(), ApiError> {
     let problem = if key.is_empty() {
         "must not be empty".to_owned()
@@ -132,6 +134,8 @@ fn check_timer_key(field: &str, key: &str) -> Result<(), ApiError> {
         "must not contain control characters".to_owned()
     } else if key.starts_with('/') || key.contains("//") {
         "must not start with '/' or contain '//'".to_owned()
+    } else if key.split('/').any(|segment| segment == "." || segment == "..") {
+        "must not have '.' or '..' between its '/'s (a path resolves them away)".to_owned()
     } else {
         return Ok(());
     };

@@ -141,6 +141,9 @@ async fn bad_operations_are_refused_naming_the_field_and_write_nothing() {
         (json!([with("queue", json!(""))]), "operations[0].queue"),
         (json!([with("partition", json!("a/b"))]), "operations[0].partition"),
         (json!([with("timerKey", json!("/k"))]), "operations[0].timerKey"),
+        // A path would lose them: a cancel of `a/../b` would reach `b`.
+        (json!([with("timerKey", json!("a/../b"))]), "operations[0].timerKey"),
+        (json!([with("timerKey", json!("a/."))]), "operations[0].timerKey"),
         (json!([with("txn", json!(7))]), "operations[0].txn must be a string"),
         (json!([with("priority", json!(1))]), "operations[0].priority is not a field"),
         (
