@@ -199,15 +199,15 @@ async fn acquire(
         // Not reachable while acquires take turns; a refusal rather than a second holder.
         return Ok(LockOutcome::Held { holders });
     }
+    let token = next_token(client, name, row.next_version(now)).await?;
     let write = store::Write {
         ns: key.0,
         key: key.1,
-        value: Some(serde_json::json!({ "owner": owner, "subject": subject }).to_string()),
-        version: next_token(client, name, row.next_version(now)).await?,
+        value: Some(serde_json::json!({ "owner": owner, "subject": subject, "since": token }).to_string()),
+        version: token,
         expires_at: Some(now + Duration::seconds(ttl_seconds)),
         created_at: now,
     };
-    let token = write.version;
     store::store(client, now, &[write]).await?;
     Ok(LockOutcome::Acquired { permit: Permit { name: name.to_owned(), slot, token, owner }, already: false })
 }
@@ -226,7 +226,12 @@ async fn renew(
     let key = (NAMESPACE.to_owned(), permit_key(name, slot));
     let locked = store::lock(client, &BTreeMap::from([(key.clone(), true)])).await?;
     let now = locked.now;
-    let held = locked.rows.get(&key).filter(|row| row.is_live(now) && row.version == token);
+    // Sent again naming its owner (the client retries a renew whose answer it lost, having moved
+    // the token on), a token this holding gave before is the holder's: refused, the holder would
+    // think the permit lost while it stays held, and no one could release it before its time ran
+    // out. The owner is checked below; without one, only the current token is the holder's.
+    let token_is_held = |row: &store::Row| row.version == token || (owner.is_some() && given_by_holding(row, token));
+    let held = locked.rows.get(&key).filter(|row| row.is_live(now) && token_is_held(row));
     let held_owner = held.and_then(|row| owner_of(row.value.as_deref()));
     let (Some(row), Some(held_owner)) = (held, held_owner) else {
         return Ok(LockOutcome::RenewLost { holders: holders(client, name).await? });
@@ -304,6 +309,14 @@ fn holder(prefix: &str, entry: &Entry) -> Option<Holder> {
         expires_at: entry.expires_at,
         renewed_at: entry.updated_at,
     })
+}
+
+/// Whether `token` is one the permit's holding gave before its current one: from its acquire's
+/// token (recorded as `since`; a permit taken before that was recorded has none) up to it.
+fn given_by_holding(row: &store::Row, token: i64) -> bool {
+    let value = row.value.as_deref().and_then(|value| serde_json::from_str::<serde_json::Value>(value).ok());
+    let since = value.and_then(|value| value.get("since")?.as_i64());
+    since.is_some_and(|since| since <= token && token < row.version)
 }
 
 fn owner_of(value: Option<&str>) -> Option<String> {

@@ -66,6 +66,16 @@ async fn a_lock_has_one_holder_whose_token_changes_at_every_renew_and_only_rises
     let stale = one(&app, json!({"op": "renew", "name": "report", "token": t1, "ttlSeconds": 30})).await;
     assert_eq!((stale["renewed"].clone(), stale["reason"].clone()), (json!(false), json!("lost")));
     assert_eq!(stale["holders"][0]["token"], t2);
+    // Sent again naming its owner, as the client retries a renew whose answer it lost, the renew is
+    // the holder's: it renews again, the token moving on, rather than answering lost.
+    let repeat = json!({"op": "renew", "name": "report", "token": t1, "ttlSeconds": 30, "slot": 0, "owner": "alice"});
+    let repeated = one(&app, repeat.clone()).await;
+    assert_eq!(repeated["renewed"], true, "{repeated}");
+    let t2 = token(&repeated);
+    assert!(t2 > token(&renewed), "still only rising");
+    let mut bobs = repeat;
+    bobs["owner"] = json!("bob");
+    assert_eq!(one(&app, bobs).await["renewed"], false, "another owner's is no repeat");
     let wrong_owner =
         one(&app, json!({"op": "renew", "name": "report", "token": t2, "ttlSeconds": 30, "owner": "bob"})).await;
     assert_eq!(wrong_owner["renewed"], false);
@@ -92,6 +102,8 @@ async fn a_lock_has_one_holder_whose_token_changes_at_every_renew_and_only_rises
     let next = one(&app, acquire("report", "bob", 30)).await;
     assert_eq!(next["acquired"], true);
     assert!(token(&next) > t2, "tokens rise across a release and a new holder");
+    let earlier = json!({"op": "renew", "name": "report", "token": t2, "ttlSeconds": 30, "owner": "bob"});
+    assert_eq!(one(&app, earlier).await["renewed"], false, "a token of an earlier holding is none of this one's");
     let minted = one(&app, json!({"op": "acquire", "name": "unnamed-owner", "ttlSeconds": 5})).await;
     assert!(minted["owner"].as_str().is_some_and(|owner| !owner.is_empty()), "the broker names an owner: {minted}");
 }
