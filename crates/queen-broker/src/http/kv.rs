@@ -450,8 +450,66 @@ impl Fields<'_, '_> {
                 ),
             ));
         }
+        // jsonb keeps a number's scale and writes it out in full: 8 bytes of `1e-16000` read back
+        // as 16,002, and a value within the bound could read back as a hundred megabytes.
+        let read_back = text_as_read_back(raw.get().as_bytes());
+        if read_back > kv::MAX_VALUE_BYTES {
+            return Err(Refusal::new(
+                "kv_value_too_large",
+                field.clone(),
+                format!(
+                    "{field} reads back as {read_back} bytes of JSON (PostgreSQL writes its numbers' exponents out \
+                     in digits); at most {} are allowed",
+                    kv::MAX_VALUE_BYTES
+                ),
+            ));
+        }
         Ok(raw.get().to_owned())
     }
+}
+
+/// About how long `json` is as PostgreSQL's jsonb writes it back (never less): each number as
+/// numeric prints it, every digit its exponent stands for written out, the rest as it is.
+fn text_as_read_back(json: &[u8]) -> usize {
+    let (mut length, mut at, mut in_string, mut escaped) = (0usize, 0, false, false);
+    while at < json.len() {
+        let byte = json[at];
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if byte == b'\\' {
+                escaped = true;
+            } else if byte == b'"' {
+                in_string = false;
+            }
+        } else if byte == b'-' || byte.is_ascii_digit() {
+            let end = at
+                + json[at..].iter().take_while(|b| matches!(b, b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')).count();
+            length = length.saturating_add(number_as_read_back(&json[at..end]));
+            at = end;
+            continue;
+        } else {
+            in_string = byte == b'"';
+        }
+        length += 1;
+        at += 1;
+    }
+    length
+}
+
+/// A JSON number's length as numeric prints it: its sign, its integer digits with the exponent
+/// added, and its fraction digits with the exponent taken away.
+fn number_as_read_back(number: &[u8]) -> usize {
+    let text = std::str::from_utf8(number).unwrap_or_default();
+    let (mantissa, exponent) = text.split_once(['e', 'E']).unwrap_or((text, "0"));
+    let exponent: i64 = exponent.parse().unwrap_or(if exponent.starts_with('-') { i64::MIN } else { i64::MAX });
+    let (sign, mantissa) = mantissa.strip_prefix('-').map_or((0, mantissa), |rest| (1, rest));
+    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let whole_digits = (whole.len() as i64).saturating_add(exponent).max(1);
+    let fraction_digits = (fraction.len() as i64).saturating_sub(exponent).max(0);
+    let point = i64::from(fraction_digits > 0);
+    usize::try_from(whole_digits.saturating_add(fraction_digits).saturating_add(point).saturating_add(sign))
+        .unwrap_or(usize::MAX)
 }
 
 fn holds_nul(value: &serde_json::Value) -> bool {
@@ -597,4 +655,24 @@ struct Aborted<'a> {
     code: &'static str,
     #[serde(flatten)]
     precondition: Precondition<'a>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::text_as_read_back;
+
+    #[test]
+    fn numbers_count_as_numeric_writes_them_and_strings_as_they_are() {
+        for (json, read_back) in [
+            (r#"{"a": 1}"#, 8),
+            ("-12.50", 6),
+            ("1e3", 4),
+            ("1.5e-3", 6),
+            ("[1e-16000]", 16_004),
+            (r#""1e-16000 \" 1e9""#, 17),
+        ] {
+            assert_eq!(text_as_read_back(json.as_bytes()), read_back, "{json}");
+        }
+        assert!(text_as_read_back(b"1e-99999999999999999999999") > 1 << 40, "an exponent past i64");
+    }
 }

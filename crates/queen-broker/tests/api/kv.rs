@@ -226,8 +226,10 @@ async fn bad_operations_are_refused_naming_the_field_and_write_nothing() {
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{body}: {answer:?}");
         assert_eq!(answer.body["error"], "kv_invalid_body", "{body}: {answer:?}");
     }
-    // Values PostgreSQL's jsonb cannot hold.
-    for value in [r#""a\u0000b""#, r#"{"k\u0000": 1}"#, r#""\ud800""#, "1e400"] {
+    // Values PostgreSQL's jsonb cannot hold, and one it would write back a thousand times larger
+    // (its numbers' exponents written out in digits).
+    let written_out = format!("[{}]", vec!["1e-8000"; 10].join(","));
+    for value in [r#""a\u0000b""#, r#"{"k\u0000": 1}"#, r#""\ud800""#, "1e400", "1e-999999", &written_out] {
         let body =
             format!(r#"{{"operations": [{{"op": "put", "ns": "t", "key": "k", "forever": true, "value": {value}}}]}}"#);
         let answer = app.post_raw("/api/v1/kv", body).await;
