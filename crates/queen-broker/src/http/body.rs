@@ -145,20 +145,13 @@ pub fn nests_deeper_than(text: &[u8], limit: usize) -> bool {
 }
 
 fn deepest_exceeds(text: &[u8], limit: usize) -> bool {
-    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    let mut depth = 0usize;
+    let mut strings = JsonStrings::default();
     for &byte in text {
-        if in_string {
-            if escaped {
-                escaped = false;
-            } else if byte == b'\\' {
-                escaped = true;
-            } else if byte == b'"' {
-                in_string = false;
-            }
+        if strings.holds(byte) {
             continue;
         }
         match byte {
-            b'"' => in_string = true,
             b'[' | b'{' => {
                 depth += 1;
                 if depth > limit {
@@ -170,6 +163,32 @@ fn deepest_exceeds(text: &[u8], limit: usize) -> bool {
         }
     }
     false
+}
+
+/// Where the strings of JSON text are, for a walk over its bytes that skips them.
+#[derive(Default)]
+pub struct JsonStrings {
+    in_string: bool,
+    escaped: bool,
+}
+
+impl JsonStrings {
+    /// Whether `byte`, the walk's next, belongs to a string (its quotes included).
+    pub fn holds(&mut self, byte: u8) -> bool {
+        if self.in_string {
+            if self.escaped {
+                self.escaped = false;
+            } else if byte == b'\\' {
+                self.escaped = true;
+            } else if byte == b'"' {
+                self.in_string = false;
+            }
+            true
+        } else {
+            self.in_string = byte == b'"';
+            self.in_string
+        }
+    }
 }
 
 /// The query string, refusing (400) a parameter the route does not take rather than ignoring it.

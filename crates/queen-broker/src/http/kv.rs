@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use super::body::{JsonObject, MAX_NESTING, NoQuery, nests_deeper_than, read_body};
+use super::body::{JsonObject, JsonStrings, MAX_NESTING, NoQuery, nests_deeper_than, read_body};
 use super::timestamp;
 use crate::broker::kv::{
     self, Batch, BatchRefusal, Change, Expiry, OpResult, Operation, Outcome, PrefixRead, Verdict, Write,
@@ -471,25 +471,16 @@ impl Fields<'_, '_> {
 /// About how long `json` is as PostgreSQL's jsonb writes it back (never less): each number as
 /// numeric prints it, every digit its exponent stands for written out, the rest as it is.
 fn text_as_read_back(json: &[u8]) -> usize {
-    let (mut length, mut at, mut in_string, mut escaped) = (0usize, 0, false, false);
+    let (mut length, mut at) = (0usize, 0);
+    let mut strings = JsonStrings::default();
     while at < json.len() {
         let byte = json[at];
-        if in_string {
-            if escaped {
-                escaped = false;
-            } else if byte == b'\\' {
-                escaped = true;
-            } else if byte == b'"' {
-                in_string = false;
-            }
-        } else if byte == b'-' || byte.is_ascii_digit() {
-            let end = at
-                + json[at..].iter().take_while(|b| matches!(b, b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')).count();
+        if !strings.holds(byte) && (byte == b'-' || byte.is_ascii_digit()) {
+            let number = json[at..].iter().take_while(|b| matches!(b, b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9'));
+            let end = at + number.count();
             length = length.saturating_add(number_as_read_back(&json[at..end]));
             at = end;
             continue;
-        } else {
-            in_string = byte == b'"';
         }
         length += 1;
         at += 1;

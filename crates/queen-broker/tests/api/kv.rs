@@ -228,7 +228,7 @@ async fn bad_operations_are_refused_naming_the_field_and_write_nothing() {
     }
     // Values PostgreSQL's jsonb cannot hold, and one it would write back a thousand times larger
     // (its numbers' exponents written out in digits).
-    let written_out = format!("[{}]", vec!["1e-8000"; 10].join(","));
+    let written_out = format!("[{}]", ["1e-8000"; 10].join(","));
     for value in [r#""a\u0000b""#, r#"{"k\u0000": 1}"#, r#""\ud800""#, "1e400", "1e-999999", &written_out] {
         let body =
             format!(r#"{{"operations": [{{"op": "put", "ns": "t", "key": "k", "forever": true, "value": {value}}}]}}"#);
