@@ -150,10 +150,7 @@ pub async fn run(
                 LockOp::Get { name } => LockOutcome::State { holders: holders(&tx, name).await? },
             };
             // Refusals wrote nothing worth keeping (a placeholder row at most): roll them back.
-            if matches!(
-                outcome,
-                LockOutcome::Acquired { already: false, .. } | LockOutcome::Renewed { .. } | LockOutcome::Released
-            ) {
+            if matches!(outcome, LockOutcome::Acquired { .. } | LockOutcome::Renewed { .. } | LockOutcome::Released) {
                 tx.commit().await.map_err(StoreError::from)?;
             }
             outcomes.push(outcome);
@@ -185,6 +182,23 @@ async fn acquire(
     // The owner's name alone is not enough: another identity may hold a permit under it.
     let mine = holders.iter().find(|holder| holder.owner == owner && may_act(holder.subject.as_deref(), subject));
     if let Some(mine) = mine {
+        // The acquire sent again (its answer lost): the holder counts the permit's time from
+        // this send, so the permit is kept at least that long, its token unchanged.
+        let key = (NAMESPACE.to_owned(), permit_key(name, mine.slot));
+        let locked = store::lock(client, &BTreeMap::from([(key.clone(), true)])).await?;
+        let now = locked.now;
+        if let Some(row) = locked.rows.get(&key).filter(|row| row.is_live(now)) {
+            let asked = now + Duration::seconds(ttl_seconds);
+            let write = store::Write {
+                ns: key.0,
+                key: key.1,
+                value: row.value.clone(),
+                version: row.version,
+                expires_at: Some(row.expires_at.map_or(asked, |at| at.max(asked))),
+                created_at: row.created_at,
+            };
+            store::store(client, now, &[write]).await?;
+        }
         let permit = Permit { name: name.to_owned(), slot: mine.slot, token: mine.token, owner };
         return Ok(LockOutcome::Acquired { permit, already: true });
     }

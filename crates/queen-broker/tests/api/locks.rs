@@ -45,12 +45,21 @@ async fn a_lock_has_one_holder_whose_token_changes_at_every_renew_and_only_rises
         json!({"op": "check", "ns": "queen-locks", "key": "report#0", "expect": t1, "required": true}),
         "the guard checks the permit's row at its token"
     );
-    let again = one(&app, acquire("report", "alice", 30)).await;
+    let expires = async || {
+        let state = one(&app, json!({"op": "get", "name": "report"})).await;
+        let at = state["holders"][0]["expiresAt"].as_str().unwrap_or_else(|| panic!("expiresAt: {state}")).to_owned();
+        chrono::DateTime::parse_from_rfc3339(&at).expect("a time")
+    };
+    let first_expiry = expires().await;
+    let again = one(&app, acquire("report", "alice", 600)).await;
     assert_eq!(
         (again["acquired"].clone(), again["already"].clone(), token(&again)),
         (json!(true), json!(true), t1),
         "idempotent"
     );
+    // The holder counts the permit's time from its last send: the permit is kept that long.
+    let kept_until = expires().await;
+    assert!(kept_until - first_expiry > chrono::TimeDelta::seconds(500), "{first_expiry} then {kept_until}");
     let other = one(&app, acquire("report", "bob", 30)).await;
     assert_eq!((other["acquired"].clone(), other["reason"].clone()), (json!(false), json!("held")));
     assert_eq!(other["holders"][0]["owner"], "alice");
