@@ -105,6 +105,36 @@ pub fn check(config: &AuthConfig) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// What is allowed but weak in the JWT settings, one sentence each, for the start-up log: an
+/// HS256 secret shorter than the 32 bytes HS256 asks for (guessed offline from any token), and a
+/// JWKS fetched over plain HTTP from another machine (anyone on the way can swap its keys).
+pub fn weaknesses(config: &AuthConfig) -> Vec<String> {
+    let mut weak = Vec::new();
+    if let Some(secret) = set(&config.jwt_secret)
+        && secret.len() < 32
+    {
+        weak.push(format!(
+            "auth.jwt_secret (JWT_SECRET) is {} bytes; HS256 wants at least 32, and a shorter one can be guessed \
+             offline from any token",
+            secret.len()
+        ));
+    }
+    if let Some(url) = set(&config.jwt_jwks_url)
+        && let Some(rest) = url.strip_prefix("http://")
+    {
+        let host = rest.split(['/', ':']).next().unwrap_or_default();
+        let loopback = host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+        if !loopback {
+            weak.push(
+                "auth.jwt_jwks_url (JWT_JWKS_URL) is plain HTTP: anyone between the broker and it can hand the \
+                 broker keys of their own; use https"
+                    .to_owned(),
+            );
+        }
+    }
+    weak
+}
+
 pub struct JwtVerifier {
     allowed: &'static [Algorithm],
     secret: Option<DecodingKey>,
@@ -280,5 +310,20 @@ mod tests {
         );
         check(&AuthConfig { jwt_jwks_url: Some("https://idp.example/jwks".into()), ..rs }).expect("a JWKS is enough");
         check(&hs256()).expect("a secret is enough");
+    }
+
+    #[test]
+    fn a_short_secret_and_a_remote_plain_http_jwks_are_called_weak() {
+        assert_eq!(weaknesses(&hs256()).len(), 1, "21 bytes");
+        assert!(weaknesses(&AuthConfig { jwt_secret: Some("s".repeat(32)), ..hs256() }).is_empty());
+        let rs = |url: &str| AuthConfig {
+            jwt_algorithm: "RS256".into(),
+            jwt_secret: None,
+            jwt_jwks_url: Some(url.into()),
+            ..hs256()
+        };
+        assert_eq!(weaknesses(&rs("http://idp.example/jwks")).len(), 1);
+        assert!(weaknesses(&rs("http://127.0.0.1:8080/jwks")).is_empty(), "loopback");
+        assert!(weaknesses(&rs("https://idp.example/jwks")).is_empty());
     }
 }

@@ -158,6 +158,11 @@ impl Authenticator {
         }
         let tokens = config.tokens_file.as_deref().map(tokens::StaticTokens::load).transpose()?;
         let jwt = config.jwt_enabled.then(|| jwt::JwtVerifier::new(config)).transpose()?;
+        if jwt.is_some() {
+            for weakness in jwt::weaknesses(config) {
+                tracing::warn!("{weakness}");
+            }
+        }
         if tokens.is_none() && jwt.is_none() {
             return Ok(None);
         }
