@@ -32,6 +32,9 @@ def test_every_admin_read_answers_about_the_queue_it_was_shown(queen_url):
             assert depth["pending"] == 2, depth
             partitions = await q.admin.get_partitions(queue=name)
             assert "p1" in str(partitions), partitions
+            # `offset` (as the client documents list_messages): newest first, the newest passed over.
+            page = await q.admin.list_messages(queue=name, limit=1, offset=1)
+            assert [m["data"] for m in page["messages"]] == [{"id": 1}], page
 
             status = await q.admin.get_status()
             assert isinstance(status, dict) and status, status

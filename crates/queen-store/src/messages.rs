@@ -118,17 +118,20 @@ pub struct ListedMessage {
 /// Partitions a listing reads at most, the most recently pushed first.
 const LISTED_PARTITIONS: i64 = 50;
 
-/// The newest `limit` messages of the queue (of one partition, when named), newest first. Reads
+/// The newest `limit` messages of the queue (of one partition, when named) after the newest
+/// `offset`, newest first. Reads
 /// only the last segments of the most recently pushed partitions, through the primary key (or
 /// `segments`).
 pub async fn newest(
     client: &impl GenericClient,
     queue: &str,
     partition: Option<&str>,
-    limit: i64,
+    (limit, offset): (i64, i64),
     segments: &SegmentCache,
     keys: Option<&Cipher>,
 ) -> Result<Vec<ListedMessage>, StoreError> {
+    // The newest `offset` are passed over: each partition is read that much further back.
+    let reach = limit.saturating_add(offset);
     let rows = client
         .query(
             "SELECT p.id, p.name, GREATEST(p.retained_from, p.last_offset - $3 + 1), p.last_offset
@@ -136,7 +139,7 @@ pub async fn newest(
               WHERE q.name = $1 AND ($2::text IS NULL OR p.name = $2) AND p.last_offset >= p.retained_from
               ORDER BY p.last_segment_at DESC NULLS LAST, p.id
               LIMIT $4",
-            &[&queue, &partition, &limit, &LISTED_PARTITIONS],
+            &[&queue, &partition, &reach, &LISTED_PARTITIONS],
         )
         .await?;
     let names: std::collections::HashMap<i64, String> = rows.iter().map(|row| (row.get(0), row.get(1))).collect();
@@ -157,6 +160,8 @@ pub async fn newest(
         }
     }
     listed.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(b.offset.cmp(&a.offset)));
+    let skipped = usize::try_from(offset).unwrap_or(0).min(listed.len());
+    listed.drain(..skipped);
     listed.truncate(usize::try_from(limit).unwrap_or(0));
     Ok(listed)
 }

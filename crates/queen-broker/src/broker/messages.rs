@@ -29,10 +29,10 @@ pub async fn newest(
     broker: &Broker,
     queue: &str,
     partition: Option<&str>,
-    limit: i64,
+    page: (i64, i64),
 ) -> Result<Vec<ListedMessage>, BrokerError> {
     let client = broker.pool.get().await.map_err(StoreError::from)?;
-    Ok(messages::newest(&client, queue, partition, limit, &broker.segments, broker.cipher.as_deref()).await?)
+    Ok(messages::newest(&client, queue, partition, page, &broker.segments, broker.cipher.as_deref()).await?)
 }
 
 /// A page of dead letters and how many match in all.

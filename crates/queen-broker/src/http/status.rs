@@ -432,14 +432,22 @@ struct ListedJson<'a> {
     stored: StoredMessageJson<'a>,
 }
 
-/// `GET /messages?queue=&partition=&limit=`: the newest messages of a queue (default 20, at
-/// most 1000), newest first, read from the last segments of its most recently pushed partitions.
+/// `GET /messages?queue=&partition=&limit=&offset=`: the newest messages of a queue (default
+/// 20), newest first, after the newest `offset`, within the newest 1000 (`limit + offset`), read
+/// from the last segments of its most recently pushed partitions.
 pub async fn list_messages(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
-    let query = strict_query(&req, &["queue", "partition", "limit"])?;
+    let query = strict_query(&req, &["queue", "partition", "limit", "offset"])?;
     let queue = query.get("queue").ok_or_else(|| ApiError::bad_request("queue is required"))?;
     names::check(NameKind::Queue, "queue", queue).map_err(ApiError::BadRequest)?;
     let limit = query_int(&query, "limit", 1, MAX_PAGE)?.unwrap_or(20) as i64;
-    let listed = messages::newest(&broker, queue, query.get("partition").map(String::as_str), limit).await?;
+    let offset = query_int(&query, "offset", 0, MAX_PAGE)?.unwrap_or(0) as i64;
+    if limit + offset > MAX_PAGE as i64 {
+        return Err(ApiError::bad_request(format!(
+            "limit + offset must be at most {MAX_PAGE}: the listing pages through the newest {MAX_PAGE} messages"
+        )));
+    }
+    let partition = query.get("partition").map(String::as_str);
+    let listed = messages::newest(&broker, queue, partition, (limit, offset)).await?;
     let data: Vec<Box<serde_json::value::RawValue>> = listed
         .iter()
         .map(|m| {
@@ -467,5 +475,5 @@ pub async fn list_messages(broker: web::Data<Broker>, req: HttpRequest) -> Resul
             },
         })
         .collect();
-    Ok(HttpResponse::Ok().json(serde_json::json!({ "messages": messages, "limit": limit })))
+    Ok(HttpResponse::Ok().json(serde_json::json!({ "messages": messages, "limit": limit, "offset": offset })))
 }

@@ -358,7 +358,7 @@ async fn a_query_parameter_a_route_does_not_take_or_given_twice_is_refused_by_na
         ("/api/v1/pop/queue/q/partition/p?batch=1&waitMs=10", "waitMs"),
         ("/api/v1/pop?namespace=n&batchSize=5", "batchSize"),
         ("/api/v1/dlq?queue=q&status=failed", "status"),
-        ("/api/v1/messages?queue=q&offset=5", "offset"),
+        ("/api/v1/messages?queue=q&status=pending", "status"),
         ("/api/v1/resources/queues?queue=q", "queue"),
         ("/api/v1/resources/partitions?namespace=n", "namespace"),
         ("/api/v1/status/queues?name=q", "name"),

@@ -249,6 +249,12 @@ async fn status_and_resource_routes_report_the_data() {
     let messages = listed.body["messages"].as_array().expect("messages");
     assert_eq!(messages.len(), 2, "the newest two");
     assert!(messages.iter().all(|m| m["queue"] == "ops" && m["data"].is_object()));
+    // `offset` (as the client's list_messages documents it) pages on, newest first.
+    let everything = app.get("/api/v1/messages?queue=ops&limit=3").await.body["messages"].clone();
+    let next = app.get("/api/v1/messages?queue=ops&limit=2&offset=1").await;
+    assert_eq!(next.body["messages"], json!(everything.as_array().expect("messages")[1..]), "{next:?}");
+    let past = app.get("/api/v1/messages?queue=ops&limit=1000&offset=1").await;
+    assert_eq!(past.status, StatusCode::BAD_REQUEST, "{past:?}");
     let one_partition = app.get("/api/v1/messages?queue=ops&partition=b").await;
     assert_eq!(one_partition.body["messages"][0]["transactionId"], "3");
     assert_eq!(app.get("/api/v1/messages").await.status, StatusCode::BAD_REQUEST, "queue is required");
