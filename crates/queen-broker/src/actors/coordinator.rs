@@ -416,6 +416,12 @@ impl Coordinator {
     fn start_over(&mut self) {
         self.ticket += 1;
         self.views.clear();
+        self.wake_everyone();
+    }
+
+    /// Has every pop look again: the parked ones, and those about to park after looking (their
+    /// sequence number is behind the epoch now), on any queue, one with no entry here included.
+    fn wake_everyone(&mut self) {
         self.last_seq += 1;
         self.epoch = self.last_seq;
         self.wake_all();
@@ -452,6 +458,11 @@ impl Coordinator {
         for waiters in self.waiters.values_mut() {
             waiters.parked.retain(|waiter| !waiter.wake.is_closed());
         }
+        // A queue's entry goes with its last parked pop, and its sequence number with it: the
+        // epoch keeps it, or a pop that looked before the entry's last bump would park on the
+        // number it saw (a push between its look and its park, missed).
+        let dropped = self.waiters.values().filter(|waiters| waiters.parked.is_empty()).map(|waiters| waiters.seq);
+        self.epoch = dropped.fold(self.epoch, u64::max);
         self.waiters.retain(|_, waiters| !waiters.parked.is_empty());
         let max_age = self.settings.view_max_age;
         for groups in self.views.values_mut() {
@@ -611,6 +622,9 @@ impl Handler<ListenLost> for Coordinator {
         self.listening = false;
         self.ticket += 1;
         self.views.clear();
+        // Parked pops would wait for notices that no longer come: they look again, and park
+        // again looking every second while LISTEN is lost.
+        self.wake_everyone();
     }
 }
 
@@ -630,7 +644,8 @@ impl Handler<Forget> for Coordinator {
         self.forget_views(msg.queue_id, &msg.group);
         match msg.queue {
             Some(queue) => self.wake(queue),
-            None => self.wake_all(),
+            // Any queue's pops, those about to park on a queue with no entry here too.
+            None => self.wake_everyone(),
         }
     }
 }
@@ -843,6 +858,33 @@ mod tests {
         c.wake(Arc::from("q"));
         assert!(was_woken(&mut h_second), "any other wake-up wakes every parked pop");
         assert!(c.waiters.values().all(|w| w.parked.is_empty()));
+    }
+
+    /// A pop looks (seeing a queue's number), then parks unless the number moved: every way of
+    /// dropping or missing a queue's entry must still move the number it will be compared with.
+    #[test]
+    fn a_pop_between_its_look_and_its_park_misses_no_wake_up() {
+        let mut c = coordinator(true);
+        // The sweep drops an entry with no parked pop; its last bump stays in the epoch.
+        let seen = c.seq_of("q");
+        c.wake_for_messages(Arc::from("q"));
+        c.sweep();
+        assert!(c.waiters.is_empty(), "swept");
+        assert_ne!(c.seq_of("q"), seen, "a push after the look still wakes the pop that parks");
+        // A reset naming no queue (a seek or a group deleted on another broker) reaches queues
+        // this broker holds no entry for.
+        let seen = c.seq_of("idle");
+        c.wake_everyone();
+        assert_ne!(c.seq_of("idle"), seen);
+    }
+
+    #[actix_rt::test]
+    async fn losing_listen_wakes_the_parked_pops_to_look_again() {
+        let mut c = coordinator(true);
+        let mut parked = park(&mut c, None);
+        let c = c.start();
+        c.send(ListenLost).await.expect("delivered");
+        assert!(was_woken(&mut parked), "woken, to park again looking every second");
     }
 
     #[test]

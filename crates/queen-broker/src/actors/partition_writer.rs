@@ -126,12 +126,12 @@ impl PartitionWriter {
             match result {
                 Ok((result, bytes)) => {
                     writer.record(&result, bytes);
-                    if result.segment.is_some() {
-                        let target = &writer.target;
-                        let (queue, queue_id, partition_id) =
-                            (target.queue.clone(), target.queue_id, target.partition_id);
-                        writer.announcer.announce(DataAvailable { queue, queue_id, partition_id });
-                    }
+                    // Announced even when every message was a duplicate: that is how the resend
+                    // of a push answered 503 (unanswered) finds its first copy, which committed
+                    // after the answer and was never announced.
+                    let target = &writer.target;
+                    let (queue, queue_id, partition_id) = (target.queue.clone(), target.queue_id, target.partition_id);
+                    writer.announcer.announce(DataAvailable { queue, queue_id, partition_id });
                     replies.answer(Ok(result.outcomes));
                 }
                 Err(e) => replies.answer(Err(WorkError::from(e))),

@@ -281,11 +281,10 @@ async fn write_capped(
             let adding = queued(appended) as u64;
             let bytes: usize = messages.iter().map(|m| m.payload.len()).sum();
             metrics.record_append(name, adding, appended.len() as u64 - adding, bytes as u64);
-            if adding > 0 {
-                let queue = Arc::from(name.as_str());
-                let queue_id = share.queue.id;
-                broker.announcer.announce(DataAvailable { queue, queue_id, partition_id: *partition_id });
-            }
+            // Duplicates too, as the partition writer does: the resend of an unanswered push.
+            let queue = Arc::from(name.as_str());
+            let queue_id = share.queue.id;
+            broker.announcer.announce(DataAvailable { queue, queue_id, partition_id: *partition_id });
         }
     }
     let ids = |share: &CappedShare<'_>| share.partitions.iter().map(|(_, id, _)| *id).collect::<Vec<_>>();

@@ -400,3 +400,40 @@ async fn a_light_stream_and_a_backlog_are_never_held() {
     }
     assert_eq!(app.metric("queen_pops_spaced_total").await, 0.0, "no pop waited for a slot");
 }
+
+/// A push answered 503 because its commit went unanswered may commit after the answer: its copy
+/// is stored but was never announced. The producer's resend finds it a duplicate, and that
+/// resend tells waiting pops: a long poll parked meanwhile gets the message, not its timeout.
+#[actix_web::test]
+async fn the_resend_of_a_push_whose_first_copy_committed_unannounced_wakes_a_long_poll() {
+    use queen_store::log::{AppendPolicy, NewMessage, append};
+
+    let app = TestApp::spawn().await;
+    app.push_one("late", "p", "first", json!("first")).await;
+    let first = app.pop("queue/late", "batch=1").await.messages();
+    app.ack_all(&first, "completed", None).await;
+    let destination = app.destination("late", "p").await;
+    let waiting = app.pop("queue/late", "batch=1&wait=true&timeout=20000");
+    let resent = async {
+        until_parked(&app, 1).await;
+        // The first copy, committed where no broker announces it.
+        let unannounced = NewMessage {
+            message_id: uuid::Uuid::now_v7(),
+            transaction_id: "late".into(),
+            trace_id: None,
+            producer: None,
+            payload: b"\"late\"".to_vec(),
+            received: None,
+        };
+        let client = app.store_connection("the first copy").await;
+        append(&client, destination, &[unannounced], &AppendPolicy::default()).await.expect("stored");
+        let resent_at = Instant::now();
+        let again = app.push(json!([{"queue": "late", "partition": "p", "transactionId": "late", "payload": "late"}]));
+        assert_eq!(again.await[0]["status"], "duplicate");
+        resent_at
+    };
+    let (answer, resent_at) = futures::join!(waiting, resent);
+    let latency = resent_at.elapsed();
+    assert_eq!(answer.transaction_ids(), vec!["late"], "{answer:?}");
+    assert!(latency < Duration::from_secs(10), "answered {latency:?} after the resend, with a 20 s timeout");
+}
