@@ -622,9 +622,6 @@ impl Handler<ListenLost> for Coordinator {
         self.listening = false;
         self.ticket += 1;
         self.views.clear();
-        // Parked pops would wait for notices that no longer come: they look again, and park
-        // again looking every second while LISTEN is lost.
-        self.wake_everyone();
     }
 }
 
@@ -876,15 +873,6 @@ mod tests {
         let seen = c.seq_of("idle");
         c.wake_everyone();
         assert_ne!(c.seq_of("idle"), seen);
-    }
-
-    #[actix_rt::test]
-    async fn losing_listen_wakes_the_parked_pops_to_look_again() {
-        let mut c = coordinator(true);
-        let mut parked = park(&mut c, None);
-        let c = c.start();
-        c.send(ListenLost).await.expect("delivered");
-        assert!(was_woken(&mut parked), "woken, to park again looking every second");
     }
 
     #[test]

@@ -43,14 +43,15 @@ pub async fn refuse(
 fn named_host(req: &ServiceRequest) -> Option<String> {
     // The header itself: `connection_info().host()` would take `X-Forwarded-Host`, which the
     // rebinding page's own scripts may set.
-    let host = match req.headers().get(header::HOST) {
-        Some(value) => value.to_str().unwrap_or("\u{fffd}").to_owned(),
-        None => req.uri().authority()?.as_str().to_owned(),
+    let authority = match req.headers().get(header::HOST) {
+        Some(value) => value.to_str().unwrap_or("\u{fffd}"),
+        None => req.uri().authority()?.as_str(),
     };
-    host_name(&host)
+    host_name(authority)
 }
 
-/// `authority`'s host when it is a name: `[::1]:6632` and `127.0.0.1` are none.
+/// `authority`'s host when it is a name: `[::1]:6632` and `127.0.0.1` are none (and cost no
+/// allocation: every request over loopback is looked at).
 fn host_name(authority: &str) -> Option<String> {
     if authority.starts_with('[') {
         return None;
@@ -59,8 +60,8 @@ fn host_name(authority: &str) -> Option<String> {
         Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => host,
         _ => authority,
     };
-    let host = host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase();
-    (!host.is_empty() && host.parse::<IpAddr>().is_err()).then_some(host)
+    let host = host.strip_suffix('.').unwrap_or(host);
+    (!host.is_empty() && host.parse::<IpAddr>().is_err()).then(|| host.to_ascii_lowercase())
 }
 
 fn allowed(name: &str, req: &ServiceRequest) -> bool {

@@ -332,11 +332,13 @@ async fn a_bundle_ended_as_a_deadlocks_victim_is_answered_503_and_commits_when_s
 
     // Another session holds stage two's partition, which the bundle locks after stage one's
     // cursor; once the bundle waits for it, the session asks for that cursor: a cycle, in which
-    // PostgreSQL fails whoever waited first, the bundle.
+    // PostgreSQL fails whoever checks for a deadlock first, the bundle, which waited first (the
+    // session checks only after 10 s, so a busy machine cannot make it the first).
     let holder = app.db.connect().await;
     holder
         .batch_execute(
-            "BEGIN; UPDATE queen.partitions p SET last_offset = last_offset FROM queen.queues q
+            "SET deadlock_timeout = '10s';
+             BEGIN; UPDATE queen.partitions p SET last_offset = last_offset FROM queen.queues q
                      WHERE q.id = p.queue_id AND q.name = 'stage-two'",
         )
         .await
