@@ -63,14 +63,8 @@ fn batch_members(body: &[u8]) -> Result<GroupRequests, ApiError> {
     if items.is_empty() {
         return Err(ApiError::bad_request("acknowledgments must not be empty"));
     }
-    if items.len() > MAX_BATCH_ACKS {
-        return Err(ApiError::bad_request(format!(
-            "acknowledgments holds {} acknowledgements; at most {MAX_BATCH_ACKS} are allowed",
-            items.len()
-        )));
-    }
     let requests = items
-        .read()?
+        .read_at_most(MAX_BATCH_ACKS, "acknowledgements")?
         .iter()
         .map(|item| item.takes_only(ACK_MEMBERS).and_then(|()| parse_ack(item, &group)))
         .collect::<Result<Vec<_>, _>>()?;

@@ -327,6 +327,15 @@ impl<'a> Objects<'a> {
         self.len == 0
     }
 
+    /// Every element, when there are at most `max` (`what` names them in the refusal).
+    pub fn read_at_most(&self, max: usize, what: &str) -> Result<Vec<JsonObject<'a>>, ApiError> {
+        if self.len > max {
+            let (array, len) = (&self.array, self.len);
+            return Err(ApiError::bad_request(format!("{array} holds {len} {what}; at most {max} are allowed")));
+        }
+        self.read()
+    }
+
     /// Every element, each of which must be an object.
     pub fn read(&self) -> Result<Vec<JsonObject<'a>>, ApiError> {
         let elements: Vec<&'a RawValue> = serde_json::from_str(self.raw.get())

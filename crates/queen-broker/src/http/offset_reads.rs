@@ -66,10 +66,7 @@ fn entries_of<'a>(body: &JsonObject<'a>, max: usize) -> Result<Vec<JsonObject<'a
     if items.is_empty() {
         return Err(ApiError::bad_request("entries must not be empty"));
     }
-    if items.len() > max {
-        return Err(ApiError::bad_request(format!("entries holds {} entries; at most {max} are allowed", items.len())));
-    }
-    items.read()
+    items.read_at_most(max, "entries")
 }
 
 /// A `maxBytes`: a positive integer, read as at most [`MAX_FETCH_BYTES`].

@@ -82,13 +82,7 @@ fn items_by_member(body: &[u8], max_items: usize) -> Result<Vec<PushItem>, ApiEr
     let body = JsonObject::parse_body(body, false)?;
     body.takes_only(&["items"])?;
     let items = body.objects("items")?.ok_or_else(|| ApiError::bad_request("items is required"))?;
-    if items.len() > max_items {
-        return Err(ApiError::bad_request(format!(
-            "items holds {} messages; at most {max_items} are allowed",
-            items.len()
-        )));
-    }
-    items.read()?.iter().map(parse_item).collect()
+    items.read_at_most(max_items, "messages")?.iter().map(parse_item).collect()
 }
 
 /// The members of a push item, here and in a transaction's push operation.

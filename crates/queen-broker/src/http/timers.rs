@@ -168,15 +168,12 @@ pub fn stamp(caller: &Caller, ops: &mut [TimerOp]) -> Result<(), ApiError> {
 /// The timer operations of the array `key`, checked; one bad operation refuses them all.
 fn parse_ops(body: &JsonObject<'_>, key: &str, broker: &Broker) -> Result<Option<Vec<TimerOp>>, ApiError> {
     let Some(ops) = body.objects(key)? else { return Ok(None) };
-    let max = broker.config.push.max_items;
-    if ops.len() > max {
-        return Err(ApiError::bad_request(format!(
-            "{key} holds {} timer operations; at most {max} are allowed",
-            ops.len()
-        )));
-    }
     let max_payload = broker.config.http.max_body_bytes;
-    ops.read()?.iter().map(|op| parse_op(op, max_payload)).collect::<Result<_, _>>().map(Some)
+    ops.read_at_most(broker.config.push.max_items, "timer operations")?
+        .iter()
+        .map(|op| parse_op(op, max_payload))
+        .collect::<Result<_, _>>()
+        .map(Some)
 }
 
 fn parse_op(op: &JsonObject<'_>, max_payload: usize) -> Result<TimerOp, ApiError> {

@@ -109,13 +109,7 @@ fn parse_bundle(body: &JsonObject<'_>, max_items: usize, pushed: Option<Vec<Push
         ),
     };
     let operations = match (body.objects("operations")?, &pushed) {
-        (Some(operations), _) if operations.len() > max_items => {
-            return Err(ApiError::bad_request(format!(
-                "operations holds {} operations; at most {max_items} are allowed",
-                operations.len()
-            )));
-        }
-        (Some(operations), _) => operations.read()?,
+        (Some(operations), _) => operations.read_at_most(max_items, "operations")?,
         (None, Some(_)) => Vec::new(),
         (None, None) => return Err(ApiError::bad_request("operations is required")),
     };
