@@ -74,6 +74,13 @@ pub enum Appended {
     },
 }
 
+/// How many of an append's messages it stored (`outcomes` in the order of `messages`), and
+/// their payload bytes: the duplicates wrote nothing.
+pub fn stored(messages: &[NewMessage], outcomes: &[Appended]) -> (u64, u64) {
+    let queued = messages.iter().zip(outcomes).filter(|(_, outcome)| matches!(outcome, Appended::Queued { .. }));
+    queued.fold((0, 0), |(count, bytes), (message, _)| (count + 1, bytes + message.payload.len() as u64))
+}
+
 /// The segment an append wrote.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SegmentWritten {

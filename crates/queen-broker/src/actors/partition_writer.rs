@@ -120,12 +120,15 @@ impl PartitionWriter {
                 // transaction ids make it a duplicate then).
                 return Err(queen_store::pool::abandon(client, "an append", answer_within));
             };
-            Ok::<_, queen_store::StoreError>((result?, payload_bytes(&messages)))
+            let result = result?;
+            let stored = queen_store::log::stored(&messages, &result.outcomes);
+            Ok::<_, queen_store::StoreError>((result, stored))
         };
         ctx.spawn(write.into_actor(self).map(move |result, writer, ctx| {
             match result {
-                Ok((result, bytes)) => {
-                    writer.record(&result, bytes);
+                Ok((result, (queued, bytes))) => {
+                    let duplicates = result.outcomes.len() as u64 - queued;
+                    writer.metrics.record_append(&writer.target.queue, queued, duplicates, bytes);
                     // Announced even when every message was a duplicate: that is how the resend
                     // of a push answered 503 (unanswered) finds its first copy, which committed
                     // after the answer and was never announced.
@@ -151,12 +154,6 @@ impl PartitionWriter {
         if self.queue.is_idle() && self.registry.release_if_unused(&self.target.partition_id, &ctx.address()) {
             ctx.stop();
         }
-    }
-
-    fn record(&self, result: &queen_store::log::AppendResult, bytes: usize) {
-        let queued = result.outcomes.iter().filter(|o| matches!(o, Appended::Queued { .. })).count() as u64;
-        let duplicates = result.outcomes.len() as u64 - queued;
-        self.metrics.record_append(&self.target.queue, queued, duplicates, bytes as u64);
     }
 }
 

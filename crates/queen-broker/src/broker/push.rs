@@ -278,9 +278,8 @@ async fn write_capped(
     for (share, outcomes) in shares.iter().zip(&outcomes) {
         let name = &share.queue.name;
         for ((_, partition_id, messages), appended) in share.partitions.iter().zip(outcomes) {
-            let adding = queued(appended) as u64;
-            let bytes: usize = messages.iter().map(|m| m.payload.len()).sum();
-            metrics.record_append(name, adding, appended.len() as u64 - adding, bytes as u64);
+            let (adding, bytes) = queen_store::log::stored(messages, appended);
+            metrics.record_append(name, adding, appended.len() as u64 - adding, bytes);
             // Duplicates too, as the partition writer does: the resend of an unanswered push.
             let queue = Arc::from(name.as_str());
             let queue_id = share.queue.id;

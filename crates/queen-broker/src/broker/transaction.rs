@@ -228,7 +228,7 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
     let Written { kv_results, released, ack_outcomes, timer_results, by_partition, mut pushed } = written?;
     broker.names.remember(&known);
     timers::wake_sweeper(broker, &timer_ops, &timer_results);
-    for indices in by_partition.values() {
+    for (&(partition_id, queue_id), indices) in &by_partition {
         let (mut queued, mut duplicates, mut bytes) = (0, 0, 0);
         for &index in indices {
             match &pushed[index] {
@@ -240,12 +240,9 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
                 None => {}
             }
         }
-        broker.metrics.record_append(&items[indices[0]].queue, queued, duplicates, bytes);
-    }
-
-    for (&(partition_id, queue_id), indices) in &by_partition {
-        let queue = Arc::from(items[indices[0]].queue.as_str());
-        broker.announcer.announce(DataAvailable { queue, queue_id, partition_id });
+        let queue = &items[indices[0]].queue;
+        broker.metrics.record_append(queue, queued, duplicates, bytes);
+        broker.announcer.announce(DataAvailable { queue: Arc::from(queue.as_str()), queue_id, partition_id });
     }
     for work in released {
         broker.announcer.announce(DataAvailable::from(work));
