@@ -130,17 +130,14 @@ async fn an_ack_held_up_on_one_groups_cursor_holds_up_no_other_groups_ack() {
     let held = app.pop("queue/shared", "batch=1&consumerGroup=held").await.messages();
     let free = app.pop("queue/shared", "batch=1&consumerGroup=free").await.messages();
 
-    let mut locker = app.db.connect().await;
-    let lock = locker.transaction().await.expect("a transaction");
-    let cursor = "SELECT 1 FROM queen.log_consumers WHERE consumer_group = 'held' FOR UPDATE";
-    assert_eq!(lock.execute(cursor, &[]).await.expect("the lock"), 1);
+    let holder = app.hold_cursor("held").await;
     let held_ack = app.ack_all(&held, "completed", Some("held"));
     let meanwhile = async {
         app.until_waiting_for_a_lock("queen.log_consumers", "the held group's ack never waited for its cursor").await;
         let free_ack =
             tokio::time::timeout(Duration::from_secs(5), app.ack_all(&free, "completed", Some("free"))).await;
         let free_ack = free_ack.expect("the other group's ack waited for the held one");
-        lock.rollback().await.expect("the lock released");
+        holder.batch_execute("ROLLBACK").await.expect("the lock released");
         free_ack
     };
     let (held_ack, free_ack) = futures::join!(held_ack, meanwhile);

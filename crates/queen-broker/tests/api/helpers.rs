@@ -189,6 +189,16 @@ impl TestApp {
         self.db.connect().await.query_one(sql, &[]).await.unwrap_or_else(|e| panic!("{sql}: {e}")).get(0)
     }
 
+    /// A session of the test's own holding the one cursor `group` has (`FOR UPDATE`) in a
+    /// transaction, until it sends `ROLLBACK`.
+    pub async fn hold_cursor(&self, group: &str) -> tokio_postgres::Client {
+        let holder = self.db.connect().await;
+        holder.batch_execute("BEGIN").await.expect("a transaction");
+        let cursor = "SELECT 1 FROM queen.log_consumers WHERE consumer_group = $1 FOR UPDATE";
+        assert_eq!(holder.execute(cursor, &[&group]).await.expect("the lock"), 1, "one cursor of {group}");
+        holder
+    }
+
     /// Waits until a statement on the test's database whose text contains `statement` waits for
     /// a lock (one the test holds), failing with `what` after 10 s.
     pub async fn until_waiting_for_a_lock(&self, statement: &str, what: &str) {

@@ -335,16 +335,13 @@ async fn ready_says_the_pool_is_busy_when_every_connection_is_in_use() {
     let app = TestApp::spawn_with(|config| config.database.pool_size = 1).await;
     app.push_one("busy", "p", "m1", json!(1)).await;
     let popped = app.pop("queue/busy", "batch=1&consumerGroup=g").await.messages();
-    let mut locker = app.db.connect().await;
-    let lock = locker.transaction().await.expect("a transaction");
-    let cursor = "SELECT 1 FROM queen.log_consumers WHERE consumer_group = 'g' FOR UPDATE";
-    assert_eq!(lock.execute(cursor, &[]).await.expect("the lock"), 1);
+    let holder = app.hold_cursor("g").await;
     // The ack holds the pool's only connection while it waits for the cursor.
     let ack = app.ack_all(&popped, "completed", Some("g"));
     let meanwhile = async {
         app.until_waiting_for_a_lock("queen.log_consumers", "the ack never waited for the cursor").await;
         let ready = app.get("/ready").await;
-        lock.rollback().await.expect("the lock released");
+        holder.batch_execute("ROLLBACK").await.expect("the lock released");
         ready
     };
     let (acked, ready) = tokio::join!(ack, meanwhile);
