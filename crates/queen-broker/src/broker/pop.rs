@@ -102,8 +102,9 @@ enum Attempt {
     /// (the pop's limits, or another pop holding them).
     Taken { taken: Taken, passed_over: bool },
     /// Nothing now; `retry_at` is the soonest a pending partition can be served: when a lease
-    /// held by another consumer of the group expires, or a message becomes visible.
-    Empty { retry_at: Option<DateTime<Utc>> },
+    /// held by another consumer of the group expires, or a message becomes visible. `raced`:
+    /// partitions that looked free were taken, or held, by another claim when this one came.
+    Empty { retry_at: Option<DateTime<Utc>>, raced: bool },
 }
 
 /// What is left of a pop's `batch` and `partitions` as it goes from queue to queue.
@@ -123,6 +124,13 @@ const NAMESPACE_RESCAN: Duration = Duration::from_secs(1);
 /// How often a parked pop looks again while the broker's LISTEN connection is lost.
 const DEAF_RESCAN: Duration = Duration::from_secs(1);
 
+/// How soon a pop that lost partitions to another claim looks again, doubling at each such look
+/// up to [`DEAF_RESCAN`]. The other claim may be a pop of another broker, whose lease or leftover
+/// partitions nothing here announces: looking again finds when that lease runs out, or the
+/// partitions it left. Doubling bounds the looks where the claim keeps passing over partitions
+/// the candidate query calls free (a delay set since the pop read the queue's options).
+const FIRST_RACE_RELOOK: Duration = Duration::from_millis(20);
+
 /// Pops once, or for a long poll until messages come or the timeout passes. A parked pop holds
 /// no database connection.
 pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, BrokerError> {
@@ -132,6 +140,7 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
     let mut parked = None;
     // Counted in `queen_long_poll_waiters` from when it first waits for messages to its end.
     let mut waiting = None;
+    let mut race_relook = FIRST_RACE_RELOOK;
     // A queue-wide pop of one queue waits for new messages in its group's turn on the queue.
     let turn_key: Option<(Arc<str>, Arc<str>)> = match &request.source {
         PopSource::Queue { queue, partition: None } => {
@@ -188,6 +197,7 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
         let conflation_conflict = request.conflation && queues.iter().any(|(_, conflates)| !conflates);
         let mut taken: Vec<Taken> = Vec::new();
         let mut retry_at = None;
+        let mut raced = false;
         let mut left_work = false;
         for (queue, conflates) in &queues {
             let budget = Budget {
@@ -202,7 +212,10 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
                     left_work |= passed_over;
                     taken.push(more);
                 }
-                Ok(Attempt::Empty { retry_at: at }) => retry_at = retry_at.into_iter().chain(at).min(),
+                Ok(Attempt::Empty { retry_at: at, raced: lost }) => {
+                    retry_at = retry_at.into_iter().chain(at).min();
+                    raced |= lost;
+                }
                 // What earlier queues of a namespace pop claimed is delivered rather than left
                 // leased to nobody.
                 Err(e) if taken.is_empty() => return Err(e),
@@ -259,6 +272,10 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
         // Without LISTEN, a push through another broker wakes nobody here.
         if !broker.hears_fleet.load(Ordering::Relaxed) {
             wake_at = wake_at.min(now + DEAF_RESCAN);
+        }
+        if raced {
+            wake_at = wake_at.min(now + race_relook);
+            race_relook = (race_relook * 2).min(DEAF_RESCAN);
         }
         if parked.is_none() {
             parked = Some(Parked::take(broker, request)?);
@@ -398,7 +415,7 @@ async fn pop_queue(
     let Planned { mut client, candidates, stamp } = match only_partition {
         Some(name) => {
             let Some(partition_id) = names.partition(&broker.pool, queue_id, name).await? else {
-                return Ok(Attempt::Empty { retry_at: None });
+                return Ok(Attempt::Empty { retry_at: None, raced: false });
             };
             let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
             let scope = Scope::Only(&[partition_id]);
@@ -407,14 +424,14 @@ async fn pop_queue(
         }
         None => match planned_candidates(broker, queue_id, &group, visibility, claimable).await? {
             Some(planned) => planned,
-            None => return Ok(Attempt::Empty { retry_at: None }),
+            None => return Ok(Attempt::Empty { retry_at: None, raced: false }),
         },
     };
     let retry_at = candidates.iter().filter_map(|c| c.not_before).min();
     // Partitions the group can be served now, longest-unserved first.
     let free: Vec<&cursors::Candidate> = candidates.iter().filter(|c| c.not_before.is_none()).take(claimable).collect();
     if free.is_empty() {
-        return Ok(Attempt::Empty { retry_at });
+        return Ok(Attempt::Empty { retry_at, raced: false });
     }
     let uncursored: Vec<i64> = free.iter().filter(|c| !c.has_cursor).map(|c| c.partition_id).collect();
     if !uncursored.is_empty() {
@@ -482,11 +499,13 @@ async fn pop_queue(
         }
     }
     if claims.is_empty() {
-        // A cursor made just now may start later than the candidate query assumed (a `new` or
-        // timestamp subscription): ask when those partitions can be served, so a long poll
-        // waiting on a delay wakes in time. Partitions without a cursor come first, so a new
-        // group on a queue of many partitions may have spent this pop on partitions where it
-        // starts at the end: a long poll looks again at once, at the ones after them.
+        // The candidates called these partitions free, and the claim took none: another claim
+        // had them (`raced`), or the cursors just made start later than the query assumed.
+        // Such a cursor (a `new` or timestamp subscription) is asked when its partition can be
+        // served, so a long poll waiting on a delay wakes in time. Partitions without a cursor
+        // come first, so a new group on a queue of many partitions may have spent this pop on
+        // partitions where it starts at the end: a long poll looks again at once, at the ones
+        // after them.
         let retry_at = if uncursored.is_empty() {
             retry_at
         } else {
@@ -494,7 +513,7 @@ async fn pop_queue(
             let seeded = cursors::candidates(&client, queue_id, scope, &request.group, visibility).await?;
             Some(seeded.iter().filter_map(|c| c.not_before).chain(retry_at).min().unwrap_or_else(Utc::now))
         };
-        return Ok(Attempt::Empty { retry_at });
+        return Ok(Attempt::Empty { retry_at, raced: true });
     }
     let names_by_id: HashMap<i64, Arc<str>> =
         free.iter().map(|c| (c.partition_id, Arc::from(c.partition.as_str()))).collect();
@@ -520,7 +539,7 @@ async fn pop_queue(
         Unhanded::of(request, lease_id, &emptied).take_back(broker, client).await;
     }
     if claims.is_empty() {
-        return Ok(Attempt::Empty { retry_at: Some(Utc::now()) });
+        return Ok(Attempt::Empty { retry_at: Some(Utc::now()), raced: false });
     }
     let taken = Taken { queue: Arc::from(queue.name.as_str()), queue_id, group, claims, stamp, messages, segments };
     Ok(Attempt::Taken { taken, passed_over })

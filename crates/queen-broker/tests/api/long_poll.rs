@@ -437,3 +437,28 @@ async fn the_resend_of_a_push_whose_first_copy_committed_unannounced_wakes_a_lon
     assert_eq!(answer.transaction_ids(), vec!["late"], "{answer:?}");
     assert!(latency < Duration::from_secs(10), "answered {latency:?} after the resend, with a 20 s timeout");
 }
+
+/// A pop whose claim finds its partition held by another claim (here the test's session holds
+/// the cursor; in a fleet, a pop of another broker, which announces nothing here when it passes
+/// the partition over or its lease runs out) looks again soon, rather than sleep to its timeout.
+#[actix_web::test]
+async fn a_long_poll_that_lost_its_partition_to_another_claim_looks_again() {
+    let app = TestApp::spawn().await;
+    app.push_one("contested", "p", "first", json!("first")).await;
+    let first = app.pop("queue/contested", "batch=1&consumerGroup=g").await.messages();
+    app.ack_all(&first, "completed", Some("g")).await;
+    app.push_one("contested", "p", "second", json!("second")).await;
+
+    let holder = app.hold_cursor("g").await;
+    let waiting = app.pop("queue/contested", "batch=1&consumerGroup=g&wait=true&timeout=20000");
+    let released = async {
+        // Parked: it has looked, found the partition free, and claimed nothing.
+        until_parked(&app, 1).await;
+        holder.batch_execute("ROLLBACK").await.expect("the lock released");
+        Instant::now()
+    };
+    let (answer, released_at) = futures::join!(waiting, released);
+    let latency = released_at.elapsed();
+    assert_eq!(answer.transaction_ids(), vec!["second"], "{answer:?}");
+    assert!(latency < Duration::from_secs(5), "answered {latency:?} after the release, with a 20 s timeout");
+}
