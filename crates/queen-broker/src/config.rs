@@ -248,6 +248,9 @@ pub struct PopConfig {
     /// Memory for decoded segments that pops took part of, so the next pops slice them instead
     /// of reading and decompressing them again; 0 turns the cache off.
     pub segment_cache_bytes: u64,
+    /// Most payload bytes one pop hands out: it delivers fewer than `batch` messages rather than
+    /// pass it, and always at least one. It bounds the segments a pop decodes and its answer.
+    pub max_answer_bytes: usize,
     /// While a consumer group's stream on a queue is dense, its long-poll pops start at most this
     /// often on this broker (or once per batch's worth of the stream, when that arrives sooner),
     /// so that each carries more and the group's cycles leave the producers more of the machine.
@@ -269,6 +272,7 @@ impl Default for PopConfig {
             plan_from_views: true,
             scan_refresh_seconds: 30,
             segment_cache_bytes: 64 * 1024 * 1024,
+            max_answer_bytes: 16 * 1024 * 1024,
             dense_interval_ms: 0,
         }
     }
@@ -875,6 +879,9 @@ impl Config {
         }
         if pop.dense_interval_ms > 1000 {
             return Err(invalid("pop.dense_interval_ms", "must be at most 1000"));
+        }
+        if pop.max_answer_bytes < 1024 {
+            return Err(invalid("pop.max_answer_bytes", "must be at least 1024"));
         }
         if self.maintenance.interval_ms < 100 {
             return Err(invalid("maintenance.interval_ms", "must be at least 100"));

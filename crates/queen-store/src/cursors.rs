@@ -586,6 +586,26 @@ pub async fn give_back_claims(
     Ok(rows.len() as u64)
 }
 
+/// Cuts what a claim under `lease_id` leased on these partitions, `(partition, handed_last)`, to
+/// the messages its pop handed out, the last of them at `handed_last`: the pop handed out fewer
+/// than it claimed (its answer's byte bound). An ack of those messages then ends the lease, and
+/// the rest is served to the group's next pop; a lease that ran out counts as a failed delivery
+/// of its head, which was handed out, as for any lease. How many were cut.
+pub async fn cut_claims(client: &impl GenericClient, lease_id: Uuid, cuts: &[(i64, i64)]) -> Result<u64, StoreError> {
+    let partition_ids: Vec<i64> = cuts.iter().map(|c| c.0).collect();
+    let handed_lasts: Vec<i64> = cuts.iter().map(|c| c.1).collect();
+    let cut = client
+        .execute(
+            "UPDATE queen.log_consumers c SET leased_until = x.handed_last
+               FROM unnest($2::bigint[], $3::bigint[]) AS x(partition_id, handed_last)
+              WHERE c.lease_id = $1 AND c.partition_id = x.partition_id AND c.lease_expires_at > now()
+                AND c.leased_until > x.handed_last",
+            &[&lease_id, &partition_ids, &handed_lasts],
+        )
+        .await?;
+    Ok(cut)
+}
+
 /// Moves back the cursors an `autoAck` claim committed at delivery when its messages could not be
 /// handed out after all (their segments could not be read): without it they would be lost for
 /// the group without having been delivered, which at-most-once does not allow. `claims` are

@@ -521,17 +521,33 @@ pub async fn read_spans(
     spans: &[Span],
     keys: Option<&Cipher>,
 ) -> Result<Vec<StoredSegment>, StoreError> {
-    Ok(read_spans_indexed(client, spans, keys).await?.into_iter().map(|(_, segment)| segment).collect())
+    let read = read_spans_indexed(client, spans, keys, usize::MAX).await?;
+    Ok(read.segments.into_iter().map(|(_, segment)| segment).collect())
 }
 
-/// [`read_spans`], each segment with the index of the span it was read for.
+/// What [`read_spans_indexed`] read.
+#[derive(Default)]
+pub(crate) struct IndexedRead {
+    /// Each segment with the index of the span it was read for.
+    pub segments: Vec<(usize, StoredSegment)>,
+    /// The first span the decode bound left unread: in part, after the segments read for it,
+    /// and every span after it whole.
+    pub cut: Option<usize>,
+}
+
+/// [`read_spans`], decoding segments only until they hold `decode_at_most` bytes (at least
+/// one): the rest are passed over, so the read covers a prefix of what was asked. Rows are taken
+/// one at a time, so what is passed over is never held either.
 pub(crate) async fn read_spans_indexed(
     client: &impl GenericClient,
     spans: &[Span],
     keys: Option<&Cipher>,
-) -> Result<Vec<(usize, StoredSegment)>, StoreError> {
+    decode_at_most: usize,
+) -> Result<IndexedRead, StoreError> {
+    use futures::TryStreamExt;
+
     if spans.is_empty() {
-        return Ok(Vec::new());
+        return Ok(IndexedRead::default());
     }
     let statement = client
         .prepare_cached(
@@ -551,27 +567,36 @@ pub(crate) async fn read_spans_indexed(
     let partition_ids: Vec<i64> = spans.iter().map(|s| s.partition_id).collect();
     let firsts: Vec<i64> = spans.iter().map(|s| s.first).collect();
     let lasts: Vec<i64> = spans.iter().map(|s| s.last).collect();
-    let rows = client.query(&statement, &[&partition_ids, &firsts, &lasts]).await?;
-    rows.iter()
-        .map(|row| {
-            let partition_id: i64 = row.get(0);
-            let base_offset: i64 = row.get(1);
-            let frame_count: i32 = row.get(3);
-            let body: &[u8] = row.get(4);
-            // The ordinality counts from 1.
-            let span = usize::try_from(row.get::<_, i64>(5) - 1).unwrap_or(0);
-            let sealed = queen_log::is_sealed(body);
-            if sealed && keys.is_none() {
-                let subject = format!("segment {base_offset} of partition {partition_id}");
-                return Err(StoreError::NoEncryptionKey { subject });
-            }
-            let frames = opened(body, keys)
-                .and_then(|body| queen_log::decode_segment(&body, frame_count.max(0) as usize, MAX_SEGMENT_RAW_BYTES))
-                .map_err(|source| StoreError::CorruptSegment { partition_id, base_offset, source })?;
-            let zstd_body = (!sealed).then(|| body.to_vec());
-            Ok((span, StoredSegment { partition_id, base_offset, created_at: row.get(2), frames, sealed, zstd_body }))
-        })
-        .collect()
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&partition_ids, &firsts, &lasts];
+    let rows = client.query_raw(&statement, params).await?;
+    let mut rows = std::pin::pin!(rows);
+    let (mut read, mut decoded) = (IndexedRead::default(), 0);
+    while let Some(row) = rows.try_next().await? {
+        // The ordinality counts from 1.
+        let span = usize::try_from(row.get::<_, i64>(5) - 1).unwrap_or(0);
+        // The rest of the rows still arrive; they are dropped as they come.
+        if decoded >= decode_at_most {
+            read.cut.get_or_insert(span);
+            continue;
+        }
+        let partition_id: i64 = row.get(0);
+        let base_offset: i64 = row.get(1);
+        let frame_count: i32 = row.get(3);
+        let body: &[u8] = row.get(4);
+        let sealed = queen_log::is_sealed(body);
+        if sealed && keys.is_none() {
+            let subject = format!("segment {base_offset} of partition {partition_id}");
+            return Err(StoreError::NoEncryptionKey { subject });
+        }
+        let frames = opened(body, keys)
+            .and_then(|body| queen_log::decode_segment(&body, frame_count.max(0) as usize, MAX_SEGMENT_RAW_BYTES))
+            .map_err(|source| StoreError::CorruptSegment { partition_id, base_offset, source })?;
+        decoded += frames.memory_len();
+        let zstd_body = (!sealed).then(|| body.to_vec());
+        let segment = StoredSegment { partition_id, base_offset, created_at: row.get(2), frames, sealed, zstd_body };
+        read.segments.push((span, segment));
+    }
+    Ok(read)
 }
 
 #[cfg(test)]

@@ -51,7 +51,7 @@ use moka::sync::Cache;
 use queen_log::Cipher;
 
 use crate::StoreError;
-use crate::log::{Span, StoredSegment, read_spans_indexed};
+use crate::log::{IndexedRead, Span, StoredSegment, read_spans_indexed};
 
 /// Bytes counted for an entry besides its frames: the cache's and the index's bookkeeping.
 const ENTRY_OVERHEAD: usize = 160;
@@ -143,8 +143,24 @@ impl SegmentCache {
         keys: Option<&Cipher>,
         end: ReadEnd,
     ) -> Result<Vec<Arc<StoredSegment>>, StoreError> {
+        self.read_decoding_at_most(client, spans, keys, end, usize::MAX).await
+    }
+
+    /// [`Self::read`], decoding segments from the database only until they hold `decode_at_most`
+    /// bytes (at least one segment). What comes back still covers each span from its start
+    /// without a hole the bound made: a span the bound cut is covered up to the cut (a piece the
+    /// cache holds past it is left out), and a span after it not at all past its first piece the
+    /// cache does not hold. Segments the cache holds cost no decoding.
+    pub async fn read_decoding_at_most(
+        &self,
+        client: &impl GenericClient,
+        spans: &[Span],
+        keys: Option<&Cipher>,
+        end: ReadEnd,
+        decode_at_most: usize,
+    ) -> Result<Vec<Arc<StoredSegment>>, StoreError> {
         let Some(segments) = &self.segments else {
-            let fetched = read_spans_indexed(client, spans, keys).await?;
+            let fetched = read_spans_indexed(client, spans, keys, decode_at_most).await?.segments;
             self.misses.fetch_add(fetched.len() as u64, Ordering::Relaxed);
             return Ok(fetched.into_iter().map(|(_, segment)| Arc::new(segment)).collect());
         };
@@ -176,8 +192,18 @@ impl SegmentCache {
                 missing_for.push(index);
             }
         }
-        let fetched = read_spans_indexed(client, &missing, keys).await?;
+        let IndexedRead { segments: fetched, cut } = read_spans_indexed(client, &missing, keys, decode_at_most).await?;
         self.misses.fetch_add(fetched.len() as u64, Ordering::Relaxed);
+        // Per span, the first offset the bound left unread.
+        let mut unread_from: Vec<Option<i64>> = vec![None; spans.len()];
+        if let Some(cut) = cut {
+            let read_of_cut = fetched.iter().filter(|(hole, _)| *hole == cut).map(|(_, s)| s.end_offset() + 1).max();
+            for (hole, span) in missing.iter().enumerate().skip(cut) {
+                let from = if hole == cut { read_of_cut.unwrap_or(span.first) } else { span.first };
+                let index = missing_for[hole];
+                unread_from[index] = Some(unread_from[index].map_or(from, |earlier| earlier.min(from)));
+            }
+        }
         for (hole, segment) in fetched {
             let index = missing_for[hole];
             let span = &spans[index];
@@ -193,11 +219,15 @@ impl SegmentCache {
         }
         Ok(found
             .into_iter()
-            .flat_map(|mut pieces| {
+            .zip(unread_from)
+            .flat_map(|(mut pieces, unread_from)| {
                 // A hole's fetch starts at the segment holding its first offset, which another
                 // read may have cached meanwhile.
                 pieces.sort_by_key(|segment| segment.base_offset);
                 pieces.dedup_by_key(|segment| segment.base_offset);
+                if let Some(unread_from) = unread_from {
+                    pieces.retain(|segment| segment.base_offset < unread_from);
+                }
                 pieces
             })
             .collect())

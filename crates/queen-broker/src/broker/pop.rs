@@ -107,11 +107,13 @@ enum Attempt {
     Empty { retry_at: Option<DateTime<Utc>>, raced: bool },
 }
 
-/// What is left of a pop's `batch` and `partitions` as it goes from queue to queue.
+/// What is left of a pop's `batch`, `partitions` and `pop.max_answer_bytes` as it goes from
+/// queue to queue.
 #[derive(Debug, Clone, Copy)]
 struct Budget {
     messages: u32,
     partitions: u32,
+    bytes: usize,
 }
 
 /// How long after such a time a parked pop looks again, so that it has passed when it does.
@@ -203,8 +205,9 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
             let budget = Budget {
                 messages: request.batch - taken.iter().map(|t| t.messages.len() as u32).sum::<u32>(),
                 partitions: request.max_partitions - taken.iter().map(|t| t.claims.len() as u32).sum::<u32>(),
+                bytes: broker.config.pop.max_answer_bytes.saturating_sub(taken.iter().map(Taken::bytes).sum()),
             };
-            if budget.messages == 0 || budget.partitions == 0 {
+            if budget.messages == 0 || budget.partitions == 0 || budget.bytes == 0 {
                 break;
             }
             match pop_queue(broker, request, queue, *conflates, budget, lease_id, subscribed_at).await {
@@ -517,7 +520,8 @@ async fn pop_queue(
     }
     let names_by_id: HashMap<i64, Arc<str>> =
         free.iter().map(|c| (c.partition_id, Arc::from(c.partition.as_str()))).collect();
-    let (messages, segments) = match read_claimed(broker, &client, queue, &names_by_id, &claims).await {
+    let read = read_claimed(broker, &client, queue, &names_by_id, &claims, budget.bytes).await;
+    let Read { messages, segments, handed_lasts } = match read {
         Ok(read) => read,
         Err(e) => {
             // Handed to nobody: taken back now rather than left to a lease running out (a failed
@@ -526,22 +530,37 @@ async fn pop_queue(
             return Err(e);
         }
     };
-    // A claim whose span a retention pass removed between the claim and the read (the claim reads
-    // the watermark without locking the partition) has nothing to hand out: its lease, which would
-    // keep the group off the partition until it ran out, goes back at once. An auto-acked one
-    // committed past messages that are gone anyway.
-    let passed_over = free.len() > claims.len();
-    let served: std::collections::HashSet<i64> = messages.iter().map(|m| m.partition_id).collect();
-    let (claims, emptied): (Vec<_>, Vec<_>) = claims.into_iter().partition(|c| served.contains(&c.partition_id));
-    if emptied.is_empty() || request.auto_ack {
+    // What the pop does not hand out of its claims is taken back before it answers: the tails
+    // its answer's byte bound left, and whole claims whose spans a retention pass removed
+    // between the claim and the read (the claim reads the watermark without locking the
+    // partition). A lease left whole would keep the group off the rest of its partition until it
+    // ran out, and count as a failed delivery of messages nobody was given; an auto-acked cursor
+    // left where the claim put it would lose them for the group.
+    let mut passed_over = free.len() > claims.len();
+    let mut tails = Vec::new();
+    let mut handed = Vec::with_capacity(claims.len());
+    for (mut claim, handed_last) in claims.into_iter().zip(handed_lasts) {
+        if handed_last == Some(claim.last) {
+            handed.push(claim);
+            continue;
+        }
+        tails.push((claim, handed_last));
+        if let Some(last) = handed_last {
+            claim.last = last;
+            handed.push(claim);
+            passed_over = true;
+        }
+    }
+    if tails.is_empty() {
         drop(client);
     } else {
-        Unhanded::of(request, lease_id, &emptied).take_back(broker, client).await;
+        Unhanded::tails(request, lease_id, &tails).take_back(broker, client).await;
     }
-    if claims.is_empty() {
+    if handed.is_empty() {
         return Ok(Attempt::Empty { retry_at: Some(Utc::now()), raced: false });
     }
-    let taken = Taken { queue: Arc::from(queue.name.as_str()), queue_id, group, claims, stamp, messages, segments };
+    let taken =
+        Taken { queue: Arc::from(queue.name.as_str()), queue_id, group, claims: handed, stamp, messages, segments };
     Ok(Attempt::Taken { taken, passed_over })
 }
 
@@ -557,8 +576,16 @@ struct Taken {
     segments: Vec<Arc<StoredSegment>>,
 }
 
+impl Taken {
+    /// The payload bytes of its messages, counted against `pop.max_answer_bytes`.
+    fn bytes(&self) -> usize {
+        self.messages.iter().map(|m| m.data.get().len()).sum()
+    }
+}
+
 /// Adds what the pop took on one queue to its `delivery`: remembered for the acks, and counted.
 fn hand_out(broker: &Broker, request: &PopRequest, lease_id: Uuid, taken: Taken, delivery: &mut Delivery) {
+    let taken_bytes = taken.bytes();
     let Taken { queue, queue_id, group, claims, stamp, messages, segments } = taken;
     // Where the pop took everything a partition had, the group's view can drop it once the
     // cursor is there: at once when the claim committed, else when the ack does.
@@ -584,8 +611,7 @@ fn hand_out(broker: &Broker, request: &PopRequest, lease_id: Uuid, taken: Taken,
 
     let metrics = &broker.metrics;
     metrics.messages_delivered.inc_by(&queue, messages.len() as u64);
-    let bytes: usize = messages.iter().map(|m| m.data.get().len()).sum();
-    metrics.bytes_delivered.inc_by(&queue, bytes as u64);
+    metrics.bytes_delivered.inc_by(&queue, taken_bytes as u64);
     if request.auto_ack {
         // Committed at delivery: acknowledged then, as an ack would have.
         metrics.messages_acked.inc_by(&queue, messages.len() as u64);
@@ -618,13 +644,18 @@ fn enough_to_fill(free: &[&cursors::Candidate], messages: u32, conflates: bool, 
     filled_by.map_or(every, |last| last as i64 + 1)
 }
 
-/// What a pop claimed and could not hand out: its segments could not be read, or its client left.
+/// What a pop claimed and did not hand out: all of it when its segments could not be read or
+/// its client left; the rest of a claim its answer's byte bound cut, or whose span retention
+/// removed.
 enum Unhanded {
-    /// Leases, given back ([`cursors::give_back_claims`]): they would otherwise stand until they
-    /// run out, and count against messages nobody was given.
-    Leases { lease_id: Uuid, partitions: Vec<i64> },
-    /// An `autoAck` claim's cursors, committed at delivery, moved back
-    /// ([`cursors::undo_auto_acked_claims`]): the messages would otherwise be lost for the group.
+    /// Leases given back where the pop handed out nothing of their partitions
+    /// ([`cursors::give_back_claims`]), and cut to what it handed out elsewhere,
+    /// `(partition, handed_last)` ([`cursors::cut_claims`]): they would otherwise stand until they
+    /// ran out, and count against messages nobody was given.
+    Leases { lease_id: Uuid, given_back: Vec<i64>, cut: Vec<(i64, i64)> },
+    /// An `autoAck` claim's cursors, committed at delivery, moved back to before what was not
+    /// handed out, `(partition, first, last)` ([`cursors::undo_auto_acked_claims`]): the messages
+    /// would otherwise be lost for the group.
     AutoAcked { group: String, spans: Vec<(i64, i64, i64)> },
 }
 
@@ -634,18 +665,43 @@ enum Unhanded {
 const TAKE_BACK_RETRIES_FOR: Duration = Duration::from_secs(300);
 
 impl Unhanded {
+    /// The whole of the claims.
     fn of(request: &PopRequest, lease_id: Uuid, claims: &[cursors::Claim]) -> Self {
+        let whole: Vec<(cursors::Claim, Option<i64>)> = claims.iter().map(|claim| (*claim, None)).collect();
+        Self::tails(request, lease_id, &whole)
+    }
+
+    /// What follows `handed_last` in each claim (the whole claim when none).
+    fn tails(request: &PopRequest, lease_id: Uuid, tails: &[(cursors::Claim, Option<i64>)]) -> Self {
         if request.auto_ack {
-            let spans = claims.iter().map(|c| (c.partition_id, c.first, c.last)).collect();
-            Unhanded::AutoAcked { group: request.group.clone(), spans }
-        } else {
-            Unhanded::Leases { lease_id, partitions: claims.iter().map(|c| c.partition_id).collect() }
+            let spans = tails
+                .iter()
+                .map(|(c, handed_last)| (c.partition_id, handed_last.map_or(c.first, |last| last + 1), c.last))
+                .collect();
+            return Unhanded::AutoAcked { group: request.group.clone(), spans };
         }
+        let (mut given_back, mut cut) = (Vec::new(), Vec::new());
+        for (claim, handed_last) in tails {
+            match handed_last {
+                Some(last) => cut.push((claim.partition_id, *last)),
+                None => given_back.push(claim.partition_id),
+            }
+        }
+        Unhanded::Leases { lease_id, given_back, cut }
     }
 
     async fn take_back_on(&self, client: &deadpool_postgres::Object) -> Result<u64, queen_store::StoreError> {
         match self {
-            Unhanded::Leases { lease_id, partitions } => cursors::give_back_claims(client, *lease_id, partitions).await,
+            Unhanded::Leases { lease_id, given_back, cut } => {
+                let mut taken_back = 0;
+                if !given_back.is_empty() {
+                    taken_back += cursors::give_back_claims(client, *lease_id, given_back).await?;
+                }
+                if !cut.is_empty() {
+                    taken_back += cursors::cut_claims(client, *lease_id, cut).await?;
+                }
+                Ok(taken_back)
+            }
             Unhanded::AutoAcked { group, spans } => cursors::undo_auto_acked_claims(client, group, spans).await,
         }
     }
@@ -666,10 +722,10 @@ impl Unhanded {
         match result {
             Ok(_) => {}
             Err(queen_store::StoreError::Unavailable(e)) => {
-                tracing::warn!(error = %e, "could not take back the claims of a pop that handed nothing out; trying again");
+                tracing::warn!(error = %e, "could not take back what a pop claimed and did not hand out; trying again");
                 tokio::spawn(self.keep_taking_back(broker.pool.clone()));
             }
-            Err(e) => tracing::warn!(error = %e, "could not take back the claims of a pop that handed nothing out"),
+            Err(e) => tracing::warn!(error = %e, "could not take back what a pop claimed and did not hand out"),
         }
     }
 
@@ -686,40 +742,59 @@ impl Unhanded {
                 Ok(_) => return,
                 Err(queen_store::StoreError::Unavailable(_)) => {}
                 Err(e) => {
-                    tracing::warn!(error = %e, "could not take back the claims of a pop that handed nothing out");
+                    tracing::warn!(error = %e, "could not take back what a pop claimed and did not hand out");
                     return;
                 }
             }
         }
-        tracing::warn!("gave up taking back the claims of a pop that handed nothing out");
+        tracing::warn!("gave up taking back what a pop claimed and did not hand out");
     }
 }
 
+/// What a pop read of its claims on one queue.
+struct Read {
+    messages: Vec<DeliveredMessage>,
+    /// The segments the messages were read from.
+    segments: Vec<Arc<StoredSegment>>,
+    /// For each claim, in order, the offset of the last message read of it; `None`: none.
+    handed_lasts: Vec<Option<i64>>,
+}
+
 /// The claimed messages, read from their segments (through the segment cache), and those
-/// segments.
+/// segments. Messages are taken in claim order until their payloads hold `bytes` (at least one
+/// message); the read decodes segments only as far as that bound, so that what it returns
+/// covers each claim from its start up to where it stopped, but for what retention removed.
 async fn read_claimed(
     broker: &Broker,
     client: &deadpool_postgres::Object,
     queue: &Queue,
     names_by_id: &HashMap<i64, Arc<str>>,
     claims: &[cursors::Claim],
-) -> Result<(Vec<DeliveredMessage>, Vec<Arc<StoredSegment>>), BrokerError> {
+    bytes: usize,
+) -> Result<Read, BrokerError> {
     let spans: Vec<Span> =
         claims.iter().map(|c| Span { partition_id: c.partition_id, first: c.first, last: c.last }).collect();
-    let segments = broker.segments.read(client, &spans, broker.cipher.as_deref(), ReadEnd::AtSpanEnd).await?;
+    let (keys, end) = (broker.cipher.as_deref(), ReadEnd::AtSpanEnd);
+    let segments = broker.segments.read_decoding_at_most(client, &spans, keys, end, bytes).await?;
     let queue_name: Arc<str> = Arc::from(queue.name.as_str());
-    let attempts: HashMap<i64, (i64, i64, i32)> =
-        claims.iter().map(|c| (c.partition_id, (c.first, c.last, c.delivery_attempt))).collect();
-    let mut messages = Vec::new();
-    for segment in &segments {
-        let Some(&(first, last, delivery_attempt)) = attempts.get(&segment.partition_id) else { continue };
+    let claim_of: HashMap<i64, usize> = claims.iter().enumerate().map(|(i, c)| (c.partition_id, i)).collect();
+    // Per claim, the offset after the last message read of it.
+    let mut next: Vec<i64> = claims.iter().map(|c| c.first).collect();
+    let (mut messages, mut taken) = (Vec::new(), 0);
+    'segments: for segment in &segments {
+        let Some(&index) = claim_of.get(&segment.partition_id) else { continue };
+        let claim = &claims[index];
         let partition = names_by_id.get(&segment.partition_id).cloned().unwrap_or_else(|| Arc::from(""));
-        for (offset, frame) in segment.frames_in(first, last) {
+        for (offset, frame) in segment.frames_in(next[index], claim.last) {
+            if taken >= bytes && !messages.is_empty() {
+                break 'segments;
+            }
             let frame = frame.map_err(|e| corrupt(segment.partition_id, segment.base_offset, e))?;
             let json = String::from_utf8(frame.payload.to_vec())
                 .map_err(|_| BrokerError::Internal(format!("message at offset {offset} is not UTF-8 JSON")))?;
             let data = RawValue::from_string(json)
                 .map_err(|e| BrokerError::Internal(format!("message at offset {offset} is not JSON: {e}")))?;
+            taken += frame.payload.len();
             messages.push(DeliveredMessage {
                 message_id: frame.message_id,
                 transaction_id: Arc::from(frame.transaction_id),
@@ -731,11 +806,13 @@ async fn read_claimed(
                 data,
                 created_at: segment.created_at,
                 offset,
-                delivery_attempt,
+                delivery_attempt: claim.delivery_attempt,
             });
+            next[index] = offset + 1;
         }
     }
-    Ok((messages, segments))
+    let handed_lasts = claims.iter().zip(next).map(|(claim, next)| (next > claim.first).then_some(next - 1)).collect();
+    Ok(Read { messages, segments, handed_lasts })
 }
 
 /// Moves the group past the messages of these partitions that are older than the queue's `ttl`

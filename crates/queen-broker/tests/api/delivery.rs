@@ -224,3 +224,76 @@ async fn concurrent_pops_of_a_group_each_take_their_partitions_when_the_batch_is
     let (first, second) = two_concurrent_pops(1, "batch=100&partitions=2&consumerGroup=g").await;
     assert_eq!((first.len(), second.len()), (2, 2), "both pops took two partitions");
 }
+
+/// Pushes five messages of about 30 KB to each of partitions `a` and `b` of `queue`: one segment
+/// each, more than a 64 KiB answer holds.
+async fn push_large(app: &TestApp, queue: &str) {
+    let large = "x".repeat(30_000);
+    for partition in ["a", "b"] {
+        let items: Vec<Value> = (1..=5)
+            .map(|i| {
+                json!({"queue": queue, "partition": partition, "transactionId": format!("{partition}{i}"),
+                            "payload": large})
+            })
+            .collect();
+        app.push(Value::Array(items)).await;
+    }
+}
+
+/// A pop hands out at most `pop.max_answer_bytes` of payload, and at least one message: here
+/// three messages of a batch of ten. What it claimed past them is not kept from the group: the
+/// other partition's lease goes back at once, so another consumer is served it, and the ack of
+/// the three ends the lease, so the rest follows. Each message is delivered once.
+#[actix_web::test]
+async fn a_pop_cut_by_its_byte_bound_keeps_nothing_it_did_not_hand_out_from_the_group() {
+    let app = TestApp::spawn_with(|config| config.pop.max_answer_bytes = 64 * 1024).await;
+    push_large(&app, "large").await;
+    let query = "batch=10&partitions=2&consumerGroup=g";
+    let first = app.pop("queue/large", query).await;
+    assert_eq!(first.transaction_ids(), vec!["a1", "a2", "a3"], "as much as 64 KiB holds");
+    let second = app.pop("queue/large", query).await;
+    assert_eq!(second.transaction_ids(), vec!["b1", "b2", "b3"], "the partition the first pop left");
+    assert!(app.pop("queue/large", query).await.messages().is_empty(), "the rest is leased to the two");
+
+    let mut delivered = [first.transaction_ids(), second.transaction_ids()].concat();
+    app.ack_all(&first.messages(), "completed", Some("g")).await;
+    app.ack_all(&second.messages(), "completed", Some("g")).await;
+    let rest = app.pop("queue/large", query).await;
+    assert_eq!(rest.transaction_ids(), vec!["a4", "a5"], "the acks ended the leases");
+    app.ack_all(&rest.messages(), "completed", Some("g")).await;
+    delivered.extend(rest.transaction_ids());
+    let last = app.pop("queue/large", query).await;
+    app.ack_all(&last.messages(), "completed", Some("g")).await;
+    delivered.extend(last.transaction_ids());
+    assert_eq!(delivered, ["a1", "a2", "a3", "b1", "b2", "b3", "a4", "a5", "b4", "b5"]);
+    assert_eq!(app.count("SELECT count(*) FROM queen.log_consumers WHERE lease_expires_at IS NOT NULL").await, 0);
+    assert_eq!(app.count("SELECT sum(retry_count) FROM queen.log_consumers").await, 0, "no delivery failed");
+}
+
+/// The same with `autoAck`, which commits at delivery: the cursor moves only past what the pop
+/// handed out, and no message is lost.
+#[actix_web::test]
+async fn an_auto_acked_pop_cut_by_its_byte_bound_commits_only_what_it_handed_out() {
+    let app = TestApp::spawn_with(|config| config.pop.max_answer_bytes = 64 * 1024).await;
+    push_large(&app, "large").await;
+    let mut delivered = Vec::new();
+    loop {
+        let answer = app.pop("queue/large", "batch=10&partitions=2&consumerGroup=g&autoAck=true").await;
+        if answer.messages().is_empty() {
+            break;
+        }
+        assert!(answer.messages().len() <= 3, "{:?}", answer.transaction_ids());
+        delivered.extend(answer.transaction_ids());
+    }
+    delivered.sort();
+    assert_eq!(delivered, ["a1", "a2", "a3", "a4", "a5", "b1", "b2", "b3", "b4", "b5"]);
+}
+
+/// One message larger than the bound is still handed out, alone.
+#[actix_web::test]
+async fn a_message_larger_than_the_byte_bound_is_handed_out_alone() {
+    let app = TestApp::spawn_with(|config| config.pop.max_answer_bytes = 1024).await;
+    push_large(&app, "large").await;
+    let answer = app.pop("queue/large", "batch=10&consumerGroup=g").await;
+    assert_eq!(answer.transaction_ids(), vec!["a1"]);
+}

@@ -167,3 +167,51 @@ async fn messages_retention_deleted_are_never_served_from_memory() {
     assert_eq!(fresh.messages()[0]["data"], json!({"label": "new", "i": 0}), "{fresh:?}");
     assert_eq!(app.get(&lookup).await.status, StatusCode::NOT_FOUND);
 }
+
+/// A pop whose answer's byte bound (`pop.max_answer_bytes`) is reached in its first segment
+/// decodes none of the segments after it.
+#[actix_web::test]
+async fn a_pop_cut_by_its_byte_bound_decodes_no_segment_past_it() {
+    let app = TestApp::spawn_with(|config| config.pop.max_answer_bytes = 64 * 1024).await;
+    let large = "x".repeat(30_000);
+    for segment in 0..3 {
+        let items: Vec<Value> = (0..5)
+            .map(|i| json!({"queue": "large", "partition": "p", "transactionId": format!("{segment}-{i}"), "payload": large}))
+            .collect();
+        app.push(Value::Array(items)).await;
+    }
+    let answer = app.pop("queue/large/partition/p", "batch=15&autoAck=true").await;
+    assert_eq!(answer.transaction_ids(), vec!["0-0", "0-1", "0-2"]);
+    assert_eq!(app.metric(MISSES).await, 1.0, "one segment read from the database");
+}
+
+/// A pop whose read stops decoding at its byte bound inside a stretch it reads from the database
+/// leaves out a later segment the cache holds: handed out, it would be delivered past messages
+/// the pop never read, and their ack would lose them.
+#[actix_web::test]
+async fn a_pop_cut_by_its_byte_bound_takes_no_cached_segment_past_the_cut() {
+    let app = TestApp::spawn_with(|config| config.pop.max_answer_bytes = 64 * 1024).await;
+    let large = "x".repeat(10_000);
+    // Segments of offsets 1-10 (100 KB, past the bound), 11-12 and 13-17.
+    for (first, last) in [(1, 10), (11, 12), (13, 17)] {
+        let items: Vec<Value> = (first..=last)
+            .map(|i| json!({"queue": "cut", "partition": "p", "transactionId": format!("m{i}"), "payload": large}))
+            .collect();
+        app.push(Value::Array(items)).await;
+    }
+    // Group `h` stands after offset 12, and `g` inside the first segment, after offset 5.
+    let partition = partition_id(&app, "cut").await;
+    let cursors = format!(
+        "INSERT INTO queen.log_consumers (partition_id, consumer_group, committed) VALUES ({partition}, 'h', 12), ({partition}, 'g', 5)"
+    );
+    app.db.connect().await.batch_execute(&cursors).await.expect("the cursors");
+    // `h` leaves the last segment in the cache, and nothing else.
+    let warm = app.pop("queue/cut/partition/p", "batch=1&consumerGroup=h&autoAck=true").await;
+    assert_eq!(warm.transaction_ids(), vec!["m13"]);
+
+    let first = app.pop("queue/cut/partition/p", "batch=20&consumerGroup=g").await;
+    assert_eq!(first.transaction_ids(), vec!["m6", "m7", "m8", "m9", "m10"], "what the read decoded, and no more");
+    app.ack_all(&first.messages(), "completed", Some("g")).await;
+    let rest = app.pop("queue/cut/partition/p", "batch=20&consumerGroup=g").await;
+    assert_eq!(rest.transaction_ids(), vec!["m11", "m12", "m13", "m14", "m15", "m16", "m17"]);
+}
