@@ -235,6 +235,18 @@ impl<'o, 'a> Fields<'o, 'a> {
         }
     }
 
+    /// `expect`: a version from `min`, or absent. An explicit `null` is refused rather than read
+    /// as absent: a caller who wrote `expect` meant to fence the write, and an unconditional one
+    /// would overwrite what it meant to protect.
+    fn expect(&self, min: i64) -> Result<Option<i64>, Refusal> {
+        if self.object.raw_or_null("expect").is_some_and(|raw| raw.get() == "null") {
+            let field = self.object.name_of("expect");
+            let detail = format!("{field} must be a version, not null (omit it for an unconditional write)");
+            return Err(self.invalid("expect", detail));
+        }
+        self.bounded("expect", min, i64::MAX)
+    }
+
     /// A boolean; absent is false.
     fn flag(&self, key: &str) -> Result<bool, Refusal> {
         match self.typed(key, self.object.boolean(key))? {
@@ -343,11 +355,8 @@ fn parse_operation(object: &JsonObject<'_>, rider: Rider) -> Result<Operation, R
             Ok(Operation::GetPrefix(PrefixRead { ns, prefix, after, limit, keys_only: fields.flag("keysOnly")? }))
         }
         "put" | "putIfAbsent" => {
-            let (fields_of_op, expect) = if op == "put" {
-                (PUT_FIELDS, fields.bounded("expect", 0, i64::MAX)?)
-            } else {
-                (PUT_IF_ABSENT_FIELDS, Some(0))
-            };
+            let (fields_of_op, expect) =
+                if op == "put" { (PUT_FIELDS, fields.expect(0)?) } else { (PUT_IF_ABSENT_FIELDS, Some(0)) };
             allowed(fields_of_op)?;
             let value = fields.value()?;
             write(Change::Put { value, expiry: fields.expiry()?, expect })
@@ -355,11 +364,11 @@ fn parse_operation(object: &JsonObject<'_>, rider: Rider) -> Result<Operation, R
         "delete" => {
             allowed(DELETE_FIELDS)?;
             // 0 would be "must not exist": a delete of nothing.
-            write(Change::Delete { expect: fields.bounded("expect", 1, i64::MAX)? })
+            write(Change::Delete { expect: fields.expect(1)? })
         }
         "check" => {
             allowed(CHECK_FIELDS)?;
-            let expect = fields.bounded("expect", 0, i64::MAX)?.ok_or_else(|| {
+            let expect = fields.expect(0)?.ok_or_else(|| {
                 Refusal::new(
                     "kv_expect_required",
                     object.name_of("expect"),

@@ -169,6 +169,14 @@ async fn bad_operations_are_refused_naming_the_field_and_write_nothing() {
         (json!({"op": "getPrefix", "ns": "t", "prefix": ""}), "kv_prefix_required", "operations[1].prefix"),
         (json!({"op": "getPrefix", "ns": "t"}), "kv_prefix_required", "operations[1].prefix"),
         (json!({"op": "check", "ns": "t", "key": "k"}), "kv_expect_required", "operations[1].expect"),
+        // A fence left empty is not an unconditional write (nor a check of nothing).
+        (
+            json!({"op": "put", "ns": "t", "key": "k", "value": 1, "forever": true, "expect": null}),
+            "kv_invalid_field",
+            "operations[1].expect",
+        ),
+        (json!({"op": "delete", "ns": "t", "key": "k", "expect": null}), "kv_invalid_field", "operations[1].expect"),
+        (json!({"op": "check", "ns": "t", "key": "k", "expect": null}), "kv_invalid_field", "operations[1].expect"),
         (json!({"op": "delete", "ns": "t", "key": "k", "expect": 0}), "kv_invalid_field", "operations[1].expect"),
         (
             json!({"op": "incr", "ns": "t", "key": "k", "forever": true, "delta": 1.5}),
