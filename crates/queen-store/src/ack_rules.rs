@@ -230,7 +230,8 @@ pub fn apply(state: &CursorState, items: &[AckItem<'_>]) -> (CursorChange, Vec<A
         after.head_attempts = deliveries_of_next(state, target);
     }
     for item in items.iter().enumerate().filter(|&(i, item)| valid(i) && item.offset < limit).map(|(_, item)| item) {
-        if item.status == AckStatus::DeadLetter {
+        // A message named twice in one call is dead-lettered once.
+        if item.status == AckStatus::DeadLetter && !dead_letters.iter().any(|d: &DeadLetter| d.offset == item.offset) {
             let retry_count = if item.offset == state.committed + 1 { state.retry_count } else { 0 };
             dead_letters.push(DeadLetter { offset: item.offset, error: item.error.map(str::to_owned), retry_count });
         }
@@ -452,6 +453,13 @@ mod tests {
         assert_eq!(change.dead_letters, vec![DeadLetter { offset: 1, error: None, retry_count: 2 }]);
         assert!(change.after.lease_live);
         assert_eq!(verdicts, vec![AckVerdict::DeadLettered]);
+    }
+
+    #[test]
+    fn a_message_dead_lettered_twice_in_one_call_has_one_dead_letter() {
+        let (change, verdicts) = apply(&leased(0, 2), &[ack(1, AckStatus::DeadLetter), ack(1, AckStatus::DeadLetter)]);
+        assert_eq!(change.dead_letters, vec![DeadLetter { offset: 1, error: None, retry_count: 0 }]);
+        assert_eq!(verdicts, vec![AckVerdict::DeadLettered, AckVerdict::DeadLettered]);
     }
 
     #[test]

@@ -107,7 +107,8 @@ impl TypedBatch<'_> {
     /// does not take the body.
     fn requests(body: &[u8]) -> Option<GroupRequests> {
         let ObjectOnly(batch) = serde_json::from_slice::<ObjectOnly<TypedBatch<'_>>>(body).ok()?;
-        if batch.acknowledgments.is_empty() {
+        // Refused, with its reason, by the member-by-member form.
+        if batch.acknowledgments.is_empty() || batch.acknowledgments.len() > MAX_BATCH_ACKS {
             return None;
         }
         let group = names::group_or_queue_mode(batch.consumer_group);

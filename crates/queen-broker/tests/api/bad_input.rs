@@ -435,3 +435,14 @@ async fn arrays_past_their_bound_are_refused_by_count_and_write_nothing() {
     }
     assert_nothing_written(&app).await;
 }
+
+/// An ack batch past its bound (100,000 acknowledgements) is refused whichever way the broker
+/// reads it: well-formed acks take a faster reader than the one that names each wrong member.
+#[actix_web::test]
+async fn an_ack_batch_past_its_bound_is_refused_however_it_is_read() {
+    let app = TestApp::spawn().await;
+    let ack = r#"{"transactionId":"t","partitionId":"1"}"#;
+    let body = format!(r#"{{"acknowledgments":[{}]}}"#, vec![ack; 100_001].join(","));
+    let answer = app.post_raw("/api/v1/ack/batch", body).await;
+    assert_refused(&answer, StatusCode::BAD_REQUEST, "at most 100000");
+}
