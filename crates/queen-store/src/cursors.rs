@@ -563,9 +563,11 @@ pub async fn expire(
 }
 
 /// Gives back what a claim under `lease_id` took on these partitions when its messages could not
-/// be handed out (their segments could not be read): the leases are released and the delivery is
-/// not counted, so nothing waits for the lease to run out, which would count as a failure of the
-/// head message. Partitions with messages left are announced. How many were given back.
+/// be handed out (their segments could not be read, its client left, or its answer's byte bound
+/// was reached before them): the leases are released and the delivery is not counted, so nothing
+/// waits for the lease to run out, which would count as a failure of the head message; what the
+/// claim counted as delivered to the group goes back, so that an ack without a lease cannot commit
+/// those messages. Partitions with messages left are announced. How many were given back.
 pub async fn give_back_claims(
     client: &impl GenericClient,
     lease_id: Uuid,
@@ -574,7 +576,9 @@ pub async fn give_back_claims(
     let rows = client
         .query(
             "UPDATE queen.log_consumers c
-                SET lease_expires_at = NULL, head_attempts = GREATEST(c.head_attempts - 1, 0)
+                SET lease_expires_at = NULL, head_attempts = GREATEST(c.head_attempts - 1, 0),
+                    delivered_until = CASE WHEN c.delivered_until = c.leased_until THEN c.committed
+                                           ELSE c.delivered_until END
                FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
               WHERE c.lease_id = $1 AND c.partition_id = ANY($2) AND c.lease_expires_at > now()
                 AND p.id = c.partition_id
@@ -590,42 +594,56 @@ pub async fn give_back_claims(
 /// the messages its pop handed out, the last of them at `handed_last`: the pop handed out fewer
 /// than it claimed (its answer's byte bound). An ack of those messages then ends the lease, and
 /// the rest is served to the group's next pop; a lease that ran out counts as a failed delivery
-/// of its head, which was handed out, as for any lease. How many were cut.
+/// of its head, which was handed out, as for any lease. What the claim counted as delivered goes
+/// back to `handed_last`, so that an ack without a lease cannot commit the rest. A cut that comes
+/// after the ack of everything handed out (tried again after PostgreSQL did not answer) ends the
+/// lease, and the partition is announced. How many were cut.
 pub async fn cut_claims(client: &impl GenericClient, lease_id: Uuid, cuts: &[(i64, i64)]) -> Result<u64, StoreError> {
     let partition_ids: Vec<i64> = cuts.iter().map(|c| c.0).collect();
     let handed_lasts: Vec<i64> = cuts.iter().map(|c| c.1).collect();
-    let cut = client
-        .execute(
-            "UPDATE queen.log_consumers c SET leased_until = x.handed_last
-               FROM unnest($2::bigint[], $3::bigint[]) AS x(partition_id, handed_last)
+    let rows = client
+        .query(
+            "UPDATE queen.log_consumers c
+                SET leased_until = x.handed_last,
+                    delivered_until = CASE WHEN c.delivered_until = c.leased_until THEN x.handed_last
+                                           ELSE c.delivered_until END,
+                    lease_expires_at = CASE WHEN c.committed >= x.handed_last THEN NULL ELSE c.lease_expires_at END
+               FROM unnest($2::bigint[], $3::bigint[]) AS x(partition_id, handed_last),
+                    queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
               WHERE c.lease_id = $1 AND c.partition_id = x.partition_id AND c.lease_expires_at > now()
-                AND c.leased_until > x.handed_last",
+                AND c.leased_until > x.handed_last AND p.id = c.partition_id
+          RETURNING q.id, p.id, q.name, c.lease_expires_at IS NULL",
             &[&lease_id, &partition_ids, &handed_lasts],
         )
         .await?;
-    Ok(cut)
+    let released: Vec<tokio_postgres::Row> = rows.iter().filter(|row| row.get::<_, bool>(3)).cloned().collect();
+    announce_available(client, &released).await?;
+    Ok(rows.len() as u64)
 }
 
-/// Moves back the cursors an `autoAck` claim committed at delivery when its messages could not be
-/// handed out after all (their segments could not be read): without it they would be lost for
-/// the group without having been delivered, which at-most-once does not allow. `claims` are
-/// `(partition, first, last)` of the claim; a cursor that moved on since (another pop of the
-/// group) is left where it is. Partitions moved back are announced. How many were moved back.
+/// Moves back the cursors an `autoAck` claim committed at delivery over messages that were not
+/// handed out after all (their segments could not be read, its client left, or its answer's byte
+/// bound was reached before them): without it they would be lost for the group without having
+/// been delivered, which at-most-once does not allow. `claims` are `(partition, first, last)`:
+/// the messages not handed out, the last of them the claim's last; a cursor that moved on since
+/// (another pop of the group) is left where it is. What the claim counted as delivered goes back
+/// with it. Partitions moved back are announced; which they were.
 ///
-/// The claim's other changes stay: the head's failure counts it reset, and `delivered_until`,
-/// which only widens what an ack without a lease may commit to messages of this span.
+/// The head's failure counts the claim reset stay reset.
 pub async fn undo_auto_acked_claims(
     client: &impl GenericClient,
     group: &str,
     claims: &[(i64, i64, i64)],
-) -> Result<u64, StoreError> {
+) -> Result<Vec<i64>, StoreError> {
     let partition_ids: Vec<i64> = claims.iter().map(|c| c.0).collect();
     let firsts: Vec<i64> = claims.iter().map(|c| c.1).collect();
     let lasts: Vec<i64> = claims.iter().map(|c| c.2).collect();
     let rows = client
         .query(
             "UPDATE queen.log_consumers c
-                SET committed = x.first - 1, total_consumed = c.total_consumed - (x.last - x.first + 1)
+                SET committed = x.first - 1, total_consumed = c.total_consumed - (x.last - x.first + 1),
+                    delivered_until = CASE WHEN c.delivered_until = x.last THEN x.first - 1
+                                           ELSE c.delivered_until END
                FROM unnest($2::bigint[], $3::bigint[], $4::bigint[]) AS x(partition_id, first, last),
                     queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
               WHERE c.partition_id = x.partition_id AND c.consumer_group = $1 AND c.committed = x.last
@@ -635,7 +653,7 @@ pub async fn undo_auto_acked_claims(
         )
         .await?;
     announce_available(client, &rows).await?;
-    Ok(rows.len() as u64)
+    Ok(rows.iter().map(|row| row.get(1)).collect())
 }
 
 /// Announces the partitions of `rows` (queue id, partition id, queue name) as having messages.

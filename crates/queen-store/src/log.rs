@@ -536,8 +536,8 @@ pub(crate) struct IndexedRead {
 }
 
 /// [`read_spans`], decoding segments only until they hold `decode_at_most` bytes (at least
-/// one): the rest are passed over, so the read covers a prefix of what was asked. Rows are taken
-/// one at a time, so what is passed over is never held either.
+/// one): the rest are passed over, so the read covers a prefix of what was asked. Their bodies
+/// are neither read nor sent by PostgreSQL, and rows are taken one at a time.
 pub(crate) async fn read_spans_indexed(
     client: &impl GenericClient,
     spans: &[Span],
@@ -551,38 +551,47 @@ pub(crate) async fn read_spans_indexed(
     }
     let statement = client
         .prepare_cached(
-            "SELECT s.partition_id, s.base_offset, s.created_at, s.frame_count, s.body, r.ord
-               FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) WITH ORDINALITY AS r(partition_id, first, last, ord)
-               CROSS JOIN LATERAL (
-                   SELECT s.* FROM queen.log_segments s
-                    WHERE s.partition_id = r.partition_id
-                      AND s.base_offset >= COALESCE(
-                              (SELECT max(f.base_offset) FROM queen.log_segments f
-                                WHERE f.partition_id = r.partition_id AND f.base_offset <= r.first), r.first)
-                      AND s.base_offset <= r.last
-               ) s
-              ORDER BY r.ord, s.base_offset",
+            // Past the bound, a row comes without its body, which PostgreSQL then never reads:
+            // the rows before it hold `$4` bytes decoded (`raw_length`).
+            "SELECT partition_id, base_offset, created_at, frame_count,
+                    CASE WHEN decoded_before < $4 THEN body END, ord
+               FROM (SELECT s.partition_id, s.base_offset, s.created_at, s.frame_count, s.body, r.ord,
+                            sum(s.raw_length) OVER (ORDER BY r.ord, s.base_offset ROWS UNBOUNDED PRECEDING)
+                                - s.raw_length AS decoded_before
+                       FROM unnest($1::bigint[], $2::bigint[], $3::bigint[])
+                            WITH ORDINALITY AS r(partition_id, first, last, ord)
+                      CROSS JOIN LATERAL (
+                          SELECT s.* FROM queen.log_segments s
+                           WHERE s.partition_id = r.partition_id
+                             AND s.base_offset >= COALESCE(
+                                     (SELECT max(f.base_offset) FROM queen.log_segments f
+                                       WHERE f.partition_id = r.partition_id AND f.base_offset <= r.first), r.first)
+                             AND s.base_offset <= r.last
+                      ) s) read
+              ORDER BY ord, base_offset",
         )
         .await?;
     let partition_ids: Vec<i64> = spans.iter().map(|s| s.partition_id).collect();
     let firsts: Vec<i64> = spans.iter().map(|s| s.first).collect();
     let lasts: Vec<i64> = spans.iter().map(|s| s.last).collect();
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&partition_ids, &firsts, &lasts];
+    let bound = i64::try_from(decode_at_most).unwrap_or(i64::MAX);
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [&partition_ids, &firsts, &lasts, &bound];
     let rows = client.query_raw(&statement, params).await?;
     let mut rows = std::pin::pin!(rows);
     let (mut read, mut decoded) = (IndexedRead::default(), 0);
     while let Some(row) = rows.try_next().await? {
         // The ordinality counts from 1.
         let span = usize::try_from(row.get::<_, i64>(5) - 1).unwrap_or(0);
-        // The rest of the rows still arrive; they are dropped as they come.
-        if decoded >= decode_at_most {
+        // Past the bound as the rows' lengths say, or as decoding found it (a length that
+        // understates): taken off the connection and dropped.
+        let body: Option<&[u8]> = row.get(4);
+        let Some(body) = body.filter(|_| decoded < decode_at_most) else {
             read.cut.get_or_insert(span);
             continue;
-        }
+        };
         let partition_id: i64 = row.get(0);
         let base_offset: i64 = row.get(1);
         let frame_count: i32 = row.get(3);
-        let body: &[u8] = row.get(4);
         let sealed = queen_log::is_sealed(body);
         if sealed && keys.is_none() {
             let subject = format!("segment {base_offset} of partition {partition_id}");

@@ -196,8 +196,9 @@ impl SegmentCache {
         self.misses.fetch_add(fetched.len() as u64, Ordering::Relaxed);
         // Per span, the first offset the bound left unread.
         let mut unread_from: Vec<Option<i64>> = vec![None; spans.len()];
+        let read_of_cut =
+            cut.and_then(|cut| fetched.iter().filter(|(hole, _)| *hole == cut).map(|(_, s)| s.end_offset() + 1).max());
         if let Some(cut) = cut {
-            let read_of_cut = fetched.iter().filter(|(hole, _)| *hole == cut).map(|(_, s)| s.end_offset() + 1).max();
             for (hole, span) in missing.iter().enumerate().skip(cut) {
                 let from = if hole == cut { read_of_cut.unwrap_or(span.first) } else { span.first };
                 let index = missing_for[hole];
@@ -208,10 +209,14 @@ impl SegmentCache {
             let index = missing_for[hole];
             let span = &spans[index];
             let segment = Arc::new(segment);
-            let reader_inside = match end {
-                ReadEnd::AtSpanEnd => segment.end_offset() > span.last,
-                ReadEnd::Anywhere => segment.base_offset < span.first || segment.end_offset() > span.last,
-            };
+            // The reader stops inside the segment where the bound cut its span, most likely,
+            // and comes back there.
+            let cut_inside = cut == Some(hole) && read_of_cut == Some(segment.end_offset() + 1);
+            let reader_inside = cut_inside
+                || match end {
+                    ReadEnd::AtSpanEnd => segment.end_offset() > span.last,
+                    ReadEnd::Anywhere => segment.base_offset < span.first || segment.end_offset() > span.last,
+                };
             if reader_inside {
                 self.keep(segments, &segment);
             }

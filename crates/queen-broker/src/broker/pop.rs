@@ -521,7 +521,7 @@ async fn pop_queue(
     let names_by_id: HashMap<i64, Arc<str>> =
         free.iter().map(|c| (c.partition_id, Arc::from(c.partition.as_str()))).collect();
     let read = read_claimed(broker, &client, queue, &names_by_id, &claims, budget.bytes).await;
-    let Read { messages, segments, handed_lasts } = match read {
+    let Read { mut messages, mut segments, handed_lasts } = match read {
         Ok(read) => read,
         Err(e) => {
             // Handed to nobody: taken back now rather than left to a lease running out (a failed
@@ -553,6 +553,29 @@ async fn pop_queue(
     }
     if tails.is_empty() {
         drop(client);
+    } else if request.auto_ack {
+        // An auto-acked cursor moved on by another pop of the group since the claim cannot go
+        // back: what the claim committed there is handed out after all, as it was before the
+        // bound (the messages would otherwise be lost for the group).
+        match cursors::undo_auto_acked_claims(&client, &request.group, &Unhanded::auto_acked_tails(&tails)).await {
+            Ok(moved_back) => {
+                let kept: Vec<_> = tails.into_iter().filter(|(c, _)| !moved_back.contains(&c.partition_id)).collect();
+                if !kept.is_empty() {
+                    let rest = hand_out_the_rest(broker, client, queue, &names_by_id, request, &kept).await;
+                    messages.extend(rest.messages);
+                    segments.extend(rest.segments);
+                    handed = whole_again(handed, &kept, &rest.handed_lasts);
+                    // Each partition's messages together, in the claims' order.
+                    let place: HashMap<i64, usize> =
+                        handed.iter().enumerate().map(|(i, c)| (c.partition_id, i)).collect();
+                    messages.sort_by_key(|m| (place.get(&m.partition_id).copied(), m.offset));
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, queue = %queue.name, "could not move back an auto-acked pop's cursors");
+                Unhanded::tails(request, lease_id, &tails).take_back(broker, client).await;
+            }
+        }
     } else {
         Unhanded::tails(request, lease_id, &tails).take_back(broker, client).await;
     }
@@ -562,6 +585,49 @@ async fn pop_queue(
     let taken =
         Taken { queue: Arc::from(queue.name.as_str()), queue_id, group, claims: handed, stamp, messages, segments };
     Ok(Attempt::Taken { taken, passed_over })
+}
+
+/// Reads what follows `handed_last` in each auto-acked claim whose cursor could not go back,
+/// whatever its size: the claim committed it, so it is handed out or lost. A read that fails
+/// loses it, and says so.
+async fn hand_out_the_rest(
+    broker: &Broker,
+    client: Object,
+    queue: &Queue,
+    names_by_id: &HashMap<i64, Arc<str>>,
+    request: &PopRequest,
+    kept: &[(cursors::Claim, Option<i64>)],
+) -> Read {
+    let rest: Vec<cursors::Claim> = kept
+        .iter()
+        .map(|(c, handed_last)| cursors::Claim { first: handed_last.map_or(c.first, |l| l + 1), ..*c })
+        .collect();
+    match read_claimed(broker, &client, queue, names_by_id, &rest, usize::MAX).await {
+        Ok(read) => read,
+        Err(e) => {
+            let spans = Unhanded::auto_acked_tails(kept);
+            tracing::error!(error = %e, queue = %queue.name, group = %request.group, ?spans,
+                            "auto-acked messages committed and not handed out: lost for the group");
+            Read { messages: Vec::new(), segments: Vec::new(), handed_lasts: vec![None; rest.len()] }
+        }
+    }
+}
+
+/// `handed` with each of the `kept` claims as far as the rest of it was read: a claim cut short
+/// is lengthened, one of which nothing was handed out is added.
+fn whole_again(
+    mut handed: Vec<cursors::Claim>,
+    kept: &[(cursors::Claim, Option<i64>)],
+    rest_lasts: &[Option<i64>],
+) -> Vec<cursors::Claim> {
+    for ((claim, handed_last), rest_last) in kept.iter().zip(rest_lasts) {
+        let Some(last) = rest_last.or(*handed_last) else { continue };
+        match handed.iter_mut().find(|c| c.partition_id == claim.partition_id) {
+            Some(cut) => cut.last = last,
+            None => handed.push(cursors::Claim { last, ..*claim }),
+        }
+    }
+    handed
 }
 
 /// What a pop claimed on one queue and read, to hand out once it has looked at every queue.
@@ -674,11 +740,7 @@ impl Unhanded {
     /// What follows `handed_last` in each claim (the whole claim when none).
     fn tails(request: &PopRequest, lease_id: Uuid, tails: &[(cursors::Claim, Option<i64>)]) -> Self {
         if request.auto_ack {
-            let spans = tails
-                .iter()
-                .map(|(c, handed_last)| (c.partition_id, handed_last.map_or(c.first, |last| last + 1), c.last))
-                .collect();
-            return Unhanded::AutoAcked { group: request.group.clone(), spans };
+            return Unhanded::AutoAcked { group: request.group.clone(), spans: Self::auto_acked_tails(tails) };
         }
         let (mut given_back, mut cut) = (Vec::new(), Vec::new());
         for (claim, handed_last) in tails {
@@ -688,6 +750,14 @@ impl Unhanded {
             }
         }
         Unhanded::Leases { lease_id, given_back, cut }
+    }
+
+    /// `(partition, first, last)` of what follows `handed_last` in each claim.
+    fn auto_acked_tails(tails: &[(cursors::Claim, Option<i64>)]) -> Vec<(i64, i64, i64)> {
+        tails
+            .iter()
+            .map(|(c, handed_last)| (c.partition_id, handed_last.map_or(c.first, |last| last + 1), c.last))
+            .collect()
     }
 
     async fn take_back_on(&self, client: &deadpool_postgres::Object) -> Result<u64, queen_store::StoreError> {
@@ -702,7 +772,9 @@ impl Unhanded {
                 }
                 Ok(taken_back)
             }
-            Unhanded::AutoAcked { group, spans } => cursors::undo_auto_acked_claims(client, group, spans).await,
+            Unhanded::AutoAcked { group, spans } => {
+                Ok(cursors::undo_auto_acked_claims(client, group, spans).await?.len() as u64)
+            }
         }
     }
 

@@ -297,3 +297,62 @@ async fn a_message_larger_than_the_byte_bound_is_handed_out_alone() {
     let answer = app.pop("queue/large", "batch=10&consumerGroup=g").await;
     assert_eq!(answer.transaction_ids(), vec!["a1"]);
 }
+
+/// What a cut pop did not hand out is not counted as delivered to the group: an ack without a
+/// lease of it is refused, after a leased pop (cut, or given back whole) as after an auto-acked
+/// one.
+#[actix_web::test]
+async fn an_ack_without_a_lease_cannot_commit_what_a_cut_pop_did_not_hand_out() {
+    let app = TestApp::spawn_with(|config| config.pop.max_answer_bytes = 64 * 1024).await;
+    push_large(&app, "large").await;
+    let first = app.pop("queue/large", "batch=10&partitions=2&consumerGroup=g").await.messages();
+    assert_eq!(first.len(), 3, "a1..a3");
+    app.ack_all(&first, "completed", Some("g")).await;
+    // `a` was cut after a3, `b` given back whole.
+    for (partition, never_handed_out) in [("a", "a5"), ("b", "b5")] {
+        let id = app.count(&format!("SELECT id FROM queen.partitions WHERE name = '{partition}'")).await;
+        let verdict = ack_unfenced(&app, &json!(id.to_string()), never_handed_out, "completed").await;
+        assert_eq!(verdict["success"], false, "{partition}: {verdict}");
+        assert!(verdict["error"].as_str().unwrap_or_default().contains("never received"), "{verdict}");
+    }
+
+    let auto = app.pop("queue/large", "batch=10&consumerGroup=auto&autoAck=true").await.messages();
+    assert_eq!(auto.len(), 3);
+    let ack = json!({"transactionId": "a5", "partitionId": auto[0]["partitionId"], "status": "completed",
+                     "consumerGroup": "auto"});
+    let verdict = app.post("/api/v1/ack", &ack).await.body[0].clone();
+    assert_eq!(verdict["success"], false, "{verdict}");
+}
+
+/// An auto-acked pop cut by its byte bound whose cursor another pop of the group moved on
+/// meanwhile (here the test, while the pop waited to read its segments) cannot move it back:
+/// it hands out everything it committed, rather than lose the rest.
+#[actix_web::test]
+async fn an_auto_acked_pop_whose_cursor_moved_on_hands_out_all_it_committed() {
+    let app = TestApp::spawn_with(|config| config.pop.max_answer_bytes = 64 * 1024).await;
+    let large = "x".repeat(30_000);
+    let items: Vec<Value> = (1..=10)
+        .map(|i| json!({"queue": "moved", "partition": "p", "transactionId": format!("m{i}"), "payload": large}))
+        .collect();
+    app.push(Value::Array(items)).await;
+    // The group's cursor, made by a first pop that reads no segment (nor caches one).
+    let none = app.pop("queue/moved", "batch=1&consumerGroup=g&autoAck=true&subscriptionMode=new").await;
+    assert!(none.messages().is_empty(), "{none:?}");
+    app.db.connect().await.batch_execute("UPDATE queen.log_consumers SET committed = 0").await.expect("rewound");
+
+    let mut locker = app.db.connect().await;
+    let lock = locker.transaction().await.expect("a transaction");
+    lock.batch_execute("LOCK TABLE queen.log_segments IN ACCESS EXCLUSIVE MODE").await.expect("the lock");
+    let popped = app.pop("queue/moved", "batch=5&consumerGroup=g&autoAck=true");
+    let meanwhile = async {
+        app.until_waiting_for_a_lock("queen.log_segments", "the pop never read its segments").await;
+        // Another pop of the group took 6 and 7.
+        let moved = "UPDATE queen.log_consumers SET committed = 7 WHERE consumer_group = 'g'";
+        app.db.connect().await.batch_execute(moved).await.expect("moved on");
+        lock.rollback().await.expect("the lock released");
+    };
+    let (popped, ()) = futures::join!(popped, meanwhile);
+    assert_eq!(popped.transaction_ids(), vec!["m1", "m2", "m3", "m4", "m5"], "past the bound, and nothing lost");
+    let next = app.pop("queue/moved", "batch=1&consumerGroup=g&autoAck=true").await;
+    assert_eq!(next.transaction_ids(), vec!["m8"]);
+}
