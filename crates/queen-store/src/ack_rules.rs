@@ -106,9 +106,13 @@ pub enum AckVerdict {
         retry_counted: bool,
     },
     /// Dead-lettered: by `dlq`, or by `failed` past the retry limit.
-    DeadLettered,
+    DeadLettered {
+        lease_released: bool,
+    },
     /// `failed` past the retry limit on a queue that does not dead-letter: given up on, not kept.
-    Dropped,
+    Dropped {
+        lease_released: bool,
+    },
     Refused(Refusal),
 }
 
@@ -283,9 +287,13 @@ pub fn apply(state: &CursorState, items: &[AckItem<'_>]) -> (CursorChange, Vec<A
                     AckVerdict::Refused(Refusal::SupersededByFailure)
                 }
                 AckStatus::Completed => AckVerdict::Committed { lease_released },
-                AckStatus::DeadLetter => AckVerdict::DeadLettered,
+                AckStatus::DeadLetter => AckVerdict::DeadLettered { lease_released },
                 AckStatus::Failed | AckStatus::Retry if given_up_head == Some(item.offset) => {
-                    if state.dead_letter_exhausted { AckVerdict::DeadLettered } else { AckVerdict::Dropped }
+                    if state.dead_letter_exhausted {
+                        AckVerdict::DeadLettered { lease_released }
+                    } else {
+                        AckVerdict::Dropped { lease_released }
+                    }
                 }
                 AckStatus::Failed | AckStatus::Retry => {
                     AckVerdict::Requeued { retry_counted: retry_counted_by == Some(i) }
@@ -420,7 +428,7 @@ mod tests {
         assert_eq!(change.dead_letters, vec![DeadLetter { offset: 5, error: Some("boom".into()), retry_count: 1 }]);
         assert!(change.lease_released);
         assert!(!change.failure_redelivered, "the failed message is gone, not delivered again");
-        assert_eq!(verdicts, vec![AckVerdict::DeadLettered]);
+        assert_eq!(verdicts, vec![AckVerdict::DeadLettered { lease_released: true }]);
     }
 
     #[test]
@@ -432,7 +440,7 @@ mod tests {
         assert_eq!(change.after.committed, 5, "given up on, and passed");
         assert!(change.dead_letters.is_empty(), "not kept");
         assert!(change.lease_released && !change.failure_redelivered);
-        assert_eq!(verdicts, vec![AckVerdict::Dropped]);
+        assert_eq!(verdicts, vec![AckVerdict::Dropped { lease_released: true }]);
     }
 
     #[test]
@@ -452,14 +460,15 @@ mod tests {
         assert_eq!(change.after.committed, 1);
         assert_eq!(change.dead_letters, vec![DeadLetter { offset: 1, error: None, retry_count: 2 }]);
         assert!(change.after.lease_live);
-        assert_eq!(verdicts, vec![AckVerdict::DeadLettered]);
+        assert_eq!(verdicts, vec![AckVerdict::DeadLettered { lease_released: false }]);
     }
 
     #[test]
     fn a_message_dead_lettered_twice_in_one_call_has_one_dead_letter() {
         let (change, verdicts) = apply(&leased(0, 2), &[ack(1, AckStatus::DeadLetter), ack(1, AckStatus::DeadLetter)]);
         assert_eq!(change.dead_letters, vec![DeadLetter { offset: 1, error: None, retry_count: 0 }]);
-        assert_eq!(verdicts, vec![AckVerdict::DeadLettered, AckVerdict::DeadLettered]);
+        let kept = AckVerdict::DeadLettered { lease_released: false };
+        assert_eq!(verdicts, vec![kept, kept]);
     }
 
     #[test]

@@ -56,8 +56,8 @@ pub fn record(metrics: &Metrics, statuses: &[AckStatus], outcomes: &[AckOutcome]
             // call), is no failure of the message's.
             AckVerdict::Requeued { retry_counted: true } => &metrics.messages_failed,
             AckVerdict::Requeued { retry_counted: false } => continue,
-            AckVerdict::DeadLettered => &metrics.messages_dead_lettered,
-            AckVerdict::Dropped => &metrics.messages_dropped,
+            AckVerdict::DeadLettered { .. } => &metrics.messages_dead_lettered,
+            AckVerdict::Dropped { .. } => &metrics.messages_dropped,
             AckVerdict::Noop | AckVerdict::Refused(_) => continue,
         };
         if let Some(queue) = &outcome.queue {
@@ -80,8 +80,8 @@ fn verdict_label(verdict: &AckVerdict) -> &'static str {
         AckVerdict::Committed { .. } => "committed",
         AckVerdict::Noop => "noop",
         AckVerdict::Requeued { .. } => "requeued",
-        AckVerdict::DeadLettered => "dead_lettered",
-        AckVerdict::Dropped => "dropped",
+        AckVerdict::DeadLettered { .. } => "dead_lettered",
+        AckVerdict::Dropped { .. } => "dropped",
         AckVerdict::Refused(_) => "refused",
     }
 }

@@ -269,8 +269,9 @@ impl<'a> AckResult<'a> {
         let (lease_released, dlq) = match outcome.verdict {
             AckVerdict::Committed { lease_released } => (lease_released, false),
             AckVerdict::Requeued { .. } => (true, false),
-            AckVerdict::DeadLettered => (false, true),
-            AckVerdict::Dropped | AckVerdict::Noop | AckVerdict::Refused(_) => (false, false),
+            AckVerdict::DeadLettered { lease_released } => (lease_released, true),
+            AckVerdict::Dropped { lease_released } => (lease_released, false),
+            AckVerdict::Noop | AckVerdict::Refused(_) => (false, false),
         };
         let error = match outcome.verdict {
             AckVerdict::Refused(refusal) => Some(refusal_text(refusal, request, outcome.committed)),
@@ -286,7 +287,7 @@ impl<'a> AckResult<'a> {
             noop: outcome.verdict == AckVerdict::Noop,
             lease_released,
             dlq,
-            dropped: outcome.verdict == AckVerdict::Dropped,
+            dropped: matches!(outcome.verdict, AckVerdict::Dropped { .. }),
             error,
         }
     }

@@ -80,6 +80,7 @@ async fn dlq_dead_letters_the_message_now_and_the_next_one_is_delivered() {
     let messages = app.pop("queue/dlq", "batch=1").await.messages();
     let results = ack_each(&app, &messages, &[Some("dlq")], None).await;
     assert_eq!((&results[0]["success"], &results[0]["dlq"]), (&json!(true), &json!(true)));
+    assert_eq!(results[0]["leaseReleased"], true, "its lease covered that message alone");
     assert_eq!(app.count("SELECT count(*) FROM queen.log_dlq").await, 1);
     assert_eq!(app.pop("queue/dlq", "batch=1").await.transaction_ids(), vec!["m2"]);
 }
@@ -116,6 +117,7 @@ async fn past_the_retry_limit_a_message_is_dead_lettered_after_limit_plus_one_de
         assert_eq!(messages[0]["deliveryAttempt"], delivery as i64);
         let results = ack_each(&app, &messages, &[Some("failed")], Some("g")).await;
         assert_eq!(results[0]["dlq"], json!(delivery == LIMIT + 1), "dead-lettered on delivery {delivery}");
+        assert_eq!(results[0]["leaseReleased"], true, "a failure ends the lease, dead-lettered or not");
     }
     assert_eq!(app.pop("queue/budget", "batch=1&consumerGroup=g").await.transaction_ids(), vec!["m2"]);
 
