@@ -268,11 +268,18 @@ async fn an_auto_ack_pop_whose_client_leaves_while_it_claims_moves_the_cursor_ba
     app.push_one("held", "p", "first", json!(0)).await;
     assert_eq!(app.pop("queue/held", "batch=1&autoAck=true").await.transaction_ids(), vec!["first"]);
     app.push_one("held", "p", "second", json!(1)).await;
+    let claimed_at = "SELECT (extract(epoch FROM last_claimed_at) * 1000000)::bigint FROM queen.log_consumers";
+    let first_claim = app.count(claimed_at).await;
 
     leave_while_the_pop_looks(&app, "/queue/held?batch=1&autoAck=true&wait=false").await;
 
-    // The claim reached the message (delivered_until, which stays) and the cursor came back.
-    let moved_back = "SELECT count(*) FROM queen.log_consumers WHERE delivered_until = 2 AND committed = 1";
+    // The claim reached the message (it is the cursor's latest) and the cursor came back, with
+    // what the group counts as delivered to it.
+    let moved_back = format!(
+        "SELECT count(*) FROM queen.log_consumers WHERE committed = 1 AND delivered_until = 1
+            AND last_claimed_at > to_timestamp({first_claim} / 1000000.0)"
+    );
+    let moved_back = moved_back.as_str();
     let deadline = Instant::now() + Duration::from_secs(10);
     while app.count(moved_back).await < 1 {
         assert!(Instant::now() < deadline, "the autoAck claim's cursor was not moved back");
