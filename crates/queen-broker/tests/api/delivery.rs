@@ -322,6 +322,7 @@ async fn an_ack_without_a_lease_cannot_commit_what_a_cut_pop_did_not_hand_out() 
                      "consumerGroup": "auto"});
     let verdict = app.post("/api/v1/ack", &ack).await.body[0].clone();
     assert_eq!(verdict["success"], false, "{verdict}");
+    assert!(verdict["error"].as_str().unwrap_or_default().contains("never received"), "{verdict}");
 }
 
 /// An auto-acked pop cut by its byte bound whose cursor another pop of the group moved on
