@@ -144,7 +144,8 @@ pub struct Replayed {
     pub messages: u64,
 }
 
-/// The file being drained is in the log: delete it.
+/// The file being drained is in the log: delete it. Its messages not yet counted by [`Replayed`]
+/// leave the buffered count with it.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct FileDrained {

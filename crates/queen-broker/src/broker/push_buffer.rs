@@ -200,17 +200,21 @@ async fn replay_file(broker: &Broker, path: &Path) -> Result<(), Halt> {
         // A record is one push, written alone as the push would have been; one that would take
         // a batch past the bound starts the next batch.
         if !batch.is_empty() && batch_bytes + bytes > max_bytes {
-            replay(broker, &mut batch, path, batched).await?;
+            let replayed = replay(broker, &mut batch, path, batched).await?;
+            broker.journal.replayed(replayed);
             batch_bytes = 0;
         }
         batch_bytes += bytes;
         batch.extend(items);
         batched += 1;
         if batch.len() >= limit {
-            replay(broker, &mut batch, path, batched).await?;
+            let replayed = replay(broker, &mut batch, path, batched).await?;
+            broker.journal.replayed(replayed);
             batch_bytes = 0;
         }
     }
+    // The last batch leaves the buffered count with the file, in one step of the journal: a
+    // count of 0 then means the journal declines pushes again, and they are answered `queued`.
     replay(broker, &mut batch, path, batched).await?;
     tracing::info!(file = %path.display(), "replayed a push journal file into the log");
     broker.journal.file_drained(path.to_owned());
@@ -218,16 +222,16 @@ async fn replay_file(broker: &Broker, path: &Path) -> Result<(), Halt> {
 }
 
 /// Appends the batch to the log (whole, in order), records that the file's first `records`
-/// records are in it, and empties the batch.
-async fn replay(broker: &Broker, batch: &mut Vec<PushItem>, path: &Path, records: u64) -> Result<(), Halt> {
+/// records are in it, and empties the batch; how many messages it appended.
+async fn replay(broker: &Broker, batch: &mut Vec<PushItem>, path: &Path, records: u64) -> Result<u64, Halt> {
     if batch.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
     if must_stop(broker) {
         return Err(Halt::Stopped);
     }
     retrying(broker, || async { write(broker, batch, Admission::Accepted).await.map_err(Failure::from) }).await?;
-    broker.journal.replayed(batch.len() as u64);
+    let replayed = batch.len() as u64;
     batch.clear();
     // Not recorded (the disk refused), the batch is replayed again by the next drain of the
     // file: harmless by its ids, unless retention took them meanwhile.
@@ -236,7 +240,7 @@ async fn replay(broker: &Broker, batch: &mut Vec<PushItem>, path: &Path, records
     if let Err(e) = recorded.map_err(|e| e.to_string()).and_then(|r| r.map_err(|e| e.to_string())) {
         tracing::warn!(error = %e, "cannot record the drain's progress");
     }
-    Ok(())
+    Ok(replayed)
 }
 
 /// Runs `attempt` until it succeeds, with a backoff, reporting the journal unhealthy meanwhile;
