@@ -3,6 +3,7 @@
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
+use tokio_postgres::error::SqlState;
 use uuid::Uuid;
 
 use crate::cursors::CursorSeed;
@@ -235,7 +236,11 @@ pub async fn seek(
               ORDER BY t.name",
         )
         .await?;
-    let rows = client.query(&statement, &[&queue_id, &only_partition, &group, &to_end, &at]).await?;
+    let rows = match client.query(&statement, &[&queue_id, &only_partition, &group, &to_end, &at]).await {
+        // The queue was deleted while the seek waited for its cursors.
+        Err(e) if e.code() == Some(&SqlState::FOREIGN_KEY_VIOLATION) => return Err(StoreError::Missing("queue")),
+        rows => rows?,
+    };
     Ok(rows
         .iter()
         .map(|row| SeekedPartition { partition_id: row.get(0), partition: row.get(1), committed: row.get(2) })

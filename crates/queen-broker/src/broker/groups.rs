@@ -8,6 +8,7 @@ use queen_store::cursors::CursorSeed;
 use queen_store::groups::{self, CursorLag, GroupDeleted, Registration, SeekTarget, SeekedPartition};
 
 use super::Broker;
+use queen_store::StoreError;
 use queen_store::events::{self, Event};
 
 use super::BrokerError;
@@ -123,7 +124,10 @@ pub async fn seek(
         Ok(moved)
     };
     let (client, moved) = broker.write_within("a seek", seeking).await?;
-    let moved = moved?;
+    let moved = match moved {
+        Err(StoreError::Missing(_)) => return Ok(None),
+        moved => moved?,
+    };
     if moved.is_empty() {
         return Ok(None);
     }

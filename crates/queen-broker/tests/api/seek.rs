@@ -215,3 +215,24 @@ async fn a_backward_seek_wakes_a_waiting_consumer() {
     assert_eq!(woken.data_ints("i").len(), 6);
     assert!(started.elapsed() < std::time::Duration::from_secs(10), "woken by the seek, not the timeout");
 }
+
+/// A seek that meets the queue's deletion (here held uncommitted by the test's own session until
+/// the seek waits on it) finds no queue once it is gone: 404, as a seek after it, not a 500.
+#[actix_web::test]
+async fn a_seek_racing_the_queues_deletion_answers_not_found() {
+    let app = TestApp::spawn().await;
+    push_segment(&app, "going", 0, 2).await;
+    let group = "racer";
+    assert_eq!(seek(&app, group, "going", json!({"toEnd": true})).await.status, StatusCode::OK);
+
+    let deleting = app.db.connect().await;
+    deleting.batch_execute("BEGIN; DELETE FROM queen.queues WHERE name = 'going'").await.expect("the deletion");
+    let seeking = async { seek(&app, group, "going", json!({"timestamp": "2001-01-01T00:00:00Z"})).await };
+    let committing = async {
+        app.until_waiting_for_a_lock("log_consumers", "the seek waits for the deletion").await;
+        deleting.batch_execute("COMMIT").await.expect("the deletion commits");
+    };
+    let (answer, ()) = futures::join!(seeking, committing);
+    assert_eq!(answer.status, StatusCode::NOT_FOUND, "{answer:?}");
+    assert_eq!(app.count("SELECT count(*) FROM queen.log_consumers").await, 0, "no cursor left behind");
+}
