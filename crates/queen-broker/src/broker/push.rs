@@ -263,7 +263,7 @@ async fn write_capped(
             }
             for ((share, depth), outcomes) in shares.iter().zip(&depths).zip(&outcomes) {
                 let adding = outcomes.iter().map(|o| queued(o)).sum::<usize>() as i64;
-                if depth + adding > share.queue.options.max_size {
+                if overflows(*depth, adding, share.queue.options.max_size) {
                     // Dropping the transaction rolls it back: nothing of the push is written.
                     let (queue, max_size) = (share.queue.name.clone(), share.queue.options.max_size);
                     return Err(BrokerError::QueueFull { queue, depth: *depth, max_size, adding });
@@ -288,6 +288,13 @@ async fn write_capped(
     }
     let ids = |share: &CappedShare<'_>| share.partitions.iter().map(|(_, id, _)| *id).collect::<Vec<_>>();
     Ok(shares.iter().zip(outcomes).map(|(share, outcomes)| ids(share).into_iter().zip(outcomes).collect()).collect())
+}
+
+/// Whether a push adding `adding` new messages to a capped queue holding `depth` unconsumed ones
+/// goes past its `max_size`. One that adds nothing (every item a duplicate: the resend of an
+/// unanswered push) fits even a queue over its size, lowered since or sought back into.
+pub(super) fn overflows(depth: i64, adding: i64, max_size: i64) -> bool {
+    adding > 0 && depth + adding > max_size
 }
 
 /// How appends to the queue treat what they write: its dedup window, and its key when it is

@@ -215,7 +215,7 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
                     })
                     .count() as i64;
                 let queue = &placed.queues[&queue_id];
-                if depth + adding > queue.options.max_size {
+                if super::push::overflows(depth, adding, queue.options.max_size) {
                     let (queue, max_size) = (queue.name.clone(), queue.options.max_size);
                     return Err(BrokerError::QueueFull { queue, depth, max_size, adding }.into());
                 }

@@ -57,6 +57,26 @@ async fn a_full_queue_refuses_a_push_with_429_and_takes_more_as_consumers_catch_
     assert_full(&push_items(&app, vec![item("bounded", "q", "f")]).await, "bounded", 3);
 }
 
+/// A queue can hold more than its `maxSize` (lowered since, or a group sought back): a push of
+/// what is stored still adds nothing, alone or in a transaction, and is answered `duplicate`,
+/// not refused as if it were new.
+#[actix_web::test]
+async fn a_retried_push_is_a_duplicate_even_in_a_queue_over_its_size() {
+    let app = TestApp::spawn().await;
+    app.configure("shrunk", json!({"maxSize": 5})).await;
+    let items = vec![item("shrunk", "p", "a"), item("shrunk", "p", "b"), item("shrunk", "p", "c")];
+    assert_eq!(push_items(&app, items).await.status, StatusCode::CREATED);
+    app.configure("shrunk", json!({"maxSize": 2})).await;
+
+    let again = push_items(&app, vec![item("shrunk", "p", "c")]).await;
+    assert_eq!((again.status, again.body[0]["status"].clone()), (StatusCode::CREATED, json!("duplicate")), "{again:?}");
+    let bundle = json!({"operations": [{"type": "push", "items": [item("shrunk", "p", "b")]}]});
+    let in_a_bundle = app.post("/api/v1/transaction", &bundle).await;
+    assert_eq!(in_a_bundle.status, StatusCode::OK, "{in_a_bundle:?}");
+    assert_full(&push_items(&app, vec![item("shrunk", "p", "d")]).await, "shrunk", 3);
+    assert_eq!(stored(&app, "shrunk").await, 3, "nothing added");
+}
+
 #[actix_web::test]
 async fn a_refused_push_writes_none_of_its_partitions() {
     let app = TestApp::spawn().await;
