@@ -3,11 +3,13 @@
 //! While one append is in flight, later pushes to the same partition queue up here; when it
 //! commits, everything queued goes out as the next segment, in one transaction. Each waiting
 //! request then gets its own per-item results. A request that is a segment its producer
-//! compressed (a binary push's frames group) goes out alone, so that it is stored as received.
+//! compressed (a binary push's frames group) goes out alone, so that it is stored as received,
+//! and requests are fused only with requests that found their queue under the same policy.
 //! A writer holds at most `push.writer_mailbox` requests: a push first takes a place with the
 //! writer of every partition it writes ([`Writers::reserve`]), so one refused place refuses the
 //! push before anything is written.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -68,8 +70,10 @@ pub struct PartitionWriter {
     pool: Pool,
     limits: WriterLimits,
     queue: FusionQueue<NewMessage, Appended, WorkError>,
-    /// The queue's policy as the latest request found it; a fused batch is written under it.
-    policy: AppendPolicy,
+    /// The policy each queued request found its queue under, in queue order. Only requests of
+    /// one policy are fused: one that found the queue plain, held up until after it was made
+    /// encrypted, must not take a later push of the partition into plain text with it.
+    policies: VecDeque<AppendPolicy>,
     last_activity: Instant,
     registry: Registry<i64, PartitionWriter>,
     announcer: Announcer,
@@ -85,6 +89,12 @@ pub struct WriterDeps {
     pub metrics: Arc<Metrics>,
 }
 
+/// Whether appends under these policies store alike (sealed or not, and the same dedup window),
+/// so that their requests may share a segment.
+fn writes_alike(a: &AppendPolicy, b: &AppendPolicy) -> bool {
+    a.seal.is_some() == b.seal.is_some() && a.dedup_window_seconds == b.dedup_window_seconds
+}
+
 fn payload_bytes(messages: &[NewMessage]) -> usize {
     messages.iter().map(|m| m.payload.len()).sum()
 }
@@ -92,10 +102,16 @@ fn payload_bytes(messages: &[NewMessage]) -> usize {
 impl PartitionWriter {
     fn write_next(&mut self, ctx: &mut Context<Self>) {
         let limits = self.limits;
+        let policies = &self.policies;
+        // The index of the next request offered to the batch (the first is always taken).
+        let offered = std::cell::Cell::new(1);
         let Some(batch) = self.queue.next_batch(|so_far, next| {
+            let same_policy =
+                policies.get(offered.replace(offered.get() + 1)).is_some_and(|next| writes_alike(&policies[0], next));
             // A segment its producer compressed goes out alone, to be stored as received: fused
             // with other messages, it would have to be compressed again.
-            received_whole(so_far).is_none()
+            same_policy
+                && received_whole(so_far).is_none()
                 && received_whole(next).is_none()
                 && so_far.len() + next.len() <= limits.max_segment_messages
                 && payload_bytes(so_far) + payload_bytes(next) <= limits.max_segment_bytes
@@ -104,7 +120,8 @@ impl PartitionWriter {
         };
         let pool = self.pool.clone();
         let target = self.target.clone();
-        let policy = self.policy.clone();
+        let policy = self.policies.front().cloned().unwrap_or_default();
+        self.policies.drain(..batch.replies.len().min(self.policies.len()));
         let messages = batch.items;
         let replies = batch.replies;
         self.metrics.actor_queued.with_label_values(&[ACTOR]).sub(replies.len() as i64);
@@ -185,7 +202,7 @@ impl Handler<Append> for PartitionWriter {
     fn handle(&mut self, msg: Append, ctx: &mut Self::Context) {
         self.last_activity = Instant::now();
         self.metrics.actor_queued.with_label_values(&[ACTOR]).inc();
-        self.policy = msg.policy;
+        self.policies.push_back(msg.policy);
         self.queue.push(Pending { items: msg.messages, reply: msg.reply, place: msg.place });
         self.write_next(ctx);
     }
@@ -211,7 +228,7 @@ impl Writers {
             pool: deps.pool,
             limits: deps.limits,
             queue: FusionQueue::default(),
-            policy: AppendPolicy::default(),
+            policies: VecDeque::new(),
             last_activity: Instant::now(),
             registry: self.registry.clone(),
             announcer: deps.announcer,

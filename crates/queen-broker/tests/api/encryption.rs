@@ -122,3 +122,74 @@ async fn buffered_pushes_are_sealed_in_the_journal_too() {
     assert_eq!(popped.messages()[0]["data"], secret(7));
     assert!(!stored_in_plain_text(&app, "SELECT body FROM queen.log_segments").await);
 }
+
+/// A push that found its queue plain, held up (by a capped queue's share) until after the queue
+/// was made encrypted, meets at the partition's writer a push that found it encrypted. Fused,
+/// they would be written under one policy; each is written under its own, so nothing pushed after
+/// encryption was turned on lands in plain text.
+#[actix_web::test]
+async fn a_push_from_before_encryption_does_not_take_a_later_one_into_plain_text() {
+    let app = encrypted_app().await;
+    app.configure("capped", json!({"maxSize": 100})).await;
+    app.push_one("capped", "p", "seed", json!(0)).await;
+    app.push_one("late-vault", "p", "seed", json!(0)).await;
+    let hold = async |queue: &str| {
+        let holder = app.db.connect().await;
+        let row = "SELECT 1 FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = $1 FOR UPDATE OF p";
+        holder.batch_execute("BEGIN").await.expect("a transaction");
+        assert_eq!(holder.execute(row, &[&queue]).await.expect("the lock"), 1);
+        holder
+    };
+    let appends_waiting = async |count: i64| {
+        let waiting = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                       AND wait_event_type = 'Lock' AND query LIKE '%queen.partitions%'";
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while app.count(waiting).await < count {
+            assert!(std::time::Instant::now() < deadline, "{count} appends wait for the held partitions");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    };
+    let writer_queue = async |count: f64| {
+        let queued = r#"queen_actor_queued_requests{actor="partition_writer"}"#;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while app.metric(queued).await < count {
+            assert!(std::time::Instant::now() < deadline, "{count} pushes wait at the writer");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    };
+    let item = |queue: &str, id: &str, payload: Value| json!({"queue": queue, "partition": "p", "transactionId": id, "payload": payload});
+    let push = async |items: Vec<Value>| app.post("/api/v1/push", &json!({ "items": items })).await;
+
+    // An append of the plain queue in flight, held.
+    let vault_row = hold("late-vault").await;
+    let in_flight = push(vec![item("late-vault", "in-flight", json!(1))]);
+    // A push found the queue plain, and waits on the capped queue's share.
+    let capped_row = hold("capped").await;
+    let from_before = push(vec![item("capped", "c", json!(2)), item("late-vault", "from-before", json!(3))]);
+    let pushes = async {
+        let (in_flight, from_before, after) = futures::join!(in_flight, from_before, async {
+            appends_waiting(2).await;
+            app.configure("late-vault", json!({"encryptionEnabled": true})).await;
+            let after = push(vec![item("late-vault", "after", secret(4))]);
+            let releasing = async {
+                writer_queue(1.0).await;
+                capped_row.batch_execute("COMMIT").await.expect("the capped queue's partition");
+                writer_queue(2.0).await;
+                vault_row.batch_execute("COMMIT").await.expect("the vault's partition");
+            };
+            futures::join!(after, releasing).0
+        });
+        [in_flight, from_before, after]
+    };
+    for answer in pushes.await {
+        assert_eq!(answer.status, StatusCode::CREATED, "{answer:?}");
+    }
+    assert!(
+        !stored_in_plain_text(&app, "SELECT body FROM queen.log_segments").await,
+        "the push made after encryption was turned on is sealed"
+    );
+    let popped = app.pop("queue/late-vault", "batch=10").await.messages();
+    let ids: Vec<&str> = popped.iter().filter_map(|m| m["transactionId"].as_str()).collect();
+    assert_eq!(ids, ["seed", "in-flight", "after", "from-before"], "in the order the writer took them");
+    assert_eq!(popped[2]["data"], secret(4));
+}
