@@ -66,8 +66,10 @@ pub struct MigrationReport {
     pub current: i32,
 }
 
-/// Brings the schema to [`latest_version`]. Safe to call from many brokers at once.
+/// Brings the schema to [`latest_version`]. Safe to call from many brokers at once. A database
+/// whose encoding is not UTF-8 is refused before anything is written to it.
 pub async fn migrate(client: &mut Client) -> Result<MigrationReport, StoreError> {
+    require_utf8(client).await?;
     client.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK_KEY]).await?;
     let result = migrate_locked(client).await;
     // The lock is session-scoped: release it whatever happened, so a pooled connection never
@@ -76,6 +78,20 @@ pub async fn migrate(client: &mut Client) -> Result<MigrationReport, StoreError>
     let report = result?;
     unlock?;
     Ok(report)
+}
+
+/// Names, transaction ids and keys are text in the database's encoding: in any other than UTF-8,
+/// PostgreSQL refuses those it cannot represent when they are written (failing every push fused
+/// with one), or, in `SQL_ASCII`, stores them unchecked.
+async fn require_utf8(client: &Client) -> Result<(), StoreError> {
+    let encoding: String = client.query_one("SELECT current_setting('server_encoding')", &[]).await?.get(0);
+    if encoding == "UTF8" {
+        return Ok(());
+    }
+    Err(StoreError::Schema(format!(
+        "the database's encoding is {encoding}; Queen needs a UTF8 database (CREATE DATABASE ... ENCODING 'UTF8' \
+         TEMPLATE template0)"
+    )))
 }
 
 async fn migrate_locked(client: &mut Client) -> Result<MigrationReport, StoreError> {

@@ -124,6 +124,16 @@ impl TestDatabase {
     /// As [`TestDatabase::create`], on the server of `admin_url` (a superuser's URL, which may
     /// carry `sslmode` and the other TLS parameters of `queen_store::tls`).
     pub async fn create_in(admin_url: &str, label: &str) -> TestDatabase {
+        Self::create_at(admin_url, label, "").await
+    }
+
+    /// As [`TestDatabase::create`], with `options` after `CREATE DATABASE <name>` (an encoding,
+    /// say).
+    pub async fn create_with(label: &str, options: &str) -> TestDatabase {
+        Self::create_at(&shared_cluster_url().await, label, options).await
+    }
+
+    async fn create_at(admin_url: &str, label: &str, options: &str) -> TestDatabase {
         let admin_url = admin_url.to_owned();
         let random = uuid::Uuid::new_v4().simple().to_string();
         // A simple UUID is 32 ASCII hex digits, so slicing 8 bytes is in bounds and on a char boundary.
@@ -131,7 +141,7 @@ impl TestDatabase {
         let admin = connect_to(&admin_url).await.unwrap_or_else(|e| panic!("cannot connect to {admin_url}: {e}"));
         // The name is [a-z0-9_] and starts with a letter: a valid identifier without quoting.
         admin
-            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .batch_execute(&format!("CREATE DATABASE {name} {options}"))
             .await
             .unwrap_or_else(|e| panic!("cannot create test database {name}: {e}"));
         TestDatabase { url: with_database(&admin_url, &name), name, admin_url, dropped: false }
