@@ -13,13 +13,15 @@ use uuid::Uuid;
 
 use super::authorize::Caller;
 use super::body::{
-    JsonObject, MAX_DATA_NESTING, NoQuery, nests_deeper_than, path_name, path_param, read_body, strict_query,
+    JsonObject, MAX_DATA_NESTING, NoQuery, hold_decompressed, nests_deeper_than, path_name, path_param, read_body,
+    strict_query,
 };
 use super::timestamp;
 use crate::broker::Broker;
 use crate::broker::timers::{self, CancelTimer, ScheduleTimer, TimerOp, TimerOutcome, TimerResult};
 use crate::error::ApiError;
 use crate::names::{self, DEFAULT_PARTITION, MAX_NAME_BYTES, NameKind};
+use crate::pressure::Held;
 
 /// The longest delay a timer may be scheduled with: ten years.
 const MAX_DELAY_MS: i64 = 10 * 365 * 24 * 3600 * 1000;
@@ -62,7 +64,7 @@ pub async fn batch(
     let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
     let body = JsonObject::parse_body(&body, false)?;
     body.takes_only(&["operations"])?;
-    let mut ops =
+    let (mut ops, _decompressed) =
         parse_ops(&body, "operations", &broker)?.ok_or_else(|| ApiError::bad_request("operations is required"))?;
     if ops.is_empty() {
         return Err(ApiError::bad_request("operations must not be empty"));
@@ -143,12 +145,14 @@ fn check_timer_key(field: &str, key: &str) -> Result<(), ApiError> {
 }
 
 /// The transaction's `timers` rider: absent (or `null`) when the bundle has no timer operation.
-pub fn parse_rider(body: &JsonObject<'_>, broker: &Broker) -> Result<Vec<TimerOp>, ApiError> {
-    let ops = parse_ops(body, "timers", broker)?.unwrap_or_default();
+/// With the place its decompressed payloads hold, to be kept while the bundle runs.
+pub fn parse_rider(body: &JsonObject<'_>, broker: &Broker) -> Result<(Vec<TimerOp>, Option<Held>), ApiError> {
+    let (ops, held) = parse_ops(body, "timers", broker)?.unzip();
+    let ops = ops.unwrap_or_default();
     if body.raw("timers").is_some() && ops.is_empty() {
         return Err(ApiError::bad_request("timers must not be empty; leave it out when there are no timer operations"));
     }
-    Ok(ops)
+    Ok((ops, held))
 }
 
 /// Checks that the caller may act on every operation's queue, and records it as the producer of
@@ -165,18 +169,29 @@ pub fn stamp(caller: &Caller, ops: &mut [TimerOp]) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The timer operations of the array `key`, checked; one bad operation refuses them all.
-fn parse_ops(body: &JsonObject<'_>, key: &str, broker: &Broker) -> Result<Option<Vec<TimerOp>>, ApiError> {
-    let Some(ops) = body.objects(key)? else { return Ok(None) };
-    let max_payload = broker.config.http.max_body_bytes;
-    ops.read_at_most(broker.config.push.max_items, "timer operations")?
-        .iter()
-        .map(|op| parse_op(op, max_payload))
-        .collect::<Result<_, _>>()
-        .map(Some)
+/// What the payloads of one request sent compressed may decompress to, in all: as much as a body
+/// may weigh (`http.max_body_bytes`), as for a binary push's frames. Without a bound across the
+/// operations, a few kilobytes of zstd frames would make the broker hold gigabytes.
+struct Inflation {
+    max: usize,
+    left: usize,
 }
 
-fn parse_op(op: &JsonObject<'_>, max_payload: usize) -> Result<TimerOp, ApiError> {
+/// The timer operations of the array `key`, checked, and the place their decompressed payloads
+/// hold in the broker's bound on body bytes; one bad operation refuses them all.
+fn parse_ops(body: &JsonObject<'_>, key: &str, broker: &Broker) -> Result<Option<(Vec<TimerOp>, Held)>, ApiError> {
+    let Some(ops) = body.objects(key)? else { return Ok(None) };
+    let max = broker.config.http.max_body_bytes;
+    let mut inflation = Inflation { max, left: max };
+    let ops = ops
+        .read_at_most(broker.config.push.max_items, "timer operations")?
+        .iter()
+        .map(|op| parse_op(op, &mut inflation))
+        .collect::<Result<_, _>>()?;
+    Ok(Some((ops, hold_decompressed(broker, max - inflation.left)?)))
+}
+
+fn parse_op(op: &JsonObject<'_>, inflation: &mut Inflation) -> Result<TimerOp, ApiError> {
     let kind = op.required_string("op")?;
     let allowed = match kind.as_str() {
         "schedule" | "reschedule" => SCHEDULE_FIELDS,
@@ -224,7 +239,7 @@ fn parse_op(op: &JsonObject<'_>, max_payload: usize) -> Result<TimerOp, ApiError
             op.name_of("delayMs")
         )));
     }
-    let payload = payload_of(op, max_payload)?;
+    let payload = payload_of(op, inflation)?;
     Ok(TimerOp::Schedule(ScheduleTimer {
         queue,
         timer_key,
@@ -238,7 +253,7 @@ fn parse_op(op: &JsonObject<'_>, max_payload: usize) -> Result<TimerOp, ApiError
 
 /// The payload as the message's data: base64 of a JSON document, or with `payloadZstd` of a zstd
 /// frame of one (decompressed here, so that the delivered message is JSON like any other).
-fn payload_of(op: &JsonObject<'_>, max_payload: usize) -> Result<Vec<u8>, ApiError> {
+fn payload_of(op: &JsonObject<'_>, inflation: &mut Inflation) -> Result<Vec<u8>, ApiError> {
     let field = op.name_of("payload");
     let encoded = op.required_string("payload")?;
     let bytes = BASE64
@@ -249,11 +264,14 @@ fn payload_of(op: &JsonObject<'_>, max_payload: usize) -> Result<Vec<u8>, ApiErr
             .ok()
             .flatten()
             .ok_or_else(|| ApiError::bad_request(format!("{field} is not a zstd frame that declares its size")))?;
-        if declared > max_payload as u64 {
+        if declared > inflation.left as u64 {
+            let Inflation { max, left } = inflation;
             return Err(ApiError::bad_request(format!(
-                "{field} decompresses to {declared} bytes; at most {max_payload} are allowed"
+                "{field} decompresses to {declared} bytes; a request's compressed payloads may decompress to \
+                 {max} bytes in all (http.max_body_bytes), and {left} are left"
             )));
         }
+        inflation.left -= declared as usize;
         queen_log::zstd_contexts::decompress(&bytes, declared as usize)
             .map_err(|e| ApiError::bad_request(format!("{field} is not a valid zstd frame: {e}")))?
     } else {
@@ -386,7 +404,7 @@ mod tests {
 
     fn op(json: &str) -> Result<TimerOp, ApiError> {
         let body = JsonObject::parse_body(json.as_bytes(), false).expect("an object");
-        parse_op(&body, 1 << 20)
+        parse_op(&body, &mut Inflation { max: 1 << 20, left: 1 << 20 })
     }
 
     fn refusal(json: &str) -> String {

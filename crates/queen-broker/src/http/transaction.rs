@@ -40,7 +40,8 @@ pub async fn handle(
     let counts_only = binary.as_ref().is_some_and(|binary| binary.counts_only);
     let mut bundle = parse_bundle(&body, broker.config.push.max_items, binary.map(|binary| binary.items))?;
     // The `timers` rider is read with the broker's limits, which `parse_bundle` does not know.
-    bundle.timers = parse_rider(&body, &broker)?;
+    let (timers, _timer_payloads) = parse_rider(&body, &broker)?;
+    bundle.timers = timers;
     super::timers::stamp(&caller, &mut bundle.timers)?;
     let mut acked = Vec::new();
     for operation in &mut bundle.operations {

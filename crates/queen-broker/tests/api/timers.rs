@@ -162,6 +162,37 @@ async fn bad_operations_are_refused_naming_the_field_and_write_nothing() {
     assert_eq!(stored_timers(&app).await, 0, "a refused batch writes nothing, its good operations included");
 }
 
+/// Compressed payloads (`payloadZstd`) may decompress to as much as a body may weigh, in all:
+/// a few kilobytes of zstd frames must not make the broker hold gigabytes. Each of these
+/// decompresses to 6 MiB, within the 16 MiB body bound alone; three of them are not, in a batch
+/// or in a transaction's rider, and the request is refused whole.
+#[actix_web::test]
+async fn compressed_payloads_may_decompress_to_a_bodys_worth_in_all() {
+    let app = TestApp::spawn().await;
+    let document = serde_json::to_vec(&"x".repeat(6 * 1024 * 1024)).expect("JSON");
+    let frame = zstd::bulk::compress(&document, 3).expect("a zstd frame that declares its size");
+    assert!(frame.len() < 64 * 1024, "a small frame: {} bytes", frame.len());
+    let compressed = |key: &str| {
+        let mut op = schedule("inflated", key, json!(null), 60_000, key);
+        op["payload"] = json!(BASE64.encode(&frame));
+        op["payloadZstd"] = json!(true);
+        op
+    };
+    let within = results(&app, json!([compressed("a"), compressed("b")])).await;
+    assert!(within.iter().all(|result| result["status"] == "scheduled"), "{within:?}");
+
+    let past = timers(&app, json!([compressed("c"), compressed("d"), compressed("e")])).await;
+    assert_eq!(past.status, StatusCode::BAD_REQUEST, "{past:?}");
+    let error = past.body["error"].as_str().unwrap_or_default();
+    assert!(error.starts_with("operations[2].payload decompresses to 6291458 bytes"), "{error}");
+    assert!(error.contains("16777216 bytes in all (http.max_body_bytes)"), "{error}");
+    let bundle = json!({"operations": [], "timers": [compressed("c"), compressed("d"), compressed("e")]});
+    let rider = app.post("/api/v1/transaction", &bundle).await;
+    assert_eq!(rider.status, StatusCode::BAD_REQUEST, "{rider:?}");
+    assert!(rider.body["error"].as_str().is_some_and(|e| e.starts_with("timers[2].payload decompresses")), "{rider:?}");
+    assert_eq!(stored_timers(&app).await, 2, "only the batch within the bound was stored");
+}
+
 #[actix_web::test]
 async fn server_owned_fields_are_refused_by_name() {
     let app = TestApp::spawn().await;
