@@ -249,7 +249,8 @@ pub struct PopConfig {
     /// of reading and decompressing them again; 0 turns the cache off.
     pub segment_cache_bytes: u64,
     /// Most payload bytes one pop hands out: it delivers fewer than `batch` messages rather than
-    /// pass it, and always at least one. It bounds the segments a pop decodes and its answer.
+    /// pass it, and always at least one. It bounds the segments a pop decodes and its answer, and
+    /// a page of timers' payloads.
     pub max_answer_bytes: usize,
     /// While a consumer group's stream on a queue is dense, its long-poll pops start at most this
     /// often on this broker (or once per batch's worth of the stream, when that arrives sooner),

@@ -170,6 +170,8 @@ pub struct StoredTimer {
     pub updated_at: DateTime<Utc>,
 }
 
+/// How many columns [`STORED_COLUMNS`] names.
+const STORED_COLUMN_COUNT: usize = 14;
 const STORED_COLUMNS: &str = "queue, timer_key, partition, txn, message_id, payload, producer, deliver_at, fire_at,
      claim_token IS NOT NULL AND fire_at > now(), attempts, last_error, created_at, updated_at";
 
@@ -211,20 +213,36 @@ pub async fn find(
     Ok(client.query_opt(&statement, &[&queue, &timer_key]).await?.as_ref().map(stored))
 }
 
-/// Up to `limit` timers of the queue in key order, after the key `after` (exclusive).
+/// Up to `limit` timers of the queue in key order, after the key `after` (exclusive), and whether
+/// more follow. The page ends before `max_bytes` of payloads (it holds at least one timer), so a
+/// page of large payloads is not read whole.
 pub async fn list(
     client: &impl GenericClient,
     queue: &str,
     after: Option<&str>,
     limit: i64,
-) -> Result<Vec<StoredTimer>, StoreError> {
+    max_bytes: i64,
+) -> Result<(Vec<StoredTimer>, bool), StoreError> {
+    // One more than asked for, to tell whether more follow; `fetched` counts them before the cut.
     let sql = format!(
-        "SELECT {STORED_COLUMNS} FROM queen.timers
-          WHERE queue = $1 AND ($2::text IS NULL OR timer_key > $2::text)
-          ORDER BY timer_key LIMIT $3::bigint"
+        "SELECT {STORED_COLUMNS}, fetched FROM (
+             SELECT *, sum(octet_length(payload)) OVER w AS through, row_number() OVER w AS place,
+                    count(*) OVER () AS fetched
+               FROM (SELECT * FROM queen.timers
+                      WHERE queue = $1 AND ($2::text IS NULL OR timer_key > $2::text)
+                      ORDER BY timer_key LIMIT $3::bigint + 1) page
+             WINDOW w AS (ORDER BY timer_key ROWS UNBOUNDED PRECEDING)
+         ) counted
+         WHERE through <= $4::bigint OR place = 1
+         ORDER BY timer_key"
     );
     let statement = client.prepare_cached(&sql).await?;
-    Ok(client.query(&statement, &[&queue, &after, &limit]).await?.iter().map(stored).collect())
+    let rows = client.query(&statement, &[&queue, &after, &limit, &max_bytes]).await?;
+    let fetched: i64 = rows.first().map_or(0, |row| row.get(STORED_COLUMN_COUNT));
+    let mut timers: Vec<StoredTimer> = rows.iter().map(stored).collect();
+    timers.truncate(usize::try_from(limit).unwrap_or(0));
+    let more = fetched > timers.len() as i64;
+    Ok((timers, more))
 }
 
 /// Milliseconds until the earliest timer a sweeper may take (0 or less: one is due now), by the
@@ -253,26 +271,38 @@ pub struct ClaimedTimer {
 
 /// Claims up to `limit` due timers, the longest due first, under `token` for `claim_ms`: until
 /// then no other sweeper takes them, and cancels and reschedules of them answer "too late".
-/// Timers other sweepers are claiming right now are skipped, never waited for.
+/// Timers other sweepers are claiming right now are skipped, never waited for. The claim stops
+/// before `max_bytes` of payloads (it takes at least one timer), so a sweep holds no more than
+/// that in memory.
 pub async fn claim(
     client: &impl GenericClient,
     token: Uuid,
     claim_ms: i64,
     limit: i64,
+    max_bytes: i64,
 ) -> Result<Vec<ClaimedTimer>, StoreError> {
     let statement = client
         .prepare_cached(
-            "UPDATE queen.timers t
+            "WITH due AS (
+                 SELECT queue, timer_key, fire_at, octet_length(payload) AS bytes FROM queen.timers
+                  WHERE fire_at IS NOT NULL AND fire_at <= now()
+                  ORDER BY fire_at LIMIT $3::bigint
+                    FOR UPDATE SKIP LOCKED
+             ), taken AS (
+                 SELECT queue, timer_key FROM (
+                     SELECT queue, timer_key, sum(bytes) OVER w AS through, row_number() OVER w AS place
+                       FROM due
+                     WINDOW w AS (ORDER BY fire_at, queue, timer_key ROWS UNBOUNDED PRECEDING)) counted
+                  WHERE through <= $4::bigint OR place = 1
+             )
+             UPDATE queen.timers t
                 SET claim_token = $1, fire_at = now() + $2::bigint * interval '1 millisecond'
-               FROM (SELECT queue, timer_key FROM queen.timers
-                      WHERE fire_at IS NOT NULL AND fire_at <= now()
-                      ORDER BY fire_at LIMIT $3::bigint
-                        FOR UPDATE SKIP LOCKED) due
-              WHERE t.queue = due.queue AND t.timer_key = due.timer_key
+               FROM taken
+              WHERE t.queue = taken.queue AND t.timer_key = taken.timer_key
           RETURNING t.queue, t.timer_key, t.partition, t.txn, t.message_id, t.payload, t.producer",
         )
         .await?;
-    let rows = client.query(&statement, &[&token, &claim_ms, &limit]).await?;
+    let rows = client.query(&statement, &[&token, &claim_ms, &limit, &max_bytes]).await?;
     Ok(rows
         .iter()
         .map(|row| ClaimedTimer {

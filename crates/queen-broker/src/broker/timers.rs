@@ -242,7 +242,8 @@ pub async fn find(broker: &Broker, queue: &str, timer_key: &str) -> Result<Optio
     Ok(timers::find(&client, queue, timer_key).await?)
 }
 
-/// Up to `limit` pending timers of the queue in key order after `after`, and whether more follow.
+/// Up to `limit` pending timers of the queue in key order after `after` (fewer once their
+/// payloads reach `pop.max_answer_bytes`, at least one), and whether more follow.
 pub async fn list(
     broker: &Broker,
     queue: &str,
@@ -250,10 +251,8 @@ pub async fn list(
     limit: usize,
 ) -> Result<(Vec<StoredTimer>, bool), BrokerError> {
     let client = broker.pool.get().await.map_err(StoreError::from)?;
-    let mut rows = timers::list(&client, queue, after, limit as i64 + 1).await?;
-    let truncated = rows.len() > limit;
-    rows.truncate(limit);
-    Ok((rows, truncated))
+    let max_bytes = i64::try_from(broker.config.pop.max_answer_bytes).unwrap_or(i64::MAX);
+    Ok(timers::list(&client, queue, after, limit as i64, max_bytes).await?)
 }
 
 /// How long until the earliest timer a sweeper may take is due (zero when one is due now); `None`
@@ -281,7 +280,8 @@ struct Firing {
     sealed: bool,
 }
 
-/// Claims up to [`SWEEP_BATCH`] due timers and delivers them, one transaction per destination
+/// Claims up to [`SWEEP_BATCH`] due timers (within `push.max_segment_bytes` of payloads, at least
+/// one) and delivers them, one transaction per destination
 /// partition that appends the partition's timers (each with its txn as transaction id) and
 /// deletes them. A timer that cannot be delivered (its queue full or not creatable, its payload
 /// unreadable here, ...) is kept, its failed attempt counted with the error, and tried again
@@ -294,7 +294,10 @@ pub async fn fire_due(broker: &Broker) -> Result<Swept, BrokerError> {
     let token = Uuid::now_v7();
     let claimed = {
         let client = broker.pool.get().await.map_err(StoreError::from)?;
-        timers::claim(&client, token, CLAIM_MS, SWEEP_BATCH as i64).await?
+        // A sweep's timers of one partition become one segment: bounded by bytes as pushes
+        // fused into one are.
+        let max_bytes = i64::try_from(broker.config.push.max_segment_bytes).unwrap_or(i64::MAX);
+        timers::claim(&client, token, CLAIM_MS, SWEEP_BATCH as i64, max_bytes).await?
     };
     if claimed.is_empty() {
         return Ok(Swept::default());

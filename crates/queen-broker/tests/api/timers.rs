@@ -415,6 +415,49 @@ async fn a_page_of_timers_is_in_key_order_after_an_exclusive_cursor_with_a_clamp
     assert_eq!(app.get("/api/v1/timers/elsewhere").await.body["rows"], json!([]));
 }
 
+/// Pages and sweeps are bounded by their payloads' bytes as well as by count: a page stops once
+/// it holds `pop.max_answer_bytes` (at least one timer, and `nextAfter` goes on from there), and a
+/// sweep claims no more than `push.max_segment_bytes` (its timers of a partition become one
+/// segment, no larger than fused pushes make one).
+#[actix_web::test]
+async fn pages_and_sweeps_of_large_timers_are_bounded_by_bytes() {
+    let app = TestApp::spawn_with(|config| {
+        config.pop.max_answer_bytes = 1024;
+        config.push.max_segment_bytes = 1024;
+    })
+    .await;
+    let data = |key: &str| json!({"key": key, "pad": "x".repeat(600)});
+    let keys = ["a", "b", "c", "d"];
+    let later: Vec<Value> = keys.iter().map(|key| schedule("big-later", key, data(key), 3_600_000, key)).collect();
+    results(&app, json!(later)).await;
+    let mut paged = Vec::new();
+    let mut next = String::new();
+    loop {
+        let page = app.get(&format!("/api/v1/timers/big-later?limit=100&after={next}")).await.body;
+        let rows = page["rows"].as_array().cloned().expect("rows");
+        assert_eq!(rows.len(), 1, "one 600-byte payload per 1024-byte page: {page}");
+        paged.extend(rows.iter().map(|row| row["timerKey"].clone()));
+        if page["truncated"] == false {
+            break;
+        }
+        next = page["nextAfter"].as_str().expect("nextAfter").to_owned();
+    }
+    assert_eq!(paged, keys.map(|key| json!(key)), "every timer, once, in key order");
+
+    let due: Vec<Value> = keys.iter().map(|key| schedule("big-due", key, data(key), 0, key)).collect();
+    results(&app, json!(due)).await;
+    let mut received = Vec::new();
+    while received.len() < keys.len() {
+        let messages = delivered(&app, "big-due").await;
+        app.ack_all(&messages, "completed", None).await;
+        received.extend(messages.iter().map(|m| m["data"]["key"].clone()));
+    }
+    received.sort_by_key(|key| key.as_str().map(str::to_owned));
+    assert_eq!(received, keys.map(|key| json!(key)), "every timer delivered once");
+    let segments = app.count("SELECT count(*) FROM queen.log_segments s JOIN queen.partitions p ON p.id = s.partition_id JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = 'big-due'").await;
+    assert_eq!(segments, 4, "one timer per sweep, each its own segment");
+}
+
 #[actix_web::test]
 async fn the_transaction_rider_schedules_in_the_bundles_transaction_and_its_results_come_last() {
     let app = TestApp::spawn().await;
