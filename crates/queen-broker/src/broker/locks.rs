@@ -181,38 +181,39 @@ async fn acquire(
     let holders = holders(client, name).await?;
     // The owner's name alone is not enough: another identity may hold a permit under it.
     let mine = holders.iter().find(|holder| holder.owner == owner && may_act(holder.subject.as_deref(), subject));
-    if let Some(mine) = mine {
-        // The acquire sent again (its answer lost): the holder counts the permit's time from
-        // this send, so the permit is kept at least that long, its token unchanged.
-        let key = (NAMESPACE.to_owned(), permit_key(name, mine.slot));
-        let locked = store::lock(client, &BTreeMap::from([(key.clone(), true)])).await?;
-        let now = locked.now;
-        if let Some(row) = locked.rows.get(&key).filter(|row| row.is_live(now)) {
-            let asked = now + Duration::seconds(ttl_seconds);
-            let write = store::Write {
-                ns: key.0,
-                key: key.1,
-                value: row.value.clone(),
-                version: row.version,
-                expires_at: Some(row.expires_at.map_or(asked, |at| at.max(asked))),
-                created_at: row.created_at,
-            };
-            store::store(client, now, &[write]).await?;
-        }
-        let permit = Permit { name: name.to_owned(), slot: mine.slot, token: mine.token, owner };
-        return Ok(LockOutcome::Acquired { permit, already: true });
-    }
-    let Some(slot) = (0..limit).find(|slot| holders.iter().all(|holder| holder.slot != *slot)) else {
-        return Ok(LockOutcome::Held { holders });
+    let slot = match mine {
+        Some(mine) => mine.slot,
+        None => match (0..limit).find(|slot| holders.iter().all(|holder| holder.slot != *slot)) {
+            Some(slot) => slot,
+            None => return Ok(LockOutcome::Held { holders }),
+        },
     };
     let key = (NAMESPACE.to_owned(), permit_key(name, slot));
     let locked = store::lock(client, &BTreeMap::from([(key.clone(), true)])).await?;
     let now = locked.now;
     let row = locked.rows.get(&key).ok_or_else(|| BrokerError::Internal("a permit's row was not locked".into()))?;
     if row.is_live(now) {
-        // Not reachable while acquires take turns; a refusal rather than a second holder.
-        return Ok(LockOutcome::Held { holders });
+        let Some(mine) = mine else {
+            // Not reachable while acquires take turns; a refusal rather than a second holder.
+            return Ok(LockOutcome::Held { holders });
+        };
+        // The acquire sent again (its answer lost): the holder counts the permit's time from
+        // this send, so the permit is kept at least that long, its token unchanged.
+        let asked = now + Duration::seconds(ttl_seconds);
+        let write = store::Write {
+            ns: key.0,
+            key: key.1,
+            value: row.value.clone(),
+            version: row.version,
+            expires_at: Some(row.expires_at.map_or(asked, |at| at.max(asked))),
+            created_at: row.created_at,
+        };
+        store::store(client, now, &[write]).await?;
+        let permit = Permit { name: name.to_owned(), slot, token: mine.token, owner };
+        return Ok(LockOutcome::Acquired { permit, already: true });
     }
+    // A free slot, or the owner's permit that ended (ran out, was released or pruned) between the
+    // listing and its lock: nobody holds it, and it is taken anew, with a new token.
     let token = next_token(client, name, row.next_version(now)).await?;
     let write = store::Write {
         ns: key.0,

@@ -163,6 +163,37 @@ async fn an_expired_permit_is_free_and_its_holder_cannot_renew_it() {
     assert_eq!(one(&app, json!({"op": "get", "name": "brief"})).await["holders"][0]["owner"], "bob");
 }
 
+/// An acquire sent again finds its owner's permit live when it lists the holders, and the
+/// permit runs out before the acquire gets its row (held here by the test's session until it
+/// has). It is then no permit of the owner's: the acquire takes the slot anew with a new token,
+/// rather than answering the old one `already` while nobody holds the lock, and another owner's
+/// acquire is refused.
+#[actix_web::test]
+async fn an_acquire_repeated_as_its_permit_runs_out_takes_it_anew() {
+    let app = TestApp::spawn().await;
+    let first = one(&app, acquire("lapsing", "alice", 1)).await;
+    let holder = app.db.connect().await;
+    holder.batch_execute("BEGIN").await.expect("a transaction");
+    let row = "SELECT 1 FROM queen.kv WHERE ns = 'queen-locks' AND key = 'lapsing#0' FOR UPDATE";
+    assert_eq!(holder.execute(row, &[]).await.expect("the permit's row"), 1);
+    let repeated = async { one(&app, acquire("lapsing", "alice", 30)).await };
+    let releasing = async {
+        app.until_waiting_for_a_lock("queen.kv", "the repeated acquire waits for the permit's row").await;
+        let lapsed =
+            "SELECT count(*) FROM queen.kv WHERE ns = 'queen-locks' AND key = 'lapsing#0' AND expires_at <= now()";
+        let polled = &app;
+        until(Duration::from_secs(5), "the permit's expiry", move || async move { polled.count(lapsed).await == 1 })
+            .await;
+        holder.batch_execute("COMMIT").await.expect("the row let go");
+    };
+    let (again, ()) = futures::join!(repeated, releasing);
+    assert_eq!((&again["acquired"], &again["already"]), (&json!(true), &json!(false)), "{again}");
+    assert!(token(&again) > token(&first), "a new token: {again}");
+    let state = one(&app, json!({"op": "get", "name": "lapsing"})).await;
+    assert_eq!((&state["held"], &state["holders"][0]["owner"]), (&json!(true), &json!("alice")), "{state}");
+    assert_eq!(one(&app, acquire("lapsing", "bob", 30)).await["acquired"], false, "one holder");
+}
+
 /// Maintenance removes a released permit's row; the next token is still above every earlier one.
 #[actix_web::test]
 async fn tokens_keep_rising_after_maintenance_removed_the_permit() {
