@@ -92,6 +92,8 @@ pub struct Broker {
     pub broker_id: String,
     /// When `/metrics` last read consumer lag from the database.
     pub lag_refreshed_at: std::sync::Mutex<Option<std::time::Instant>>,
+    /// The probes running now, which probes arriving meanwhile share.
+    pub probes_running: probes::Running,
     /// Namespace pops so far: queues of equal priority take turns at being served first.
     pub namespace_pops: AtomicU64,
     /// LISTEN is in effect: pushes through other brokers wake this broker's parked pops.
@@ -289,6 +291,7 @@ impl Broker {
             timer_alarm: SweepAlarm::default(),
             broker_id,
             lag_refreshed_at: std::sync::Mutex::new(None),
+            probes_running: probes::Running::default(),
             namespace_pops: AtomicU64::new(0),
             hears_fleet,
             shutting_down: AtomicBool::new(false),

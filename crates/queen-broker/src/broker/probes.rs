@@ -2,7 +2,12 @@
 //! it holds the schema this build needs and takes writes, and the gauges read from the database.
 
 use std::collections::BTreeMap;
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
+
+use actix_web::web;
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
 
 use super::Broker;
 
@@ -51,10 +56,43 @@ async fn on_a_connection<T>(
     }
 }
 
+/// The probes running now. `/health` and `/ready` take no token: a flood of them must not take
+/// the pool's connections from requests, so the probes of one kind that arrive while one runs
+/// wait for its answer instead of asking PostgreSQL again. No answer outlives its probe.
+#[derive(Default)]
+pub struct Running {
+    reachable: Flight<Result<(), Unanswered>>,
+    readiness: Flight<Readiness>,
+}
+
+struct Flight<T>(Mutex<Option<Shared<BoxFuture<'static, T>>>>);
+
+impl<T> Default for Flight<T> {
+    fn default() -> Self {
+        Flight(Mutex::new(None))
+    }
+}
+
+impl<T: Clone + Send + Sync + 'static> Flight<T> {
+    /// The answer of the probe running now, or of one `start` starts.
+    async fn join(&self, start: impl FnOnce() -> BoxFuture<'static, T>) -> T {
+        let running = {
+            let mut slot = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            match slot.as_ref().filter(|running| running.peek().is_none()) {
+                Some(running) => running.clone(),
+                None => slot.insert(start().shared()).clone(),
+            }
+        };
+        running.await
+    }
+}
+
 /// PostgreSQL answers a query within the probe timeout.
-pub async fn database_reachable(broker: &Broker) -> Result<(), Unanswered> {
+pub async fn database_reachable(broker: web::Data<Broker>) -> Result<(), Unanswered> {
+    let probe = broker.clone();
     let ping = async |client: &mut deadpool_postgres::Client| queen_store::probes::ping(client).await.ok();
-    on_a_connection(broker, PROBE_TIMEOUT, ping).await
+    let start = move || async move { on_a_connection(&probe, PROBE_TIMEOUT, ping).await }.boxed();
+    broker.probes_running.reachable.join(start).await
 }
 
 /// What readiness finds of PostgreSQL.
@@ -75,7 +113,8 @@ pub enum Readiness {
 /// Whether PostgreSQL lets this broker serve, on one pooled connection: the schema version, then
 /// `transaction_read_only` (the setting a new transaction of the pool's sessions gets; a write
 /// refused for lack of disk space cannot be foreseen without writing, and is not looked for).
-pub async fn readiness(broker: &Broker) -> Readiness {
+pub async fn readiness(broker: web::Data<Broker>) -> Readiness {
+    let probe = broker.clone();
     let check = async |client: &mut deadpool_postgres::Client| {
         let version = queen_store::migrations::current_version(client).await.ok()?;
         if version < queen_store::migrations::latest_version() {
@@ -84,7 +123,10 @@ pub async fn readiness(broker: &Broker) -> Readiness {
         let read_only = queen_store::probes::transactions_read_only(client).await.ok()?;
         Some(if read_only { Readiness::ReadOnly } else { Readiness::Ready })
     };
-    on_a_connection(broker, PROBE_TIMEOUT, check).await.unwrap_or_else(Readiness::Unanswered)
+    let start = move || {
+        async move { on_a_connection(&probe, PROBE_TIMEOUT, check).await.unwrap_or_else(Readiness::Unanswered) }.boxed()
+    };
+    broker.probes_running.readiness.join(start).await
 }
 
 /// Brings the gauges a scrape reports up to date: the pool, the database failures, the segment

@@ -18,7 +18,7 @@ struct Health {
 /// The process is alive. Never fails because PostgreSQL is down: restarting the broker would
 /// not bring the database back.
 pub async fn health(broker: web::Data<Broker>) -> HttpResponse {
-    let database = match probes::database_reachable(&broker).await {
+    let database = match probes::database_reachable(broker.clone()).await {
         Ok(()) => "connected",
         Err(unanswered) => unanswered_state(unanswered),
     };
@@ -32,7 +32,7 @@ pub async fn health(broker: web::Data<Broker>) -> HttpResponse {
 /// what was found (`busy` when every pooled connection stayed in use by requests), and a broker
 /// that is stopping answers 503 with `status: "stopping"`.
 pub async fn ready(broker: web::Data<Broker>) -> HttpResponse {
-    let readiness = probes::readiness(&broker).await;
+    let readiness = probes::readiness(broker.clone()).await;
     let database = match readiness {
         Readiness::Ready => "connected",
         Readiness::ReadOnly => "read-only",

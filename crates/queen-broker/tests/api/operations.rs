@@ -484,3 +484,31 @@ async fn every_path_that_appends_counts_its_segments_messages_and_bytes() {
         (1.0, 1.0, 5.0)
     );
 }
+
+/// `/ready` and `/health` take no token. Probes of one kind that arrive while one runs wait for
+/// its answer instead of each taking a pooled connection for a query of its own: here twenty
+/// readiness probes arrive while one waits (for the schema table, locked by the test) until its
+/// timeout, and only that one asked PostgreSQL.
+#[actix_web::test]
+async fn probes_that_arrive_while_one_runs_share_its_answer() {
+    let app = TestApp::spawn().await;
+    let sql = app.db.connect().await;
+    sql.batch_execute("BEGIN; LOCK TABLE queen.schema_migrations IN ACCESS EXCLUSIVE MODE").await.expect("the lock");
+    let first = app.get("/ready");
+    let more = async {
+        app.until_waiting_for_a_lock("schema_migrations", "the first probe waits for the schema table").await;
+        futures::future::join_all((0..20).map(|_| app.get("/ready"))).await
+    };
+    let (first, more) = futures::join!(first, more);
+    for answer in std::iter::once(&first).chain(&more) {
+        assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE, "{answer:?}");
+        assert_eq!(answer.body["database"], "unreachable", "the shared probe ran out of time: {answer:?}");
+    }
+    // Every probe that ran a query is still there, waiting for the lock: a probe that runs out of
+    // time drops its connection, which PostgreSQL notices only once the lock is let go.
+    let waiting = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                   AND wait_event_type = 'Lock' AND pid <> pg_backend_pid() AND query LIKE '%queen.schema_migrations%'";
+    assert_eq!(app.count(waiting).await, 1, "one readiness query for twenty-one probes");
+    sql.batch_execute("ROLLBACK").await.expect("the lock released");
+    assert_eq!(app.get("/ready").await.status, StatusCode::OK, "a probe after it asks again");
+}
