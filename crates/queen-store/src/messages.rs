@@ -119,9 +119,11 @@ pub struct ListedMessage {
 const LISTED_PARTITIONS: i64 = 50;
 
 /// The newest `limit` messages of the queue (of one partition, when named) after the newest
-/// `offset`, newest first. Reads
-/// only the last segments of the most recently pushed partitions, through the primary key (or
-/// `segments`).
+/// `offset`, newest first. Looks at the last segments of the most recently pushed partitions,
+/// through the primary key (or `segments`), and reads only those that hold the newest
+/// `limit + offset` of them: a message's time is its segment's, so ranking the segments ranks
+/// their messages (every segment as new as the last one needed is read too, so that ties are
+/// ranked as before).
 pub async fn newest(
     client: &impl GenericClient,
     queue: &str,
@@ -134,11 +136,27 @@ pub async fn newest(
     let reach = limit.saturating_add(offset);
     let rows = client
         .query(
-            "SELECT p.id, p.name, GREATEST(p.retained_from, p.last_offset - $3 + 1), p.last_offset
-               FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
-              WHERE q.name = $1 AND ($2::text IS NULL OR p.name = $2) AND p.last_offset >= p.retained_from
-              ORDER BY p.last_segment_at DESC NULLS LAST, p.id
-              LIMIT $4",
+            "WITH parts AS (
+                 SELECT p.id, p.name, GREATEST(p.retained_from, p.last_offset - $3 + 1) AS first, p.last_offset AS last
+                   FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+                  WHERE q.name = $1 AND ($2::text IS NULL OR p.name = $2) AND p.last_offset >= p.retained_from
+                  ORDER BY p.last_segment_at DESC NULLS LAST, p.id
+                  LIMIT $4
+             ), tails AS (
+                 SELECT parts.id, parts.name, s.created_at,
+                        GREATEST(s.base_offset, parts.first) AS first, LEAST(s.end_offset, parts.last) AS last
+                   FROM parts CROSS JOIN LATERAL (
+                        SELECT base_offset, end_offset, created_at FROM queen.log_segments
+                         WHERE partition_id = parts.id AND end_offset >= parts.first AND base_offset <= parts.last
+                         ORDER BY base_offset DESC LIMIT $3) s
+             ), ranked AS (
+                 SELECT *, sum(last - first + 1) OVER (ORDER BY created_at DESC, last DESC, id
+                                                       ROWS UNBOUNDED PRECEDING) - (last - first + 1) AS newer
+                   FROM tails
+             )
+             SELECT id, name, min(first), max(last) FROM ranked
+              WHERE created_at >= (SELECT min(created_at) FROM ranked WHERE newer < $3)
+              GROUP BY id, name",
             &[&queue, &partition, &reach, &LISTED_PARTITIONS],
         )
         .await?;

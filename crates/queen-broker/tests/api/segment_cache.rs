@@ -215,3 +215,25 @@ async fn a_pop_cut_by_its_byte_bound_takes_no_cached_segment_past_the_cut() {
     let rest = app.pop("queue/cut/partition/p", "batch=20&consumerGroup=g").await;
     assert_eq!(rest.transaction_ids(), vec!["m11", "m12", "m13", "m14", "m15", "m16", "m17"]);
 }
+
+/// A listing of a queue's newest messages reads only the segments that hold them, not the tails
+/// of every recently pushed partition: here the newest three messages of twenty partitions of
+/// two segments each.
+#[actix_web::test]
+async fn a_listing_reads_only_the_segments_that_hold_the_newest_messages() {
+    let app = TestApp::spawn().await;
+    for partition in 0..20 {
+        for label in ["a", "b"] {
+            app.push_one("wide", &format!("p{partition}"), &format!("p{partition}-{label}"), json!(partition)).await;
+        }
+    }
+    let listed = async |query: &str| -> Vec<String> {
+        let answer = app.get(&format!("/api/v1/messages?queue=wide&{query}")).await;
+        let messages = answer.body["messages"].as_array().cloned().unwrap_or_else(|| panic!("messages: {answer:?}"));
+        messages.iter().filter_map(|m| m["transactionId"].as_str().map(str::to_owned)).collect()
+    };
+    let before = app.metric(MISSES).await;
+    assert_eq!(listed("limit=3").await, ["p19-b", "p19-a", "p18-b"], "newest first");
+    assert_eq!(app.metric(MISSES).await - before, 3.0, "three segments read, of the forty");
+    assert_eq!(listed("limit=2&offset=3").await, ["p18-a", "p17-b"]);
+}
