@@ -250,7 +250,7 @@ pub struct PopConfig {
     pub segment_cache_bytes: u64,
     /// Most payload bytes one pop hands out: it delivers fewer than `batch` messages rather than
     /// pass it, and always at least one. It bounds the segments a pop decodes and its answer, and
-    /// a page of timers' payloads.
+    /// the payloads of a page of timers or of dead letters.
     pub max_answer_bytes: usize,
     /// While a consumer group's stream on a queue is dense, its long-poll pops start at most this
     /// often on this broker (or once per batch's worth of the stream, when that arrives sooner),

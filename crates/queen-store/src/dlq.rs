@@ -52,25 +52,31 @@ pub struct DeadLetterFilter {
 }
 
 /// A page of dead letters, newest first, with how many match in all; payloads stored sealed are
-/// opened with `keys`.
+/// opened with `keys`. The page ends before its payloads pass `max_bytes` (it holds at least one
+/// dead letter), so a page of large messages is not read whole.
 pub async fn list(
     client: &impl GenericClient,
     filter: &DeadLetterFilter,
     keys: Option<&Cipher>,
+    max_bytes: i64,
 ) -> Result<(Vec<DeadLetter>, i64), StoreError> {
     let rows = client
         .query(
             "SELECT id, queue_name, partition_name, partition_id, consumer_group, message_offset, message_id,
                     transaction_id, trace_id, payload, error_message, retry_count, message_created_at, failed_at,
-                    count(*) OVER () AS total, producer_sub
-               FROM queen.log_dlq
-              WHERE ($1::text IS NULL OR queue_name = $1)
-                AND ($2::text IS NULL OR consumer_group = $2)
-                AND ($3::text IS NULL OR partition_name = $3)
-                AND ($4::timestamptz IS NULL OR failed_at >= $4)
-                AND ($5::timestamptz IS NULL OR failed_at <= $5)
-              ORDER BY failed_at DESC, id DESC
-              LIMIT $6 OFFSET $7",
+                    total, producer_sub
+               FROM (SELECT *, sum(octet_length(payload)) OVER w AS through, row_number() OVER w AS place
+                       FROM (SELECT *, count(*) OVER () AS total FROM queen.log_dlq
+                              WHERE ($1::text IS NULL OR queue_name = $1)
+                                AND ($2::text IS NULL OR consumer_group = $2)
+                                AND ($3::text IS NULL OR partition_name = $3)
+                                AND ($4::timestamptz IS NULL OR failed_at >= $4)
+                                AND ($5::timestamptz IS NULL OR failed_at <= $5)
+                              ORDER BY failed_at DESC, id DESC
+                              LIMIT $6 OFFSET $7) page
+                     WINDOW w AS (ORDER BY failed_at DESC, id DESC ROWS UNBOUNDED PRECEDING)) counted
+              WHERE through <= $8 OR place = 1
+              ORDER BY failed_at DESC, id DESC",
             &[
                 &filter.queue,
                 &filter.consumer_group,
@@ -79,6 +85,7 @@ pub async fn list(
                 &filter.to,
                 &filter.limit,
                 &filter.offset,
+                &max_bytes,
             ],
         )
         .await?;

@@ -35,10 +35,12 @@ pub async fn newest(
     Ok(messages::newest(&client, queue, partition, page, &broker.segments, broker.cipher.as_deref()).await?)
 }
 
-/// A page of dead letters and how many match in all.
+/// A page of dead letters (fewer once their payloads reach `pop.max_answer_bytes`, at least one)
+/// and how many match in all.
 pub async fn dead_letters(broker: &Broker, filter: &DeadLetterFilter) -> Result<(Vec<DeadLetter>, i64), BrokerError> {
     let client = broker.pool.get().await.map_err(StoreError::from)?;
-    Ok(dlq::list(&client, filter, broker.cipher.as_deref()).await?)
+    let max_bytes = i64::try_from(broker.config.pop.max_answer_bytes).unwrap_or(i64::MAX);
+    Ok(dlq::list(&client, filter, broker.cipher.as_deref(), max_bytes).await?)
 }
 
 /// Moves the message's dead letters back into its partition as one new message, announced like

@@ -172,6 +172,26 @@ async fn dead_letters_can_be_filtered_and_paged() {
     assert_eq!(app.get("/api/v1/dlq?from=yesterday").await.status, StatusCode::BAD_REQUEST);
 }
 
+/// A page of dead letters ends once its payloads reach `pop.max_answer_bytes` (at least one
+/// dead letter): paging on by what came back reaches every one, once, newest first.
+#[actix_web::test]
+async fn a_page_of_large_dead_letters_is_bounded_by_bytes() {
+    let app = TestApp::spawn_with(|config| config.pop.max_answer_bytes = 1024).await;
+    for n in 0..4 {
+        app.push_one("heavy", "p", &format!("h{n}"), json!({"n": n, "pad": "x".repeat(600)})).await;
+        let messages = app.pop("queue/heavy", "consumerGroup=g").await.messages();
+        ack_each(&app, &messages, &[Some("dlq")], Some("g")).await;
+    }
+    let mut seen = Vec::new();
+    while seen.len() < 4 {
+        let page = app.get(&format!("/api/v1/dlq?queue=heavy&limit=100&offset={}", seen.len())).await;
+        let letters = page.body["messages"].as_array().cloned().unwrap_or_else(|| panic!("messages: {page:?}"));
+        assert_eq!((letters.len(), &page.body["total"]), (1, &json!(4)), "one 600-byte payload per page: {page:?}");
+        seen.extend(letters.iter().map(|letter| letter["data"]["n"].clone()));
+    }
+    assert_eq!(seen, [json!(3), json!(2), json!(1), json!(0)], "every dead letter once, newest first");
+}
+
 #[actix_web::test]
 async fn a_dead_letter_can_be_requeued_as_a_new_message_once() {
     let app = TestApp::spawn().await;
