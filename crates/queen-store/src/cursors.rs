@@ -281,7 +281,9 @@ const CLAIM_TEMPLATE: &str = "WITH candidate AS (
         SET lease_id = CASE WHEN {auto_ack} THEN c.lease_id ELSE $5 END,
             lease_expires_at = CASE WHEN {auto_ack} THEN NULL
                 ELSE now() + COALESCE($6, ch.lease_time_seconds) * interval '1 second' END,
-            leased_until = CASE WHEN {auto_ack} THEN NULL ELSE ch.start_after + ch.take END,
+            -- An auto-acked claim keeps where it started: until its pop has handed out what it
+            -- committed (or moved the cursor back), retention must not take what it claimed.
+            leased_until = CASE WHEN {auto_ack} THEN ch.start_after ELSE ch.start_after + ch.take END,
             -- What the claim skips (conflation's older messages, or what retention removed under
             -- the cursor) is passed: a new head, whose counters start over (with the failure of a
             -- lease that ran out over it, when retention skipped to it).

@@ -85,7 +85,13 @@ async fn bounds(
              ), candidate AS (
                  SELECT p.id, p.retained_from, p.last_offset, q.retention_seconds, q.completed_retention_seconds,
                         (SELECT min(positions.at) FROM (
-                             SELECT c.committed AS at FROM queen.log_consumers c WHERE c.partition_id = p.id
+                             -- An auto-acked claim of the last minute counts from where it
+                             -- started: its pop may still move the cursor back to hand out the
+                             -- rest later (what its answer's byte bound left out).
+                             SELECT CASE WHEN c.lease_expires_at IS NULL AND c.leased_until < c.committed
+                                              AND c.last_claimed_at > now() - interval '1 minute'
+                                         THEN c.leased_until ELSE c.committed END AS at
+                               FROM queen.log_consumers c WHERE c.partition_id = p.id
                              UNION ALL
                              SELECT ",
                 group_start_sql!("m.subscription_mode", "m.subscription_from"),

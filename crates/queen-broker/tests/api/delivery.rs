@@ -357,3 +357,54 @@ async fn an_auto_acked_pop_whose_cursor_moved_on_hands_out_all_it_committed() {
     let next = app.pop("queue/moved", "batch=1&consumerGroup=g&autoAck=true").await;
     assert_eq!(next.transaction_ids(), vec!["m8"]);
 }
+
+/// An auto-acked pop commits its whole claim at once and moves the cursor back over what its byte
+/// bound left out. Consumed-message retention that trims in between (here run by the test while
+/// the pop waits to read) must not take that rest: it counts the claim from where it started,
+/// and the rest is delivered next, nothing lost.
+#[actix_web::test]
+async fn consumed_retention_during_an_auto_acked_pop_keeps_what_the_pop_gives_back() {
+    let app = TestApp::spawn_with(|config| {
+        config.pop.max_answer_bytes = 1024;
+        config.maintenance.interval_ms = 3_600_000;
+    })
+    .await;
+    app.configure("trimmed", json!({"retentionEnabled": true, "completedRetentionSeconds": 1})).await;
+    for i in 1..=4 {
+        app.push_one("trimmed", "p", &format!("m{i}"), json!({"pad": "x".repeat(600)})).await;
+    }
+    let aged = "SELECT count(*) FROM queen.log_segments WHERE created_at < now() - interval '1 second'";
+    crate::kv::until(std::time::Duration::from_secs(10), "the segments age past the window", || async {
+        app.count(aged).await == 4
+    })
+    .await;
+
+    // The group's cursor, made by a first pop that reads no segment, then set to the start.
+    let none = app.pop("queue/trimmed", "batch=1&consumerGroup=g&autoAck=true&subscriptionMode=new").await;
+    assert!(none.messages().is_empty(), "{none:?}");
+    app.db.connect().await.batch_execute("UPDATE queen.log_consumers SET committed = 0").await.expect("rewound");
+
+    let mut trimmer = app.store_connection("trimmer").await;
+    trimmer.batch_execute("BEGIN; LOCK TABLE queen.log_segments IN ACCESS EXCLUSIVE MODE").await.expect("the lock");
+    let popped = app.pop("queue/trimmed", "batch=4&consumerGroup=g&autoAck=true");
+    let trimming = async {
+        app.until_waiting_for_a_lock("queen.log_segments", "the pop never read its segments").await;
+        // A maintenance pass, on the session holding the lock; its commit lets the pop read.
+        let trims = queen_store::retention::trims(&trimmer, "__QUEUE_MODE__").await.expect("the plan");
+        for trim in trims {
+            queen_store::retention::apply_trim(&mut trimmer, trim, 1000, None, "__QUEUE_MODE__").await.expect("a trim");
+        }
+        trimmer.batch_execute("COMMIT").await.expect("the lock released");
+    };
+    let (popped, ()) = futures::join!(popped, trimming);
+    assert_eq!(popped.transaction_ids(), vec!["m1", "m2"], "the 1024-byte bound reached in the second");
+    let mut rest = Vec::new();
+    loop {
+        let next = app.pop("queue/trimmed", "batch=4&consumerGroup=g&autoAck=true").await;
+        if next.messages().is_empty() {
+            break;
+        }
+        rest.extend(next.transaction_ids());
+    }
+    assert_eq!(rest, vec!["m3", "m4"], "what the pop gave back was not trimmed");
+}
