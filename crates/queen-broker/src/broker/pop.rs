@@ -189,9 +189,15 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
         // that a claim given back in the background (`Unhanded`) never meets a later claim of
         // this same pop under its id.
         let lease_id = Uuid::now_v7();
-        let (names, queues) = sources(broker, request, queue_conflates).await?;
+        // A queue pop's name is observed before its queue is looked up: the push that creates
+        // the queue right after a lookup that found none still wakes it.
         let mut seen = Vec::new();
-        if request.wait {
+        if let (true, PopSource::Queue { queue, .. }) = (request.wait, &request.source) {
+            let name: Arc<str> = Arc::from(queue.as_str());
+            seen.push((Arc::clone(&name), broker.coordinator.observe(name).await?));
+        }
+        let (names, queues) = sources(broker, request, queue_conflates).await?;
+        if request.wait && seen.is_empty() {
             for name in &names {
                 seen.push((Arc::clone(name), broker.coordinator.observe(Arc::clone(name)).await?));
             }
