@@ -170,8 +170,6 @@ pub struct StoredTimer {
     pub updated_at: DateTime<Utc>,
 }
 
-/// How many columns [`STORED_COLUMNS`] names.
-const STORED_COLUMN_COUNT: usize = 14;
 const STORED_COLUMNS: &str = "queue, timer_key, partition, txn, message_id, payload, producer, deliver_at, fire_at,
      claim_token IS NOT NULL AND fire_at > now(), attempts, last_error, created_at, updated_at";
 
@@ -238,7 +236,8 @@ pub async fn list(
     );
     let statement = client.prepare_cached(&sql).await?;
     let rows = client.query(&statement, &[&queue, &after, &limit, &max_bytes]).await?;
-    let fetched: i64 = rows.first().map_or(0, |row| row.get(STORED_COLUMN_COUNT));
+    // `fetched` comes last, after the stored columns.
+    let fetched: i64 = rows.first().map_or(0, |row| row.get(row.len() - 1));
     let mut timers: Vec<StoredTimer> = rows.iter().map(stored).collect();
     timers.truncate(usize::try_from(limit).unwrap_or(0));
     let more = fetched > timers.len() as i64;
