@@ -240,10 +240,20 @@ impl ClientBuilder {
     }
 }
 
-/// A broker URL as a base that paths are appended to: `http(s)` only, no query or fragment, the
-/// trailing `/` dropped.
+/// A broker URL as a base that paths are appended to: `http(s)` only, no credentials, no query or
+/// fragment, the trailing `/` dropped.
 fn parse_base(url: &str) -> Result<String, Error> {
-    let parsed = Url::parse(url).map_err(|e| Error::Config(format!("{url:?} is not a URL: {e}")))?;
+    let mut parsed = Url::parse(url).map_err(|e| Error::Config(format!("a broker URL is not a URL: {e}")))?;
+    // Refused before the URL is shown anywhere: errors, logs and `queenctl status` name it. The
+    // broker takes a bearer token, never a user name and password.
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        let _ = parsed.set_username("");
+        let _ = parsed.set_password(None);
+        return Err(Error::Config(format!(
+            "the broker URL {:?} carries a user name or password; the broker takes a bearer token instead",
+            parsed.as_str()
+        )));
+    }
     if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
         return Err(Error::Config(format!("{url:?} is not an http:// or https:// URL")));
     }
@@ -317,6 +327,10 @@ mod tests {
         assert!(parse_base("ftp://h").is_err());
         assert!(parse_base("h:6632").is_err());
         assert!(parse_base("http://h/?x=1").is_err());
+        let credentials = parse_base("https://ops:secret@h:6632").unwrap_err().to_string();
+        assert!(credentials.contains("\"https://h:6632/\" carries a user name or password"), "{credentials}");
+        assert!(!credentials.contains("secret") && !credentials.contains("ops"), "{credentials}");
+        assert!(!parse_base("not a url, secret").unwrap_err().to_string().contains("secret"));
     }
 
     #[test]

@@ -47,6 +47,9 @@ pub struct GroupQueueLag {
     /// Where it subscribed from.
     #[serde(default)]
     pub subscription_from: Option<DateTime<Utc>>,
+    /// Registered as conflating: it is served only the newest message of each partition.
+    #[serde(default)]
+    pub conflation: bool,
 }
 
 /// A group, its lag per queue and its cursor on every partition.

@@ -161,51 +161,74 @@ fn data(d: &DeadLetter) -> String {
 }
 
 async fn show(ctx: &Ctx, args: &MessageArgs) -> Result {
-    let message = ctx.client.message(&args.partition_id, &args.transaction_id).await?;
-    // Dead letters are listed by queue and partition name; this message's are picked out.
+    // Retention may have removed the message from the log; its dead letters keep their own copy.
+    let message = match ctx.client.message(&args.partition_id, &args.transaction_id).await {
+        Ok(message) => Some(message),
+        Err(error) if error.status() == Some(queen_client::StatusCode::NOT_FOUND) => None,
+        Err(error) => return Err(error.into()),
+    };
+    // Dead letters are listed by queue and partition name; this message's are picked out (from
+    // every dead letter when the message, and with it those names, is gone).
     let mut letters = Vec::new();
     let mut offset = 0u64;
     loop {
-        let query = DeadLetterQuery::new()
-            .queue(message.queue.clone())
-            .partition(message.partition.clone())
-            .limit(PAGE)
-            .offset(offset);
+        let mut query = DeadLetterQuery::new().limit(PAGE).offset(offset);
+        if let Some(message) = &message {
+            query = query.queue(message.queue.clone()).partition(message.partition.clone());
+        }
         let page = ctx.client.dead_letters(&query).await?;
         let count = page.messages.len() as u64;
         letters.extend(page.messages.into_iter().filter(|d| {
-            d.partition_id == message.partition_id && d.transaction_id.as_deref() == Some(&args.transaction_id)
+            d.partition_id == args.partition_id && d.transaction_id.as_deref() == Some(&args.transaction_id)
         }));
         offset += count;
         if count == 0 || offset >= page.total.max(0) as u64 {
             break;
         }
     }
-    if letters.is_empty() {
+    let Some(first) = letters.first() else {
+        let what = if message.is_some() { "has no dead letters" } else { "is not stored and has no dead letters" };
         return Err(Failure::not_found(format!(
-            "message {:?} of partition {} has no dead letters",
+            "message {:?} of partition {} {what}",
             args.transaction_id, args.partition_id
         )));
-    }
+    };
     if ctx.json() {
         return output::json(&json!({"message": message, "deadLetters": letters}));
     }
     let mut fields = Fields::new();
-    fields
-        .add("queue", message.queue.clone())
-        .add("partition", format!("{} (id {})", message.partition, message.partition_id))
-        .add("transaction id", message.transaction_id.clone())
-        .add("message id", message.id.to_string())
-        .add("offset", message.offset.to_string())
-        .add("created", output::time(&message.created_at))
-        .add("producer", output::maybe(message.producer_sub.as_deref()))
-        .add("status", message.status.clone())
-        .add("data", message.data.get().to_owned());
-    for g in &message.consumer_groups {
-        let state = if g.consumed { "consumed" } else { "not consumed" };
-        let lease =
-            g.lease_expires_at.as_ref().map(|at| format!(", leased until {}", output::time(at))).unwrap_or_default();
-        fields.add(&format!("group {}", g.name), format!("{state}{lease}"));
+    match &message {
+        Some(message) => {
+            fields
+                .add("queue", message.queue.clone())
+                .add("partition", format!("{} (id {})", message.partition, message.partition_id))
+                .add("transaction id", message.transaction_id.clone())
+                .add("message id", message.id.to_string())
+                .add("offset", message.offset.to_string())
+                .add("created", output::time(&message.created_at))
+                .add("producer", output::maybe(message.producer_sub.as_deref()))
+                .add("status", message.status.clone())
+                .add("data", message.data.get().to_owned());
+            for g in &message.consumer_groups {
+                let state = if g.consumed { "consumed" } else { "not consumed" };
+                let lease = g
+                    .lease_expires_at
+                    .as_ref()
+                    .map(|at| format!(", leased until {}", output::time(at)))
+                    .unwrap_or_default();
+                fields.add(&format!("group {}", g.name), format!("{state}{lease}"));
+            }
+        }
+        None => {
+            fields
+                .add("queue", first.queue.clone())
+                .add("partition", format!("{} (id {})", first.partition, first.partition_id))
+                .add("transaction id", args.transaction_id.clone())
+                .add("message id", first.id.map_or_else(|| "-".to_owned(), |id| id.to_string()))
+                .add("offset", first.offset.to_string())
+                .add("status", "removed from the log by retention; the dead letter keeps its copy".to_owned())
+                .add("data", data(first));
+        }
     }
     output::print(&fields.render())?;
     output::line("")?;

@@ -119,10 +119,11 @@ async fn show(ctx: &Ctx, group: &str) -> Result {
             (Some(mode), None) => mode.clone(),
             (None, _) => "-".to_owned(),
         };
+        let conflating = if q.conflation { ", conflating (only the newest message of each partition)" } else { "" };
         fields.add(
             &format!("queue {}", q.queue),
             format!(
-                "{} unread, oldest {}, {} consumed, subscribed {subscribed}",
+                "{} unread, oldest {}, {} consumed, subscribed {subscribed}{conflating}",
                 q.lag_messages,
                 output::age(q.lag_seconds),
                 q.total_consumed

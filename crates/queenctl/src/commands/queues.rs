@@ -201,7 +201,16 @@ async fn list(ctx: &Ctx, namespace: Option<String>, task: Option<String>, limit:
             output::maybe_time(q.created_at.as_ref()),
         ]);
     }
-    table.print_or("no queues")
+    table.print_or("no queues")?;
+    // The broker does not count the queues: a full page may have more after it.
+    if page.queues.len() >= limit as usize {
+        let next = offset + page.queues.len() as u64;
+        output::note(&format!(
+            "{} queues shown from offset {offset}; there may be more: --offset {next}",
+            page.queues.len()
+        ));
+    }
+    Ok(())
 }
 
 async fn show(ctx: &Ctx, queue: &str) -> Result {

@@ -100,16 +100,19 @@ async fn may_remove(ctx: &Ctx, queue: &str, group: &str) -> Result {
     }
 }
 
-/// Counts SIGINTs and SIGTERMs, from now on.
+/// Counts SIGINTs, SIGTERMs and SIGHUPs, from now on. A hang-up (the terminal or the ssh session
+/// closing) would otherwise end the process before it removed its throwaway group.
 fn watch_signals() -> std::io::Result<watch::Receiver<u32>> {
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
+    let mut hangup = signal(SignalKind::hangup())?;
     let (count, signals) = watch::channel(0u32);
     tokio::spawn(async move {
         loop {
             let received = tokio::select! {
                 received = interrupt.recv() => received,
                 received = terminate.recv() => received,
+                received = hangup.recv() => received,
             };
             if received.is_none() {
                 break;

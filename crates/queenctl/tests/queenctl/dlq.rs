@@ -73,3 +73,31 @@ async fn dead_letters_are_listed_shown_retried_and_deleted_in_both_forms() {
     assert_eq!(deleted.stdout, "deleted 1 dead letter\n");
     assert_eq!(broker.json(&["dlq", "list"]).await["total"], 0);
 }
+
+#[actix_web::test]
+async fn a_dead_letter_whose_message_retention_removed_is_still_shown() {
+    let broker = TestBroker::start_with(|config| config.maintenance.interval_ms = 100).await;
+    broker.run(&["queues", "configure", "brief", "--retry-limit", "0"]).await.success();
+    let pushed = broker.json(&["push", "brief", "--transaction-id", "gone", r#"{"amount": 7}"#]).await;
+    let partition_id = pushed["partitionId"].as_str().unwrap().to_owned();
+    pop_and_ack(&broker, "brief", "dlq", None).await;
+    broker
+        .run(&["queues", "configure", "brief", "--retention-enabled", "true", "--retention-seconds", "1"])
+        .await
+        .success();
+    let message = &format!("{}/api/v1/messages/{partition_id}/gone", broker.url);
+    crate::helpers::eventually("retention removes the message", || async move {
+        reqwest::get(message).await.expect("an answer").status() == reqwest::StatusCode::NOT_FOUND
+    })
+    .await;
+
+    let show = broker.run(&["dlq", "show", &partition_id, "gone"]).await.success();
+    assert_eq!((show.field("queue"), show.field("transaction id")), ("brief", "gone"));
+    assert!(show.field("status").starts_with("removed from the log by retention"), "{show:#?}");
+    assert_eq!(show.field("data"), r#"{"amount": 7}"#, "the dead letter's own copy: {show:#?}");
+    let show = broker.json(&["dlq", "show", &partition_id, "gone"]).await;
+    assert!(show["message"].is_null(), "{show:#}");
+    assert_eq!(show["deadLetters"][0]["transactionId"], "gone");
+
+    broker.run(&["dlq", "show", &partition_id, "never"]).await.fails(4, "is not stored and has no dead letters");
+}

@@ -34,9 +34,10 @@ async fn unknown_queues_groups_and_messages_are_exit_4() {
         (vec!["queues", "delete", "ghost", "--yes"], "queue \"ghost\" not found"),
         (vec!["groups", "show", "ghost"], "consumer group \"ghost\" not found"),
         (vec!["groups", "delete", "ghost", "--yes"], "consumer group \"ghost\" has no cursor or registration"),
-        (vec!["seek", "g", "ghost", "--to-end"], "404 Not Found"),
-        (vec!["dlq", "show", "1", "ghost"], "no message \"ghost\" in partition 1"),
-        (vec!["dlq", "show", "999", "ghost", "-o", "json"], "404 Not Found"),
+        (vec!["seek", "g", "ghost", "--to-end"], "consumer group g does not read queue ghost"),
+        (vec!["seek", "g", "ghost", "--to-end", "--create"], "404 Not Found"),
+        (vec!["dlq", "show", "1", "ghost"], "message \"ghost\" of partition 1 is not stored and has no dead letters"),
+        (vec!["dlq", "show", "999", "ghost", "-o", "json"], "is not stored and has no dead letters"),
         (vec!["dlq", "retry", "1", "ghost"], "no dead letter for message \"ghost\""),
         (vec!["dlq", "delete", "1", "ghost", "--yes"], "404 Not Found"),
     ];

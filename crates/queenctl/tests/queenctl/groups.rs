@@ -72,6 +72,22 @@ async fn groups_are_listed_shown_found_lagging_and_deleted_in_both_forms() {
 }
 
 #[actix_web::test]
+async fn a_conflating_group_is_shown_as_such() {
+    let broker = TestBroker::start().await;
+    push(&broker, "ticks", 2).await;
+    let url = format!("{}/api/v1/pop/queue/ticks?consumerGroup=ticker&conflation=true", broker.url);
+    let popped = reqwest::get(url).await.expect("a pop");
+    assert!(popped.status().is_success(), "{popped:?}");
+
+    let show = broker.run(&["groups", "show", "ticker"]).await.success();
+    assert!(show.field("queue ticks").contains("conflating"), "{show:#?}");
+    let shown = broker.json(&["groups", "show", "ticker"]).await;
+    assert_eq!(shown["queues"][0]["conflation"], true, "{shown:#}");
+    let plain = broker.json(&["groups", "list"]).await;
+    assert_eq!(group(&plain, "ticker").expect("ticker")["queues"][0]["conflation"], true);
+}
+
+#[actix_web::test]
 async fn seek_moves_a_group_back_and_to_the_end_in_both_forms() {
     let broker = TestBroker::start().await;
     let partition_id = push(&broker, "sq", 3).await;
@@ -95,4 +111,23 @@ async fn seek_moves_a_group_back_and_to_the_end_in_both_forms() {
         (one["partitions"][0]["partitionId"].as_str(), one["partitions"][0]["committed"].as_i64()),
         (Some(partition_id.as_str()), Some(0))
     );
+}
+
+#[actix_web::test]
+async fn seek_refuses_a_group_that_does_not_read_the_queue_unless_told_to_create_it() {
+    let broker = TestBroker::start().await;
+    push(&broker, "sq", 2).await;
+    consume(&broker, "sq", "billing", 2).await;
+    push(&broker, "other", 1).await;
+
+    broker.run(&["seek", "biling", "sq", "--to-end"]).await.fails(4, "consumer group biling does not read queue sq");
+    broker.run(&["seek", "billing", "other", "--to-end"]).await.fails(4, "does not read queue other");
+    let list = broker.json(&["groups", "list"]).await;
+    assert!(group(&list, "biling").is_none(), "a refused seek starts no group: {list:#}");
+    assert_eq!(group(&list, "billing").expect("billing")["queues"].as_array().map(Vec::len), Some(1));
+
+    let created = broker.json(&["seek", "auditing", "sq", "--to-end", "--create"]).await;
+    assert_eq!(created["partitions"][0]["committed"], 2);
+    let list = broker.json(&["groups", "list"]).await;
+    assert!(group(&list, "auditing").is_some(), "{list:#}");
 }

@@ -222,8 +222,12 @@ impl Background {
 
     /// Sends SIGINT, as Ctrl-C does.
     pub fn interrupt(&self) {
+        self.signal(nix::sys::signal::Signal::SIGINT);
+    }
+
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
         let pid = self.child.id().expect("still running") as i32;
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGINT).expect("SIGINT");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal).expect("a signal sent");
     }
 
     /// Waits for the end (at most [`DEADLINE`]); what it showed.

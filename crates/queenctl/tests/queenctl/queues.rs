@@ -48,6 +48,10 @@ async fn queues_are_configured_listed_shown_and_deleted_in_both_forms() {
     let list = broker.run(&["queues", "list"]).await.success();
     assert_eq!(list.row("shop-orders")[1..6], ["shop", "billing", "2", "2", "2"]);
     assert_eq!(list.row("plain")[1..4], ["-", "-", "0"]);
+    assert!(!list.stderr.contains("may be more"), "a page short of its limit is all there is: {list:#?}");
+    let first = broker.run(&["queues", "list", "--limit", "1"]).await.success();
+    assert_eq!(first.lines().len(), 2, "a header and one queue: {first:#?}");
+    assert!(first.stderr.contains("1 queues shown from offset 0; there may be more: --offset 1"), "{first:#?}");
     let shop = broker.json(&["queues", "list", "--namespace", "shop"]).await;
     let names: Vec<_> = shop["queues"].as_array().unwrap().iter().map(|q| q["name"].clone()).collect();
     assert_eq!(names, vec![serde_json::json!("shop-orders")]);

@@ -79,6 +79,20 @@ async fn tail_stops_on_ctrl_c_prints_json_lines_and_deletes_its_group() {
 }
 
 #[actix_web::test]
+async fn tail_whose_terminal_hangs_up_still_deletes_its_group() {
+    let broker = TestBroker::start().await;
+    broker.run(&["push", "stream", r#"{"n": 1}"#]).await.success();
+
+    let tail = Background::start(&broker.url, &["tail", "stream", "--from", "all"]);
+    tail.wait_for_lines(1).await;
+    assert!(group_names(&broker).await.iter().any(|name| name.starts_with("queenctl-tail-")));
+
+    tail.signal(nix::sys::signal::Signal::SIGHUP);
+    tail.finish().await.success();
+    assert!(group_names(&broker).await.iter().all(|name| !name.starts_with("queenctl-tail-")));
+}
+
+#[actix_web::test]
 async fn tail_as_a_named_group_acknowledges_what_it_printed() {
     let broker = TestBroker::start().await;
     for n in 1..=3 {
