@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Object;
+use queen_store::StoreError;
 use queen_store::cursors::{self, ClaimRequest, Claimed, CursorSeed, Expiry, Scope, Visibility};
 use queen_store::log::{Span, StoredSegment};
 use queen_store::queues::{self, Queue};
@@ -241,9 +242,13 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
         let claimed_for_nobody = !taken.is_empty() && request.connection.is_some_and(ClientConnection::is_closed);
         if claimed_for_nobody {
             let claims: Vec<cursors::Claim> = taken.iter().flat_map(|t| t.claims.iter().cloned()).collect();
+            let unhanded = Unhanded::of(request, lease_id, &claims);
             match broker.pool.get().await {
-                Ok(client) => Unhanded::of(request, lease_id, &claims).take_back(broker, client).await,
-                Err(e) => tracing::warn!(error = %e, "could not take back the claims of a pop whose client left"),
+                Ok(client) => unhanded.take_back(broker, client).await,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not take back the claims of a pop whose client left; trying again");
+                    unhanded.take_back_later(broker);
+                }
             }
         }
         // The pop has looked: a turn it held is done with, and work it left is for the group's
@@ -336,7 +341,7 @@ async fn sources(
             Ok((vec![Arc::from(queue.as_str())], found.into_iter().map(|q| (q, queue_conflates)).collect()))
         }
         PopSource::Namespace { namespace, task } => {
-            let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
+            let client = broker.pool.get().await.map_err(StoreError::from)?;
             let queues = queues::queues_of(&client, namespace.as_deref(), task.as_deref()).await?;
             drop(client);
             let names: Vec<&str> = queues.iter().map(|queue| queue.name.as_str()).collect();
@@ -426,7 +431,7 @@ async fn pop_queue(
             let Some(partition_id) = names.partition(&broker.pool, queue_id, name).await? else {
                 return Ok(Attempt::Empty { retry_at: None, raced: false });
             };
-            let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
+            let client = broker.pool.get().await.map_err(StoreError::from)?;
             let scope = Scope::Only(&[partition_id]);
             let candidates = cursors::candidates(&client, queue_id, scope, &request.group, visibility).await?;
             Planned { client, candidates, stamp: None }
@@ -487,7 +492,18 @@ async fn pop_queue(
         client = answered;
         claimed?
     } else {
-        cursors::claim(&client, &claim_request).await?
+        match cursors::claim(&client, &claim_request).await {
+            Ok(claimed) => claimed,
+            // The connection went while the claim ran: it may have committed, leasing partitions
+            // to nobody until the lease ran out (a failed delivery of their heads). Given back,
+            // guarded by this look's lease, which nothing else holds.
+            Err(e @ (StoreError::Unavailable(_) | StoreError::Interrupted { .. })) => {
+                Unhanded::Leases { lease_id, given_back: partition_ids.clone(), cut: Vec::new() }
+                    .take_back_later(broker);
+                return Err(e.into());
+            }
+            Err(e) => return Err(e.into()),
+        }
     };
     if !exhausted.is_empty() {
         // On a connection of its own: what is claimed already is read on this one whatever
@@ -563,10 +579,37 @@ async fn pop_queue(
         // An auto-acked cursor moved on by another pop of the group since the claim cannot go
         // back: what the claim committed there is handed out after all, as it was before the
         // bound (the messages would otherwise be lost for the group).
-        match cursors::undo_auto_acked_claims(&client, &request.group, &Unhanded::auto_acked_tails(&tails)).await {
-            Ok(moved_back) => {
-                let kept: Vec<_> = tails.into_iter().filter(|(c, _)| !moved_back.contains(&c.partition_id)).collect();
-                if !kept.is_empty() {
+        let spans = Unhanded::auto_acked_tails(&tails);
+        let undo = async |c: &mut Object| cursors::undo_auto_acked_claims(&*c, &request.group, &spans).await;
+        let undone = match broker.continue_within(client, "moving back an auto-acked pop's cursors", undo).await {
+            Ok((answered, undone)) => undone.map(|moved_back| (answered, moved_back)),
+            Err(e) => Err(e),
+        };
+        // The claims whose cursors stay where the claim put them, with a connection to read on.
+        let (kept, client) = match undone {
+            Ok((client, moved_back)) => {
+                (tails.into_iter().filter(|(c, _)| !moved_back.contains(&c.partition_id)).collect(), Some(client))
+            }
+            // Refused by PostgreSQL (a lock timeout behind an ack, read-only), nothing moved
+            // back: as for cursors that moved on.
+            Err(e @ (StoreError::Db(_) | StoreError::WritesRefused { .. })) => {
+                tracing::warn!(error = %e, queue = %queue.name, "could not move back an auto-acked pop's cursors; handing out the rest");
+                (tails, None)
+            }
+            // Whether they moved back is unknown: the guarded move is tried again until answered.
+            Err(e) => {
+                tracing::warn!(error = %e, queue = %queue.name, "could not move back an auto-acked pop's cursors; trying again");
+                Unhanded::tails(request, lease_id, &tails).take_back_later(broker);
+                (Vec::new(), None)
+            }
+        };
+        if !kept.is_empty() {
+            let client = match client {
+                Some(client) => Ok(client),
+                None => broker.pool.get().await,
+            };
+            match client {
+                Ok(client) => {
                     let rest = hand_out_the_rest(broker, client, queue, &names_by_id, request, &kept).await;
                     messages.extend(rest.messages);
                     segments.extend(rest.segments);
@@ -576,10 +619,10 @@ async fn pop_queue(
                         handed.iter().enumerate().map(|(i, c)| (c.partition_id, i)).collect();
                     messages.sort_by_key(|m| (place.get(&m.partition_id).copied(), m.offset));
                 }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, queue = %queue.name, "could not move back an auto-acked pop's cursors");
-                Unhanded::tails(request, lease_id, &tails).take_back(broker, client).await;
+                Err(e) => {
+                    tracing::warn!(error = %e, queue = %queue.name, "moving back an auto-acked pop's cursors later");
+                    Unhanded::tails(request, lease_id, &kept).take_back_later(broker);
+                }
             }
         }
     } else {
@@ -731,9 +774,9 @@ enum Unhanded {
     AutoAcked { group: String, spans: Vec<(i64, i64, i64)> },
 }
 
-/// How long a take-back that PostgreSQL did not answer is tried again in the background. Both
-/// forms are guarded (a lease still held, a cursor still where the claim left it), so a late one
-/// changes nothing that moved on.
+/// How long a take-back that PostgreSQL did not answer, or refused for now, is tried again in the
+/// background. Both forms are guarded (a lease still held, a cursor still where the claim left
+/// it), so a late one changes nothing that moved on.
 const TAKE_BACK_RETRIES_FOR: Duration = Duration::from_secs(300);
 
 impl Unhanded {
@@ -766,7 +809,7 @@ impl Unhanded {
             .collect()
     }
 
-    async fn take_back_on(&self, client: &deadpool_postgres::Object) -> Result<u64, queen_store::StoreError> {
+    async fn take_back_on(&self, client: &deadpool_postgres::Object) -> Result<u64, StoreError> {
         match self {
             Unhanded::Leases { lease_id, given_back, cut } => {
                 let mut taken_back = 0;
@@ -785,40 +828,52 @@ impl Unhanded {
     }
 
     /// On `client`, or on another when that one was lost (its backend terminated while the pop
-    /// read the segments): the claim committed already. While PostgreSQL does not answer, it is
-    /// tried again in the background (a restart under load would otherwise leave the leases to
-    /// run out, or an auto-acked group without messages it never got).
+    /// read the segments): the claim committed already. Bounded by `database.answer_within`, as
+    /// every write of the delivery path. While PostgreSQL does not answer, or refuses for now
+    /// (a lock or statement timeout, a deadlock, read-only), it is tried again in the background
+    /// (a restart under load would otherwise leave the leases to run out, or an auto-acked group
+    /// without messages it never got).
     async fn take_back(self, broker: &Broker, client: deadpool_postgres::Object) {
-        let mut result = self.take_back_on(&client).await;
-        if let Err(queen_store::StoreError::Unavailable(_)) = result {
-            drop(client);
+        let bound = broker.config.database.answer_within();
+        let mut result = self.take_back_within(client, bound).await;
+        if let Err(StoreError::Unavailable(_)) = result {
             result = match broker.pool.get().await {
-                Ok(other) => self.take_back_on(&other).await,
+                Ok(other) => self.take_back_within(other, bound).await,
                 Err(e) => Err(e.into()),
             };
         }
         match result {
             Ok(_) => {}
-            Err(queen_store::StoreError::Unavailable(e)) => {
+            Err(e) if for_now(&e) => {
                 tracing::warn!(error = %e, "could not take back what a pop claimed and did not hand out; trying again");
-                tokio::spawn(self.keep_taking_back(broker.pool.clone()));
+                self.take_back_later(broker);
             }
             Err(e) => tracing::warn!(error = %e, "could not take back what a pop claimed and did not hand out"),
         }
     }
 
-    async fn keep_taking_back(self, pool: deadpool_postgres::Pool) {
+    async fn take_back_within(&self, client: deadpool_postgres::Object, bound: Duration) -> Result<u64, StoreError> {
+        let work = async |c: &mut deadpool_postgres::Object| self.take_back_on(c).await;
+        queen_store::pool::answered_within(client, bound, "taking back a pop's claims", work).await?.1
+    }
+
+    /// Tried again in the background, for [`TAKE_BACK_RETRIES_FOR`].
+    fn take_back_later(self, broker: &Broker) {
+        tokio::spawn(self.keep_taking_back(broker.pool.clone(), broker.config.database.answer_within()));
+    }
+
+    async fn keep_taking_back(self, pool: deadpool_postgres::Pool, bound: Duration) {
         let until = Instant::now() + TAKE_BACK_RETRIES_FOR;
         let mut backoff = crate::backoff::Backoff::default();
         while Instant::now() < until {
             backoff.wait().await;
             let result = match pool.get().await {
-                Ok(client) => self.take_back_on(&client).await,
+                Ok(client) => self.take_back_within(client, bound).await,
                 Err(e) => Err(e.into()),
             };
             match result {
                 Ok(_) => return,
-                Err(queen_store::StoreError::Unavailable(_)) => {}
+                Err(e) if for_now(&e) => {}
                 Err(e) => {
                     tracing::warn!(error = %e, "could not take back what a pop claimed and did not hand out");
                     return;
@@ -827,6 +882,13 @@ impl Unhanded {
         }
         tracing::warn!("gave up taking back what a pop claimed and did not hand out");
     }
+}
+
+/// Whether a take-back that failed so may succeed later: PostgreSQL away, unanswered, or
+/// refusing for now. Both forms are guarded, so trying again after one that took effect unseen
+/// changes nothing.
+fn for_now(e: &StoreError) -> bool {
+    e.is_unavailable() || matches!(e, StoreError::WritesRefused { .. })
 }
 
 /// What a pop read of its claims on one queue.
@@ -973,7 +1035,7 @@ async fn planned_candidates(
         PopPlan::Candidates { view_size, .. } => *view_size,
         PopPlan::Full { .. } => 0,
     };
-    let client = broker.pool.get().await.map_err(queen_store::StoreError::from)?;
+    let client = broker.pool.get().await.map_err(StoreError::from)?;
     let (mut found, mut looked) = (Vec::new(), 0);
     // The latest round's plan: every push announced before it committed before the claim that
     // follows looks, so what that claim finds holds as of this plan.
@@ -1010,7 +1072,7 @@ async fn planned_candidates(
 }
 
 fn corrupt(partition_id: i64, base_offset: i64, source: queen_log::DecodeError) -> BrokerError {
-    BrokerError::from(queen_store::StoreError::CorruptSegment { partition_id, base_offset, source })
+    BrokerError::from(StoreError::CorruptSegment { partition_id, base_offset, source })
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use crate::helpers::TestApp;
+use crate::helpers::{Answer, TestApp};
 
 async fn push_n(app: &TestApp, queue: &str, n: i64) {
     let items: Vec<Value> = (1..=n)
@@ -362,6 +362,77 @@ async fn an_auto_acked_pop_whose_cursor_moved_on_hands_out_all_it_committed() {
 /// bound left out. Consumed-message retention that trims in between (here run by the test while
 /// the pop waits to read) must not take that rest: it counts the claim from where it started,
 /// and the rest is delivered next, nothing lost.
+/// A pop of four 600-byte messages of partition `p` of `queue` as group `g` (auto-acked or
+/// leased), cut by a 1024-byte answer bound after the second, whose take-back of the rest finds
+/// the group's cursor locked (an ack transaction holding it): PostgreSQL refuses it after the
+/// 500 ms lock timeout. The pop's answer; the cursor's lock is released once it is in.
+async fn pop_whose_take_back_is_refused(app: &TestApp, queue: &str, query: &str) -> Answer {
+    for i in 1..=4 {
+        app.push_one(queue, "p", &format!("m{i}"), json!({"pad": "x".repeat(600)})).await;
+    }
+    // The group's cursor, made by a first pop that reads no segment, then set to the start.
+    let none = app.pop(&format!("queue/{queue}"), "batch=1&consumerGroup=g&autoAck=true&subscriptionMode=new").await;
+    assert!(none.messages().is_empty(), "{none:?}");
+    app.db.connect().await.batch_execute("UPDATE queen.log_consumers SET committed = 0").await.expect("rewound");
+
+    let reads = app.db.connect().await;
+    reads.batch_execute("BEGIN; LOCK TABLE queen.log_segments IN ACCESS EXCLUSIVE MODE").await.expect("the lock");
+    let route = format!("queue/{queue}");
+    let popped = app.pop(&route, query);
+    let locking = async {
+        app.until_waiting_for_a_lock("queen.log_segments", "the pop never read its segments").await;
+        // The claim committed: its cursor is taken now, then the pop may read.
+        let cursor = app.hold_cursor("g").await;
+        reads.batch_execute("COMMIT").await.expect("the segments released");
+        cursor
+    };
+    let (popped, cursor) = futures::join!(popped, locking);
+    cursor.batch_execute("ROLLBACK").await.expect("the cursor released");
+    popped
+}
+
+#[actix_web::test]
+async fn an_auto_acked_pop_whose_cursor_cannot_move_back_hands_out_the_rest() {
+    let app = TestApp::spawn_with(|config| {
+        config.pop.max_answer_bytes = 1024;
+        config.database.lock_timeout_ms = 500;
+    })
+    .await;
+    let popped = pop_whose_take_back_is_refused(&app, "undone", "batch=4&consumerGroup=g&autoAck=true").await;
+    assert_eq!(
+        popped.transaction_ids(),
+        vec!["m1", "m2", "m3", "m4"],
+        "committed for the group, so handed out past the bound rather than lost"
+    );
+    let next = app.pop("queue/undone", "batch=4&consumerGroup=g&autoAck=true").await;
+    assert!(next.messages().is_empty(), "delivered once: {next:?}");
+}
+
+#[actix_web::test]
+async fn a_leased_pop_whose_cut_is_refused_for_now_cuts_its_lease_later() {
+    let app = TestApp::spawn_with(|config| {
+        config.pop.max_answer_bytes = 1024;
+        config.database.lock_timeout_ms = 500;
+    })
+    .await;
+    let popped = pop_whose_take_back_is_refused(&app, "cut", "batch=4&consumerGroup=g").await;
+    assert_eq!(popped.transaction_ids(), vec!["m1", "m2"], "the 1024-byte bound reached in the second");
+    // Tried again once the cursor is free, the lease ends at what was handed out, so acking
+    // that releases it: the group gets the rest now, not when the 300 s lease runs out.
+    let acked = app.ack_all(&popped.messages(), "completed", Some("g")).await;
+    assert!(acked.iter().all(|a| a["success"] == true), "{acked:?}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let rest = loop {
+        let rest = app.pop("queue/cut", "batch=4&consumerGroup=g").await.transaction_ids();
+        if !rest.is_empty() {
+            break rest;
+        }
+        assert!(std::time::Instant::now() < deadline, "the rest stayed leased");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(rest, vec!["m3", "m4"]);
+}
+
 #[actix_web::test]
 async fn consumed_retention_during_an_auto_acked_pop_keeps_what_the_pop_gives_back() {
     let app = TestApp::spawn_with(|config| {
