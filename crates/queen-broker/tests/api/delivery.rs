@@ -362,11 +362,16 @@ async fn an_auto_acked_pop_whose_cursor_moved_on_hands_out_all_it_committed() {
 /// bound left out. Consumed-message retention that trims in between (here run by the test while
 /// the pop waits to read) must not take that rest: it counts the claim from where it started,
 /// and the rest is delivered next, nothing lost.
-/// A pop of four 600-byte messages of partition `p` of `queue` as group `g` (auto-acked or
-/// leased), cut by a 1024-byte answer bound after the second, whose take-back of the rest finds
-/// the group's cursor locked (an ack transaction holding it): PostgreSQL refuses it after the
-/// 500 ms lock timeout. The pop's answer; the cursor's lock is released once it is in.
-async fn pop_whose_take_back_is_refused(app: &TestApp, queue: &str, query: &str) -> Answer {
+/// A broker, and its pop of four 600-byte messages of partition `p` of `queue` as group `g`
+/// (auto-acked or leased), cut by a 1024-byte answer bound after the second, whose take-back of
+/// the rest finds the group's cursor locked (an ack transaction holding it): PostgreSQL refuses
+/// it after the 500 ms lock timeout. The cursor's lock is released once the answer is in.
+async fn pop_whose_take_back_is_refused(queue: &str, query: &str) -> (TestApp, Answer) {
+    let app = TestApp::spawn_with(|config| {
+        config.pop.max_answer_bytes = 1024;
+        config.database.lock_timeout_ms = 500;
+    })
+    .await;
     for i in 1..=4 {
         app.push_one(queue, "p", &format!("m{i}"), json!({"pad": "x".repeat(600)})).await;
     }
@@ -388,17 +393,12 @@ async fn pop_whose_take_back_is_refused(app: &TestApp, queue: &str, query: &str)
     };
     let (popped, cursor) = futures::join!(popped, locking);
     cursor.batch_execute("ROLLBACK").await.expect("the cursor released");
-    popped
+    (app, popped)
 }
 
 #[actix_web::test]
 async fn an_auto_acked_pop_whose_cursor_cannot_move_back_hands_out_the_rest() {
-    let app = TestApp::spawn_with(|config| {
-        config.pop.max_answer_bytes = 1024;
-        config.database.lock_timeout_ms = 500;
-    })
-    .await;
-    let popped = pop_whose_take_back_is_refused(&app, "undone", "batch=4&consumerGroup=g&autoAck=true").await;
+    let (app, popped) = pop_whose_take_back_is_refused("undone", "batch=4&consumerGroup=g&autoAck=true").await;
     assert_eq!(
         popped.transaction_ids(),
         vec!["m1", "m2", "m3", "m4"],
@@ -410,12 +410,7 @@ async fn an_auto_acked_pop_whose_cursor_cannot_move_back_hands_out_the_rest() {
 
 #[actix_web::test]
 async fn a_leased_pop_whose_cut_is_refused_for_now_cuts_its_lease_later() {
-    let app = TestApp::spawn_with(|config| {
-        config.pop.max_answer_bytes = 1024;
-        config.database.lock_timeout_ms = 500;
-    })
-    .await;
-    let popped = pop_whose_take_back_is_refused(&app, "cut", "batch=4&consumerGroup=g").await;
+    let (app, popped) = pop_whose_take_back_is_refused("cut", "batch=4&consumerGroup=g").await;
     assert_eq!(popped.transaction_ids(), vec!["m1", "m2"], "the 1024-byte bound reached in the second");
     // Tried again once the cursor is free, the lease ends at what was handed out, so acking
     // that releases it: the group gets the rest now, not when the 300 s lease runs out.
