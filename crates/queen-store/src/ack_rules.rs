@@ -7,7 +7,8 @@
 //! it. `retry` pulls back without counting. `dlq` dead-letters a message now and commits up to it.
 //!
 //! Every item is checked against the cursor as it stood when the call began: a late `completed`
-//! (at or below the cursor) is a no-op, a late `failed` is refused, an ack under a lease that is
+//! (at or below the cursor) is a no-op, unless it names a stale lease (one another consumer's
+//! took over, or a seek released), a late `failed` is refused, an ack under a lease that is
 //! not the live one is refused, and so is an ack of a message the group was never delivered, with
 //! or without a lease: an ack can never commit past a message the group did not receive.
 //!
@@ -168,6 +169,7 @@ fn validate(state: &CursorState, item: &AckItem<'_>) -> Result<(), AckVerdict> {
             AckStatus::Completed if item.bundled && *item.fence != LeaseFence::Unfenced => {
                 fence_refusal(state, item.fence).map_or(AckVerdict::Noop, AckVerdict::Refused)
             }
+            AckStatus::Completed if stale(state, item.fence) => AckVerdict::Refused(Refusal::InvalidLease),
             AckStatus::Completed => AckVerdict::Noop,
             _ => AckVerdict::Refused(Refusal::AlreadyCommitted),
         });
@@ -182,6 +184,19 @@ fn validate(state: &CursorState, item: &AckItem<'_>) -> Result<(), AckVerdict> {
         return Err(AckVerdict::Refused(Refusal::NeverReceived));
     }
     Ok(())
+}
+
+/// Whether a late ack names a lease that is not the cursor's own: a lease another consumer's took
+/// over (this one ran out), or one a seek released. A seek keeps the lease's id and forgets what it
+/// delivered, so the batch it abandoned is told its lease is gone, not that its acks are done; a
+/// lease its own acks ended still knows what it delivered, and their resending is a no-op.
+fn stale(state: &CursorState, fence: &LeaseFence) -> bool {
+    match fence {
+        LeaseFence::Lease(lease) => {
+            state.lease_id != Some(*lease) || (!state.lease_live && state.leased_until.is_none())
+        }
+        _ => false,
+    }
 }
 
 /// Why the cursor's live lease does not let an ack with this fence act, if it does not.
@@ -362,6 +377,30 @@ mod tests {
     }
 
     #[test]
+    fn a_late_ack_under_a_stale_lease_is_refused_and_under_its_own_ended_lease_is_a_noop() {
+        // The lease's own acks ended it: their resending is a no-op.
+        let mut ended = leased(3, 3);
+        ended.lease_live = false;
+        assert_eq!(apply(&ended, &[ack(2, AckStatus::Completed)]).1, vec![AckVerdict::Noop]);
+        // A seek released it (and forgot what it delivered): the abandoned batch is told so.
+        let mut sought = ended.clone();
+        sought.leased_until = None;
+        let (change, verdicts) = apply(&sought, &[ack(2, AckStatus::Completed)]);
+        assert!(!change.is_change(&sought));
+        assert_eq!(verdicts, vec![AckVerdict::Refused(Refusal::InvalidLease)]);
+        // Another consumer's lease took the partition over.
+        let mut taken_over = leased(3, 5);
+        taken_over.lease_id = Some(Uuid::from_u128(7));
+        assert_eq!(
+            apply(&taken_over, &[ack(2, AckStatus::Completed)]).1,
+            vec![AckVerdict::Refused(Refusal::InvalidLease)]
+        );
+        // An ack naming no lease stays a no-op.
+        let unfenced = AckItem { fence: &UNFENCED, ..ack(2, AckStatus::Completed) };
+        assert_eq!(apply(&sought, &[unfenced]).1, vec![AckVerdict::Noop]);
+    }
+
+    #[test]
     fn a_failure_clamps_the_cursor_below_it_despite_later_completions() {
         let items = [
             ack(1, AckStatus::Completed),
@@ -497,9 +536,12 @@ mod tests {
         let required = LeaseFence::AnyOf(vec![LEASE]);
         let (_, verdicts) = apply(&taken_over, &[AckItem { fence: &required, ..bundled }]);
         assert_eq!(verdicts, vec![AckVerdict::Refused(Refusal::OutsideRequiredLeases)]);
-        // Outside a bundle the same ack is a no-op, as is a bundled one under the live lease
-        // (a retried bundle whose lease still holds) or under none.
-        assert_eq!(apply(&taken_over, &[ack(1, AckStatus::Completed)]).1, vec![AckVerdict::Noop]);
+        // Outside a bundle the same ack is refused too (its lease is stale); a bundled one under
+        // the live lease (a retried bundle whose lease still holds) is a no-op, as is one under none.
+        assert_eq!(
+            apply(&taken_over, &[ack(1, AckStatus::Completed)]).1,
+            vec![AckVerdict::Refused(Refusal::InvalidLease)]
+        );
         assert_eq!(apply(&leased(2, 4), &[bundled]).1, vec![AckVerdict::Noop]);
         let unfenced = AckItem { fence: &UNFENCED, ..bundled };
         assert_eq!(apply(&taken_over, &[unfenced]).1, vec![AckVerdict::Noop]);

@@ -5,9 +5,11 @@
 //! [[token]]
 //! name = "billing-service"        # recorded as producerSub of what it pushes
 //! token = "a long random string"  # or sha256 = "<hex SHA-256 of the token>", to keep it out of the file
-//! role = "read-write"             # read-only, read-write or admin (the auth.role_* names)
+//! role = "read-write"             # read-only, read-write or admin, whatever auth.role_* says
 //! queues = ["billing."]           # optional: queue name prefixes it is confined to
 //! ```
+//!
+//! A `token` shorter than 16 bytes stops start-up.
 //!
 //! Only SHA-256 digests are kept in memory; a presented token is hashed and compared with every
 //! entry in constant time, so neither the comparison nor the entry that matched shows in timing.
