@@ -43,6 +43,8 @@ struct SeekAnswer<'a> {
     success: bool,
     consumer_group: &'a str,
     queue: &'a str,
+    /// The queue again, under the name upstream's answer gives it.
+    queue_name: &'a str,
     seek_to_end: bool,
     target_timestamp: Option<String>,
     partitions_updated: usize,
@@ -73,6 +75,7 @@ async fn seek(
         success: true,
         consumer_group: &group,
         queue: &queue,
+        queue_name: &queue,
         seek_to_end,
         target_timestamp,
         partitions_updated: moved.len(),

@@ -47,6 +47,7 @@ async fn to_end_lands_at_the_last_offset_releases_the_lease_and_resets_retries()
     assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
     assert_eq!(answer.body["success"], true);
     assert_eq!(answer.body["seekToEnd"], true);
+    assert_eq!((answer.body["queue"].as_str(), answer.body["queueName"].as_str()), (Some("end"), Some("end")));
     assert_eq!(answer.body["partitions"][0]["committed"], 5);
     let db = app.db.connect().await;
     let row = db
