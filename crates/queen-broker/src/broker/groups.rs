@@ -2,8 +2,9 @@
 //! deletion, and the lag views.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use deadpool_postgres::Object;
+use deadpool_postgres::{GenericClient, Object};
 use queen_store::cursors::CursorSeed;
 use queen_store::groups::{self, CursorLag, GroupDeleted, Registration, SeekTarget, SeekedPartition};
 
@@ -82,19 +83,37 @@ async fn register(
     Ok(groups::conflating(&*client, unseen, group).await?)
 }
 
+/// How long telling the fleet of a committed change is tried again; other brokers' views go stale
+/// on their own within a minute.
+const RESET_RETRIES_FOR: Duration = Duration::from_secs(60);
+
 /// Makes every broker forget what it knew about the group on the queue (every queue when
 /// `queue_id` is 0): its empty-scan watermark and candidates, so that a backward seek or a fresh
-/// start is seen on the very next pop. Parked pops look again.
-async fn forget(
-    broker: &Broker,
-    client: &impl deadpool_postgres::GenericClient,
-    queue_id: i64,
-    queue: Option<&str>,
-    group: &str,
-) -> Result<(), BrokerError> {
+/// start is seen on the very next pop. Parked pops look again. The change it follows committed,
+/// so the caller is answered whatever comes of telling the other brokers: a notice PostgreSQL
+/// does not take is sent again in the background.
+async fn forget(broker: &Broker, client: &impl GenericClient, queue_id: i64, queue: Option<&str>, group: &str) {
     broker.coordinator.forget(Forget { queue_id, queue: queue.map(Arc::from), group: Arc::from(group) });
-    events::publish(client, &Event::Reset { queue_id, group: group.to_owned() }).await?;
-    Ok(())
+    let reset = Event::Reset { queue_id, group: group.to_owned() };
+    if let Err(e) = events::publish(client, &reset).await {
+        tracing::warn!(error = %e, group, queue_id, "could not tell the fleet of a group's change; trying again");
+        let pool = broker.pool.clone();
+        tokio::spawn(async move {
+            let until = Instant::now() + RESET_RETRIES_FOR;
+            let mut backoff = crate::backoff::Backoff::default();
+            while Instant::now() < until {
+                backoff.wait().await;
+                let sent = match pool.get().await {
+                    Ok(client) => events::publish(&client, &reset).await,
+                    Err(e) => Err(e.into()),
+                };
+                if sent.is_ok() {
+                    return;
+                }
+            }
+            tracing::warn!("gave up telling the fleet of a group's change; other brokers see it within a minute");
+        });
+    }
 }
 
 /// Seeks the group on one partition of the queue, or on all of them. `Ok(None)` when the queue
@@ -131,7 +150,7 @@ pub async fn seek(
     if moved.is_empty() {
         return Ok(None);
     }
-    forget(broker, &client, queue_id, Some(queue), group).await?;
+    forget(broker, &client, queue_id, Some(queue), group).await;
     Ok(Some(moved))
 }
 
@@ -151,7 +170,7 @@ pub async fn update_subscription(
     let (client, queues) = broker.write_within("a subscription update", updating).await?;
     let queues = queues?;
     if !queues.is_empty() {
-        forget(broker, &client, 0, None, group).await?;
+        forget(broker, &client, 0, None, group).await;
     }
     Ok(queues)
 }
@@ -170,11 +189,12 @@ pub async fn delete(
     for queue in &deleted.queues {
         broker.registered.invalidate(&(queue.clone(), group.to_owned()));
     }
+    // The deletion committed: a queue that cannot be looked up now has every queue forgotten.
     let queue_id = match queue {
-        Some(queue) => broker.names.queue(&broker.pool, queue).await?.map_or(0, |q| q.id),
+        Some(queue) => broker.names.queue(&broker.pool, queue).await.ok().flatten().map_or(0, |q| q.id),
         None => 0,
     };
-    forget(broker, &client, queue_id, queue, group).await?;
+    forget(broker, &client, queue_id, queue, group).await;
     Ok(deleted)
 }
 
