@@ -148,16 +148,26 @@ async fn bounds(
         .collect())
 }
 
-/// Deletes the next batch of a trim: `$1` partition, `$2`..`$3` the offsets, `$4` the batch. The
-/// range starts at the watermark, so the walk never touches deleted history (public so that tests
-/// can show its plan).
+/// Deletes the next batch of a trim: `$1` partition, `$2`..`$3` the offsets, at most `$4`
+/// segments and, past the first, `$5` bytes of bodies (which the trim reads whole, for their
+/// transaction ids: segments of a few MiB each would otherwise put gigabytes in memory at once).
+/// The range starts at the watermark, so the walk never touches deleted history (public so that
+/// tests can show its plan). A body's length is read from its header, without reading it.
 pub const TRIM_SQL: &str = "DELETE FROM queen.log_segments
   WHERE partition_id = $1 AND base_offset >= $2
     AND base_offset < LEAST($3, COALESCE(
-        (SELECT base_offset FROM queen.log_segments
-          WHERE partition_id = $1 AND base_offset >= $2
-          ORDER BY base_offset OFFSET $4 LIMIT 1), $3))
+        (SELECT w.base_offset FROM (
+             SELECT s.base_offset, row_number() OVER (ORDER BY s.base_offset) AS n,
+                    sum(octet_length(s.body)) OVER (ORDER BY s.base_offset) AS bytes
+               FROM queen.log_segments s
+              WHERE s.partition_id = $1 AND s.base_offset >= $2
+              ORDER BY s.base_offset LIMIT $4::bigint + 1) w
+          WHERE w.n > $4::bigint OR (w.n > 1 AND w.bytes > $5::bigint)
+          ORDER BY w.base_offset LIMIT 1), $3))
 RETURNING base_offset, end_offset, frame_count, body";
+
+/// The most bytes of segment bodies one trim batch reads (at least one segment, whatever its size).
+pub const TRIM_BATCH_BYTES: i64 = 16 << 20;
 
 /// What a trim removed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -172,7 +182,8 @@ const PARTITION_ROW_WAIT: &str = "SET LOCAL lock_timeout = '100ms'";
 /// Batches of one trim started over in a row before it gives up until the next pass.
 const BATCH_TRIES: u32 = 5;
 
-/// Deletes the segments of `trim`, `batch` segments per transaction, each transaction also
+/// Deletes the segments of `trim`, `batch` segments (and at most [`TRIM_BATCH_BYTES`] of bodies
+/// past the first) per transaction, each transaction also
 /// deleting their transaction ids (read from the bodies, opened with `keys` when sealed) and
 /// moving the watermark past them.
 ///
@@ -194,6 +205,7 @@ pub async fn apply_trim(
     keys: Option<&queen_log::Cipher>,
     queue_mode_group: &str,
 ) -> Result<Trimmed, StoreError> {
+    let max_bytes = TRIM_BATCH_BYTES;
     let mut trimmed = Trimmed::default();
     let mut tries = 0;
     loop {
@@ -204,7 +216,9 @@ pub async fn apply_trim(
             break;
         };
         let upto = now.new_retained_from.min(trim.new_retained_from);
-        let segments = tx.query(TRIM_SQL, &[&trim.partition_id, &now.retained_from, &upto, &batch]).await?;
+        let bounds: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+            [&trim.partition_id, &now.retained_from, &upto, &batch, &max_bytes];
+        let segments = tx.query(TRIM_SQL, &bounds).await?;
         if segments.is_empty() {
             tx.commit().await?;
             break;

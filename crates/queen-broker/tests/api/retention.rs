@@ -448,7 +448,10 @@ async fn a_trim_walks_from_the_watermark_not_through_deleted_history() {
     .await
     .expect("history");
     let plan: Vec<String> = db
-        .query(&format!("EXPLAIN {}", queen_store::retention::TRIM_SQL), &[&1_i64, &19_000_i64, &19_500_i64, &1000_i64])
+        .query(
+            &format!("EXPLAIN {}", queen_store::retention::TRIM_SQL),
+            &[&1_i64, &19_000_i64, &19_500_i64, &1000_i64, &queen_store::retention::TRIM_BATCH_BYTES],
+        )
         .await
         .expect("a plan")
         .iter()
@@ -460,6 +463,42 @@ async fn a_trim_walks_from_the_watermark_not_through_deleted_history() {
         "the scan must start at the watermark through the index:\n{plan}"
     );
     assert!(!plan.contains("Seq Scan"), "no sequential scan:\n{plan}");
+}
+
+/// A trim batch reads its segments' bodies whole (for their transaction ids): it stops at
+/// `TRIM_BATCH_BYTES` of them, past the first, whatever its segment count allows.
+#[actix_web::test]
+async fn a_trim_batch_reads_a_bounded_number_of_bytes() {
+    let app = app().await;
+    let db = app.db.connect().await;
+    // Five segments of 6 MiB bodies, then one of 20 MiB.
+    db.batch_execute(
+        "INSERT INTO queen.queues (name) VALUES ('large');
+         INSERT INTO queen.partitions (queue_id, name, last_offset, retained_from)
+              SELECT id, 'p', 6, 1 FROM queen.queues WHERE name = 'large';
+         INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, created_at, frame_count, raw_length, body)
+              SELECT p.id, g, g, now(), 1, 0,
+                     convert_to(repeat('x', CASE WHEN g = 6 THEN 20 ELSE 6 END * 1048576), 'UTF8')
+                FROM queen.partitions p, generate_series(1, 6) g;",
+    )
+    .await
+    .expect("large segments");
+    let bytes = queen_store::retention::TRIM_BATCH_BYTES;
+    let batch = |from: i64| {
+        let db = &db;
+        async move {
+            db.batch_execute("BEGIN").await.expect("a transaction");
+            let rows = db
+                .query(queen_store::retention::TRIM_SQL, &[&1_i64, &from, &7_i64, &1000_i64, &bytes])
+                .await
+                .expect("a batch");
+            db.batch_execute("ROLLBACK").await.expect("rolled back");
+            rows.iter().map(|r| r.get::<_, i64>(0)).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(batch(1).await, vec![1, 2], "12 MiB in two segments; a third would pass 16 MiB");
+    assert_eq!(batch(5).await, vec![5], "the 20 MiB one waits for a batch of its own");
+    assert_eq!(batch(6).await, vec![6], "a batch takes its first segment whatever its size");
 }
 
 #[actix_web::test]
