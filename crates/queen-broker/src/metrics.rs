@@ -89,6 +89,7 @@ pub struct Metrics {
     // Maintenance mode.
     pub maintenance_mode: IntGaugeVec,
     pub buffered_messages: IntGauge,
+    pub journal_files_set_aside: IntGauge,
     pub messages_buffered: IntCounter,
     pub paused_long_polls: IntGauge,
 }
@@ -366,6 +367,11 @@ impl Metrics {
                 &r,
                 "queen_buffered_messages",
                 "Messages in this broker's push journal, waiting to be replayed into the log.",
+            ),
+            journal_files_set_aside: gauge(
+                &r,
+                "queen_push_journal_files_set_aside",
+                "Push journal files this broker set aside as unreplayable (.held): acknowledged pushes not in the log.",
             ),
             messages_buffered: counter(
                 &r,

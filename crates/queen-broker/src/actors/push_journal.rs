@@ -172,7 +172,7 @@ pub struct DrainHealth {
 pub struct JournalStatus {
     /// Messages on disk, not yet replayed.
     pub buffered_messages: u64,
-    /// The last write succeeded and the last drain attempt reached the log.
+    /// The last write succeeded, the last drain attempt reached the log, and no file is set aside.
     pub healthy: bool,
 }
 
@@ -308,6 +308,9 @@ pub struct PushJournal {
     queue: FusionQueue<Record, (), JournalError>,
     /// Messages on disk, not yet replayed.
     buffered: u64,
+    /// Files set aside as unreplayable (found at start-up, or set aside since): acknowledged
+    /// pushes not in the log, which keep the journal unhealthy until an operator sees to them.
+    set_aside_files: u64,
     write_failed: bool,
     drain_failing: bool,
     drain_waiter: Option<oneshot::Sender<DrainStep>>,
@@ -323,6 +326,8 @@ pub struct FoundJournal {
     lock: Option<Flock<File>>,
     sealed: VecDeque<SealedFile>,
     next_sequence: u64,
+    /// Files an earlier run set aside (`.held`).
+    set_aside_files: u64,
 }
 
 impl FoundJournal {
@@ -336,14 +341,24 @@ impl FoundJournal {
             lock: None,
             sealed: VecDeque::new(),
             next_sequence: 1,
+            set_aside_files: 0,
         };
         if !found.dir.exists() {
             return Ok(found);
         }
         found.lock = Some(lock_dir(&found.dir)?);
-        let mut files: Vec<(u64, PathBuf)> = std::fs::read_dir(&found.dir)?
-            .filter_map(|entry| {
-                let path = entry.ok()?.path();
+        let entries: Vec<PathBuf> =
+            std::fs::read_dir(&found.dir)?.filter_map(|entry| Some(entry.ok()?.path())).collect();
+        let held = |path: &&PathBuf| {
+            path.file_name().and_then(|name| name.to_str()).is_some_and(|name| name.ends_with(HELD_SUFFIX))
+        };
+        for path in entries.iter().filter(held) {
+            tracing::error!(file = %path.display(), "a push journal file set aside earlier holds pushes not in the log");
+            found.set_aside_files += 1;
+        }
+        let mut files: Vec<(u64, PathBuf)> = entries
+            .into_iter()
+            .filter_map(|path| {
                 let sequence = path.file_name()?.to_str()?.strip_suffix(FILE_SUFFIX)?.parse().ok()?;
                 Some((sequence, path))
             })
@@ -396,7 +411,7 @@ fn keep_sealed(sealed: &mut VecDeque<SealedFile>, path: PathBuf, messages: u64, 
 impl PushJournal {
     /// The journal actor over what was found; pushes go to it until what was found is drained.
     pub fn new(found: FoundJournal, route: Arc<PushRoute>, metrics: Arc<Metrics>) -> Self {
-        let FoundJournal { dir, file_max_bytes, max_bytes, lock, sealed, next_sequence } = found;
+        let FoundJournal { dir, file_max_bytes, max_bytes, lock, sealed, next_sequence, set_aside_files } = found;
         let buffered = sealed.iter().map(|file| file.remaining).sum();
         route.set_holding(!sealed.is_empty());
         let journal = PushJournal {
@@ -409,6 +424,7 @@ impl PushJournal {
             next_sequence,
             queue: FusionQueue::default(),
             buffered,
+            set_aside_files,
             write_failed: false,
             drain_failing: false,
             drain_waiter: None,
@@ -432,6 +448,7 @@ impl PushJournal {
 
     fn record_count(&self) {
         self.metrics.buffered_messages.set(i64::try_from(self.buffered).unwrap_or(i64::MAX));
+        self.metrics.journal_files_set_aside.set(i64::try_from(self.set_aside_files).unwrap_or(i64::MAX));
     }
 
     fn write_next(&mut self, ctx: &mut Context<Self>) {
@@ -537,12 +554,17 @@ impl PushJournal {
         }
     }
 
-    /// The file being drained leaves the journal, `finish` deleting it or setting it aside.
-    fn let_go(&mut self, path: &Path, finish: fn(&Path)) {
+    /// The file being drained leaves the journal, deleted or set aside.
+    fn let_go(&mut self, path: &Path, aside: bool) {
         if self.sealed.front().is_some_and(|file| file.path == path)
             && let Some(file) = self.sealed.pop_front()
         {
-            finish(&file.path);
+            if aside {
+                set_aside(&file.path);
+                self.set_aside_files += 1;
+            } else {
+                remove(&file.path);
+            }
             // Its messages leave the count: in the log, unreadable, or kept with the file set aside.
             self.buffered = self.buffered.saturating_sub(file.remaining);
             self.record_count();
@@ -652,7 +674,7 @@ impl Handler<FileDrained> for PushJournal {
     type Result = ();
 
     fn handle(&mut self, msg: FileDrained, _: &mut Self::Context) {
-        self.let_go(&msg.path, remove);
+        self.let_go(&msg.path, false);
     }
 }
 
@@ -660,7 +682,7 @@ impl Handler<FileSetAside> for PushJournal {
     type Result = ();
 
     fn handle(&mut self, msg: FileSetAside, _: &mut Self::Context) {
-        self.let_go(&msg.path, set_aside);
+        self.let_go(&msg.path, true);
     }
 }
 
@@ -678,7 +700,7 @@ impl Handler<Status> for PushJournal {
     fn handle(&mut self, _: Status, _: &mut Self::Context) -> Self::Result {
         MessageResult(JournalStatus {
             buffered_messages: self.buffered,
-            healthy: !self.write_failed && !self.drain_failing,
+            healthy: !self.write_failed && !self.drain_failing && self.set_aside_files == 0,
         })
     }
 }

@@ -37,7 +37,12 @@ where
 }
 
 async fn buffered_messages(base: &str) -> Value {
-    let status: Value = queen_testkit::http()
+    journal_status(base).await["bufferedMessages"].clone()
+}
+
+/// The push maintenance switch's status: the journal's count and health.
+async fn journal_status(base: &str) -> Value {
+    queen_testkit::http()
         .build()
         .expect("a client")
         .get(format!("{base}{PUSH_SWITCH}"))
@@ -46,8 +51,7 @@ async fn buffered_messages(base: &str) -> Value {
         .expect("GET")
         .json()
         .await
-        .expect("a JSON status");
-    status["bufferedMessages"].clone()
+        .expect("a JSON status")
 }
 
 /// Pops the queue's partition until it is empty, acknowledging each batch; every transaction id,
@@ -454,6 +458,22 @@ async fn a_journal_file_that_cannot_be_replayed_is_set_aside_and_the_rest_goes_o
     assert!(!sealed.exists() && !plain.exists());
     let held = dir.join("00000000000000000001.journal.held");
     assert_eq!(std::fs::read(&held).expect("the file set aside"), sealed_bytes, "kept as it was");
+    // Drained to 0, and still not healthy: acknowledged pushes wait on the operator.
+    assert_eq!(journal_status(&app.base).await["bufferHealthy"], false);
+    assert_eq!(app.metric("queen_push_journal_files_set_aside").await, 1.0);
+}
+
+/// A broker started over a journal directory holding a file set aside by an earlier run says so.
+#[actix_web::test]
+async fn a_file_set_aside_by_an_earlier_run_keeps_the_journal_unhealthy() {
+    let dir = queen_testkit::target_dir().join("test-buffers").join(uuid::Uuid::new_v4().simple().to_string());
+    std::fs::create_dir_all(&dir).expect("the journal directory");
+    std::fs::write(dir.join("00000000000000000001.journal.held"), b"set aside").expect("a file set aside");
+    let app = TestApp::spawn_with(|config| config.buffer.dir = dir.clone()).await;
+    let status = journal_status(&app.base).await;
+    assert_eq!((status["bufferedMessages"].as_u64(), status["bufferHealthy"].as_bool()), (Some(0), Some(false)));
+    assert_eq!(app.metric("queen_push_journal_files_set_aside").await, 1.0);
+    assert_eq!(app.push(json!([item("fresh", "p", "t", 1)])).await[0]["status"], "queued", "pushes go on");
 }
 
 /// A journal directory holding a drain's progress left by an earlier file of the name the next
