@@ -811,6 +811,16 @@ impl Config {
                 return Err(invalid(name, "must be at least 1"));
             }
         }
+        // PostgreSQL takes at most 2^31 - 1 ms, and the idle-in-transaction timeout the pool
+        // derives is twice the statement timeout: past these every connection is refused.
+        for (name, value, most) in [
+            ("database.statement_timeout_ms", db.statement_timeout_ms, 1_073_741_823),
+            ("database.lock_timeout_ms", db.lock_timeout_ms, 2_147_483_647),
+        ] {
+            if value > most {
+                return Err(invalid(name, format!("must be at most {most}")));
+            }
+        }
         if let Some(url) = &db.url {
             let (url, _) = queen_store::tls::split_tls_params(url);
             url.parse::<tokio_postgres::Config>().map_err(|e| invalid("database.url", e.to_string()))?;
@@ -841,8 +851,14 @@ impl Config {
         if self.http.request_body_timeout_ms < 1000 {
             return Err(invalid("http.request_body_timeout_ms", "must be at least 1000"));
         }
-        if self.http.keep_alive_seconds == 0 {
-            return Err(invalid("http.keep_alive_seconds", "must be at least 1"));
+        // Bounded above so that deadlines computed from them cannot overflow.
+        for (name, value, least) in [
+            ("http.keep_alive_seconds", self.http.keep_alive_seconds, 1),
+            ("http.shutdown_timeout_seconds", self.http.shutdown_timeout_seconds, 0),
+        ] {
+            if !(least..=86_400).contains(&value) {
+                return Err(invalid(name, format!("must be between {least} and 86400")));
+            }
         }
         if let Some(name) = self.http.allowed_host_names().find(|name| name != "*" && name.contains([':', '/', '*'])) {
             return Err(invalid(
@@ -887,9 +903,10 @@ impl Config {
         if self.maintenance.interval_ms < 100 {
             return Err(invalid("maintenance.interval_ms", "must be at least 100"));
         }
-        if self.maintenance.partition_cleanup_days == 0 {
-            // Would delete every partition the moment it is empty, and every group's cursor on it.
-            return Err(invalid("maintenance.partition_cleanup_days", "must be at least 1"));
+        // 0 would delete every partition the moment it is empty, and every group's cursor on it;
+        // past a century PostgreSQL cannot compute the cut-off, and every pass fails on it.
+        if !(1..=36_500).contains(&self.maintenance.partition_cleanup_days) {
+            return Err(invalid("maintenance.partition_cleanup_days", "must be between 1 and 36500"));
         }
         if !(1..=3600).contains(&self.stats.sample_interval_seconds) {
             return Err(invalid("stats.sample_interval_seconds", "must be between 1 and 3600"));
@@ -1101,6 +1118,34 @@ mod tests {
                 _ => config.maintenance.partition_cleanup_days = 0,
             }
             assert_eq!(config.validate().unwrap_err().setting, setting, "0 is refused");
+        }
+    }
+
+    /// Values past what PostgreSQL takes, or that overflow a deadline computed from them, or that
+    /// let anyone make the broker fetch a JWKS back to back, are refused naming the setting.
+    #[test]
+    fn values_too_large_for_what_they_feed_are_refused() {
+        let cases: [(&str, fn(&mut Config)); 8] = [
+            ("database.statement_timeout_ms", |c| c.database.statement_timeout_ms = 1_073_741_824),
+            ("database.lock_timeout_ms", |c| {
+                c.database.lock_timeout_ms = 2_147_483_648;
+                c.database.answer_within_ms = 2_147_483_649;
+            }),
+            ("http.keep_alive_seconds", |c| c.http.keep_alive_seconds = u64::MAX),
+            ("http.shutdown_timeout_seconds", |c| c.http.shutdown_timeout_seconds = u64::MAX),
+            ("maintenance.partition_cleanup_days", |c| c.maintenance.partition_cleanup_days = 99_999_999),
+            ("auth.jwt_clock_skew_seconds", |c| c.auth.jwt_clock_skew_seconds = u64::MAX),
+            ("auth.jwt_jwks_refresh_seconds", |c| c.auth.jwt_jwks_refresh_seconds = u64::MAX),
+            ("auth.jwt_jwks_min_refetch_seconds", |c| c.auth.jwt_jwks_min_refetch_seconds = 0),
+        ];
+        for (setting, make) in cases {
+            let mut config = Config::default();
+            if setting.starts_with("auth.") {
+                config.auth.jwt_enabled = true;
+                config.auth.jwt_secret = Some("a secret long enough for HS256, 32 bytes".into());
+            }
+            make(&mut config);
+            assert_eq!(config.validate().unwrap_err().setting, setting);
         }
     }
 

@@ -96,8 +96,17 @@ pub fn check(config: &AuthConfig) -> Result<(), ConfigError> {
     if config.jwt_jwks_timeout_ms == 0 {
         return Err(invalid("auth.jwt_jwks_timeout_ms", "must be at least 1"));
     }
-    if config.jwt_jwks_refresh_seconds == 0 {
-        return Err(invalid("auth.jwt_jwks_refresh_seconds", "must be at least 1"));
+    // Upper bounds keep time arithmetic (a refresh deadline, a token's expiry less the leeway)
+    // from overflowing; the refetch floor keeps tokens naming unknown key ids, which anyone can
+    // send, from making the broker fetch the set back to back.
+    for (name, value, range) in [
+        ("auth.jwt_jwks_refresh_seconds", config.jwt_jwks_refresh_seconds, 1..=86_400),
+        ("auth.jwt_jwks_min_refetch_seconds", config.jwt_jwks_min_refetch_seconds, 1..=86_400),
+        ("auth.jwt_clock_skew_seconds", config.jwt_clock_skew_seconds, 0..=86_400),
+    ] {
+        if !range.contains(&value) {
+            return Err(invalid(name, format!("must be between {} and {}", range.start(), range.end())));
+        }
     }
     if config.jwt_roles_claim.is_empty() && config.jwt_roles_array_claim.is_empty() {
         return Err(invalid("auth.jwt_roles_claim", "one of jwt_roles_claim and jwt_roles_array_claim must be set"));

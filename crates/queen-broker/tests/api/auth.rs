@@ -288,7 +288,7 @@ async fn rs256_keys_come_from_a_jwks_and_a_rotation_is_picked_up_without_a_resta
         config.auth.jwt_enabled = true;
         config.auth.jwt_algorithm = "RS256".into();
         config.auth.jwt_jwks_url = Some(url);
-        config.auth.jwt_jwks_min_refetch_seconds = 0;
+        config.auth.jwt_jwks_min_refetch_seconds = 1;
     })
     .await;
     let signed_a = rs256(&claims("svc", "read-write"), "rs256-a.key", Some("key-a"));
@@ -309,7 +309,12 @@ async fn rs256_keys_come_from_a_jwks_and_a_rotation_is_picked_up_without_a_resta
     // The provider rotates to key b: the next token signed by it is accepted, no restart.
     let fetches = server.requests();
     server.set(jwks(&[("rs256-b.key", "key-b")]));
-    assert_eq!(push_as(&app, &signed_b, "rs", "t5").await.status, StatusCode::CREATED);
+    // Fetched again once a second has passed since the fetch key b's first token made.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while push_as(&app, &signed_b, "rs", "t5").await.status != StatusCode::CREATED {
+        assert!(std::time::Instant::now() < deadline, "the rotated key was never fetched");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     assert!(server.requests() > fetches, "the unknown key id made the broker fetch the set again");
     assert_eq!(push_as(&app, &signed_a, "rs", "t6").await.status, StatusCode::UNAUTHORIZED, "key a was retired");
 }
