@@ -87,6 +87,20 @@ fn the_chart_has_what_a_production_deployment_needs() {
                 .contains("dir = {{ .Values.buffer.mountPath | toJson }}"),
         "the push journal lives on a volume (the root filesystem is read-only), and the broker is told where"
     );
+    assert!(
+        deployment.contains("enableServiceLinks: false"),
+        "Kubernetes' service-link variables (QUEEN_HTTP_PORT=tcp://...) would read as broker settings"
+    );
+    assert_eq!(
+        values()["podSecurityContext"]["seccompProfile"]["type"],
+        Value::from("RuntimeDefault"),
+        "the restricted Pod Security Standard needs a seccomp profile"
+    );
+    assert_rendered_only_when("deployment.yaml", "type: Recreate", &["buffer.existingClaim"]);
+    let configmap = read(&chart().join("templates/configmap.yaml"));
+    for secret in [r#"(eq $key "jwt_secret")"#, r#"(eq $section "encryption") (eq $key "key")"#] {
+        assert!(configmap.contains(secret), "a secret given under config.* is refused, not rendered: {secret}");
+    }
     assert!(read(&chart().join("templates/pdb.yaml")).contains("kind: PodDisruptionBudget"));
     assert!(
         read(&chart().join("templates/hpa.yaml")).contains("{{- if .Values.autoscaling.enabled }}"),
