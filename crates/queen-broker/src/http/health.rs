@@ -29,8 +29,11 @@ pub async fn health(broker: web::Data<Broker>) -> HttpResponse {
 /// writes. While it is read-only the answer is 503 with `database: "read-only"`: a broker that
 /// can take no push (and no pop or ack, which write leases and cursors) is not ready, though it
 /// stays alive (`/health`) and recovers by itself when writes are taken again. `database` says
-/// what was found (`busy` when every pooled connection stayed in use by requests), and a broker
-/// that is stopping answers 503 with `status: "stopping"`.
+/// what was found, and a broker that is stopping answers 503 with `status: "stopping"`. Two
+/// states stay ready: a pool whose every connection stayed in use by requests (`busy`: the
+/// database answers them; taking every broker of a loaded fleet out of its load balancer at once
+/// would turn slow answers into refused connections), and push maintenance, whose point is that
+/// the broker takes pushes into its journal while PostgreSQL is away (`status: "buffering"`).
 pub async fn ready(broker: web::Data<Broker>) -> HttpResponse {
     let readiness = probes::readiness(broker.clone()).await;
     let database = match readiness {
@@ -43,8 +46,11 @@ pub async fn ready(broker: web::Data<Broker>) -> HttpResponse {
     if broker.is_shutting_down() {
         return HttpResponse::ServiceUnavailable().json(Health { status: "stopping", database, version });
     }
-    if readiness == Readiness::Ready {
+    if matches!(readiness, Readiness::Ready | Readiness::Unanswered(Unanswered::PoolBusy)) {
         return HttpResponse::Ok().json(Health { status: "ready", database, version });
+    }
+    if broker.maintenance.pushes_to_journal() {
+        return HttpResponse::Ok().json(Health { status: "buffering", database, version });
     }
     HttpResponse::ServiceUnavailable().json(Health { status: "unavailable", database, version })
 }
