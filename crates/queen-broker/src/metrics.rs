@@ -1,6 +1,6 @@
 //! Prometheus metrics: `queen_` names in base units, labelled by queue and (for lag) group names,
 //! never by partitions or messages; queues capped by [`QueueLabels`], groups by
-//! `limits.max_groups_per_queue`. Rendered as the Prometheus text format, or as JSON for the
+//! `limits.max_groups_per_queue` per named queue, and folded into one under `_other`. Rendered as the Prometheus text format, or as JSON for the
 //! official client.
 
 mod queue_labels;
@@ -17,6 +17,9 @@ use prometheus::{
 use serde::Serialize;
 
 pub use queue_labels::{OTHER_QUEUES, QueueCounter, QueueLabels};
+
+/// The group label of lag under `queue="_other"`: the groups of every queue past the label limit.
+pub const OTHER_GROUPS: &str = "_other";
 
 /// Latency buckets, in seconds: 0.5 ms to 30 s.
 const LATENCY_BUCKETS: &[f64] =

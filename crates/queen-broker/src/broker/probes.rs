@@ -159,10 +159,13 @@ pub async fn refresh_metrics(broker: &Broker) {
         tracing::warn!("could not read consumer lag for the metrics; the lag gauges keep their last values");
         return;
     };
-    // Queues past the label limit share one label.
+    // Queues past the label limit share one label, and their groups one too: the groups of
+    // thousands of queues would otherwise make millions of series under it.
     let mut totals: BTreeMap<(&str, &str), (i64, f64)> = BTreeMap::new();
     for lag in &lags {
-        let total = totals.entry((metrics.queue_label(&lag.queue), &lag.group)).or_default();
+        let queue = metrics.queue_label(&lag.queue);
+        let group = if queue == crate::metrics::OTHER_QUEUES { crate::metrics::OTHER_GROUPS } else { &lag.group };
+        let total = totals.entry((queue, group)).or_default();
         total.0 += lag.lag_messages;
         total.1 = total.1.max(lag.lag_seconds);
     }

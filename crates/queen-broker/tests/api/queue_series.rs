@@ -70,12 +70,21 @@ async fn queues_past_the_cap_are_counted_together_and_nothing_is_lost() {
     for (queue, n) in [("q1", 1), ("q2", 2), ("q3", 3), ("q4", 4)] {
         push(&app, queue, n).await;
     }
+    // Groups reading the queues past the cap (before the first scrape reads the lag).
+    for (queue, group) in [("q3", "a"), ("q4", "b")] {
+        app.pop(&format!("queue/{queue}"), &format!("batch=1&consumerGroup={group}&autoAck=true")).await;
+    }
     let pushed = |queue: &str| format!("queen_messages_pushed_total{{queue=\"{queue}\"}}");
     assert_eq!(app.metric(&pushed("q1")).await, 1.0);
     assert_eq!(app.metric(&pushed("q2")).await, 2.0);
     assert_eq!(app.metric(&pushed("_other")).await, 7.0, "q3 and q4 together");
+    // Their lag is one series, whatever their groups.
+    let lag =
+        |queue: &str, group: &str| format!("queen_consumer_group_lag_messages{{group=\"{group}\",queue=\"{queue}\"}}");
+    assert_eq!(app.metric(&lag("_other", "_other")).await, 5.0, "q3's 2 left for a, q4's 3 for b");
     let text = prometheus_text(&app.http, &app.base).await;
     assert!(series_of(&text, "q3").is_empty() && series_of(&text, "q4").is_empty(), "{text}");
+    assert!(!text.contains("group=\"a\"") && !text.contains("group=\"b\""), "{text}");
 
     // A deleted queue gives its place to the next queue; the total still counts every push.
     app.delete("/api/v1/resources/queues/q1").await;
