@@ -162,7 +162,7 @@ impl Metrics {
                 &r,
                 &queues,
                 "queen_messages_acked_total",
-                "Messages acknowledged as completed (auto-acked ones at delivery).",
+                "Messages named by an acknowledgement that committed them (auto-acked ones at delivery); a completed ack also commits the unnamed messages before it, which are not counted.",
             ),
             messages_failed: per_queue(
                 &r,
