@@ -1125,7 +1125,8 @@ mod tests {
     /// let anyone make the broker fetch a JWKS back to back, are refused naming the setting.
     #[test]
     fn values_too_large_for_what_they_feed_are_refused() {
-        let cases: [(&str, fn(&mut Config)); 8] = [
+        type Case = (&'static str, fn(&mut Config));
+        let cases: [Case; 8] = [
             ("database.statement_timeout_ms", |c| c.database.statement_timeout_ms = 1_073_741_824),
             ("database.lock_timeout_ms", |c| {
                 c.database.lock_timeout_ms = 2_147_483_648;
