@@ -846,6 +846,17 @@ pub async fn acknowledge(
     apply_rules(tx, calls, keys, true).await
 }
 
+/// [`acknowledge`] for a bundle whose required leases are no longer live, sent again after its
+/// first copy committed (and ended them): each ack judged as a single ack is, so that one its
+/// first copy applied under its own lease is a no-op, where a bundled ack would be refused.
+pub async fn acknowledge_again(
+    tx: &deadpool_postgres::Transaction<'_>,
+    calls: &[Vec<AckRequest>],
+    keys: Option<&Cipher>,
+) -> Result<AckBatch, StoreError> {
+    apply_rules(tx, calls, keys, false).await
+}
+
 /// A batch of acknowledgement calls that failed, with what it committed before it failed: the
 /// first of [`acknowledge_batch`]'s two commits may have gone through.
 #[derive(Debug)]

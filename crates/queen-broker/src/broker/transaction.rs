@@ -138,16 +138,32 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
             // Before the acks: an ack that completes its lease's span releases the lease.
             let not_live =
                 queen_store::cursors::not_live_leases(&tx, &required_leases, known_partitions.as_deref()).await?;
-            if !not_live.is_empty() {
+            let not_live_refusal = || {
                 let leases: Vec<String> = not_live.iter().map(ToString::to_string).collect();
-                return Err(TransactionError::RolledBack(format!(
+                TransactionError::RolledBack(format!(
                     "required lease {} is not live (expired, released or unknown)",
                     leases.join(", ")
-                )));
+                ))
+            };
+            // A required lease that is not live may be one this very bundle ended, its first copy
+            // committed and its answer lost: the bundle is then answered as applied when all of it
+            // already is (every ack a no-op under its own lease, every push a duplicate), and
+            // rolled back otherwise. Riders cannot be told applied from not: such a bundle is not.
+            let again = !not_live.is_empty();
+            if again && (kv.is_some() || !timer_ops.is_empty()) {
+                return Err(not_live_refusal());
             }
-            let queen_store::cursors::AckBatch { outcomes, released } =
-                queen_store::cursors::acknowledge(&tx, std::slice::from_ref(&acks), broker.cipher.as_deref()).await?;
+            let calls = std::slice::from_ref(&acks);
+            let keys = broker.cipher.as_deref();
+            let queen_store::cursors::AckBatch { outcomes, released } = if again {
+                queen_store::cursors::acknowledge_again(&tx, calls, keys).await?
+            } else {
+                queen_store::cursors::acknowledge(&tx, calls, keys).await?
+            };
             let ack_outcomes = outcomes.into_iter().next().unwrap_or_default();
+            if again && ack_outcomes.iter().any(|outcome| outcome.verdict != AckVerdict::Noop) {
+                return Err(not_live_refusal());
+            }
             let refused = acks.iter().zip(&ack_outcomes).find_map(|(request, outcome)| match outcome.verdict {
                 AckVerdict::Refused(refusal) => Some((request, refusal, outcome.committed)),
                 _ => None,
@@ -204,6 +220,9 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
                 for (&i, outcome) in indices.iter().zip(appended.outcomes) {
                     pushed[i] = Some(Pushed { transaction_id: items[i].transaction_id.clone(), partition_id, outcome });
                 }
+            }
+            if again && pushed.iter().flatten().any(|p| matches!(p.outcome, Appended::Queued { .. })) {
+                return Err(not_live_refusal());
             }
             for (queue_id, depth) in depths {
                 let adding = placed

@@ -142,6 +142,38 @@ async fn a_transactional_push_is_idempotent() {
     assert_eq!(app.pop("queue/idem", "batch=10").await.messages().len(), 1);
 }
 
+/// A bundle whose answer was lost after it committed is sent again: its ack ended the lease the
+/// bundle requires, so the second copy finds it not live. All of it is in place already (the ack
+/// a no-op under its own lease, the push a duplicate), so it is answered as applied, not told it
+/// rolled back; a bundle that would change anything under that lease still rolls back.
+#[actix_web::test]
+async fn a_bundle_sent_again_after_it_committed_is_answered_as_applied() {
+    let app = TestApp::spawn().await;
+    app.push_one("again-in", "p", "job", json!(1)).await;
+    let message = app.pop("queue/again-in", "batch=1").await.messages().remove(0);
+    let bundle = |transaction_id: &str| {
+        json!({
+            "operations": [ack_op(&message, None),
+                           {"type": "push", "items": [{"queue": "again-out", "transactionId": transaction_id, "payload": 2}]}],
+            "requiredLeases": [message["leaseId"]],
+        })
+    };
+    let first = app.post("/api/v1/transaction", &bundle("job-done")).await;
+    assert_eq!((first.status, &first.body["results"][1]["status"]), (StatusCode::OK, &json!("queued")), "{first:?}");
+
+    let again = app.post("/api/v1/transaction", &bundle("job-done")).await;
+    assert_eq!(again.status, StatusCode::OK, "{again:?}");
+    assert_eq!((&again.body["results"][0]["success"], &again.body["results"][0]["noop"]), (&json!(true), &json!(true)));
+    assert_eq!(again.body["results"][1]["status"], "duplicate");
+    assert_eq!(again.body["results"][1]["message_id"], first.body["results"][1]["message_id"]);
+
+    let other = app.post("/api/v1/transaction", &bundle("another")).await;
+    assert_eq!(other.status, StatusCode::CONFLICT, "a new push under the ended lease: {other:?}");
+    assert!(other.body["error"].as_str().is_some_and(|e| e.contains("not live")), "{other:?}");
+    assert_eq!(app.pop("queue/again-out", "batch=10").await.messages().len(), 1, "stored once");
+    assert_eq!(committed(&app, "again-in", "p").await, 1);
+}
+
 #[actix_web::test]
 async fn bad_bundles_are_refused_and_write_nothing() {
     let app = TestApp::spawn().await;
