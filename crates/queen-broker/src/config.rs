@@ -259,6 +259,10 @@ pub struct PopConfig {
     /// pop took everything it could short of its batch. A pop waits one slot for each of the
     /// group's pops ahead of it, never past its `timeout`. 0 (the default) never holds a pop.
     pub dense_interval_ms: u64,
+    /// Where a new named group starts when its first pop names no `subscriptionMode` or
+    /// `subscriptionFrom`: `all` (the oldest retained message) or `new` (what is pushed from
+    /// then on); upstream's empty value is `all`.
+    pub default_subscription_mode: String,
 }
 
 impl Default for PopConfig {
@@ -275,6 +279,7 @@ impl Default for PopConfig {
             segment_cache_bytes: 64 * 1024 * 1024,
             max_answer_bytes: 16 * 1024 * 1024,
             dense_interval_ms: 0,
+            default_subscription_mode: "all".into(),
         }
     }
 }
@@ -606,6 +611,7 @@ pub const ENV_ALIASES: &[(&str, &str)] = &[
     ("PG_SSL_REJECT_UNAUTHORIZED", "database.ssl_reject_unauthorized"),
     ("DEFAULT_BATCH_SIZE", "pop.default_batch"),
     ("DEFAULT_TIMEOUT", "pop.default_timeout_ms"),
+    ("DEFAULT_SUBSCRIPTION_MODE", "pop.default_subscription_mode"),
     ("LOG_LEVEL", "log.level"),
     ("RETENTION_INTERVAL", "maintenance.interval_ms"),
     ("RETENTION_BATCH_SIZE", "maintenance.batch_segments"),
@@ -699,6 +705,7 @@ const TEXT_SETTINGS: &[(&str, Presence)] = &[
     ("database.sslkey", Presence::Optional),
     ("embedded.data_dir", Presence::Required),
     ("embedded.bin_dir", Presence::Optional),
+    ("pop.default_subscription_mode", Presence::Required),
     ("buffer.dir", Presence::Required),
     ("encryption.key", Presence::Optional),
     ("auth.jwt_algorithm", Presence::Required),
@@ -899,6 +906,9 @@ impl Config {
         }
         if pop.max_answer_bytes < 1024 {
             return Err(invalid("pop.max_answer_bytes", "must be at least 1024"));
+        }
+        if !matches!(pop.default_subscription_mode.as_str(), "all" | "new" | "") {
+            return Err(invalid("pop.default_subscription_mode", "must be `all` or `new`"));
         }
         if self.maintenance.interval_ms < 100 {
             return Err(invalid("maintenance.interval_ms", "must be at least 100"));

@@ -139,6 +139,7 @@ fn parse_query(
     let subscription = subscription_seed(
         query.get("subscriptionMode").map(String::as_str),
         query.get("subscriptionFrom").map(String::as_str),
+        &limits.default_subscription_mode,
     )?;
     // Queue mode always sees the backlog.
     let seed = if group == QUEUE_MODE_GROUP { CursorSeed::Oldest } else { subscription };
@@ -181,9 +182,11 @@ fn parse_address(text: &str) -> Option<IpAddr> {
 }
 
 /// Where a new group starts, from `subscriptionMode` and `subscriptionFrom` (which wins; the mode
-/// is checked all the same).
-fn subscription_seed(mode: Option<&str>, from: Option<&str>) -> Result<CursorSeed, ApiError> {
+/// is checked all the same), or from `default_mode` (`pop.default_subscription_mode`) when the
+/// pop names neither.
+fn subscription_seed(mode: Option<&str>, from: Option<&str>, default_mode: &str) -> Result<CursorSeed, ApiError> {
     let by_mode = match mode {
+        None if from.is_none() && default_mode == "new" => CursorSeed::End,
         None | Some("all" | "from_beginning") => CursorSeed::Oldest,
         Some("new" | "new-only") => CursorSeed::End,
         Some(other) => {
@@ -326,13 +329,15 @@ mod tests {
 
     #[test]
     fn subscription_settings() {
-        assert_eq!(subscription_seed(None, None).unwrap(), CursorSeed::Oldest);
-        assert_eq!(subscription_seed(Some("new"), None).unwrap(), CursorSeed::End);
-        assert_eq!(subscription_seed(Some("all"), Some("now")).unwrap(), CursorSeed::End);
-        let at = subscription_seed(None, Some("2026-07-29T14:00:00Z")).unwrap();
+        assert_eq!(subscription_seed(None, None, "all").unwrap(), CursorSeed::Oldest);
+        assert_eq!(subscription_seed(None, None, "new").unwrap(), CursorSeed::End, "the configured default");
+        assert_eq!(subscription_seed(Some("all"), None, "new").unwrap(), CursorSeed::Oldest, "the pop's own mode wins");
+        assert_eq!(subscription_seed(Some("new"), None, "all").unwrap(), CursorSeed::End);
+        assert_eq!(subscription_seed(Some("all"), Some("now"), "all").unwrap(), CursorSeed::End);
+        let at = subscription_seed(None, Some("2026-07-29T14:00:00Z"), "new").unwrap();
         assert_eq!(at, CursorSeed::From("2026-07-29T14:00:00Z".parse().unwrap()));
-        assert!(subscription_seed(Some("sometimes"), None).is_err());
-        assert!(subscription_seed(None, Some("yesterday")).is_err());
+        assert!(subscription_seed(Some("sometimes"), None, "all").is_err());
+        assert!(subscription_seed(None, Some("yesterday"), "all").is_err());
     }
 
     #[test]

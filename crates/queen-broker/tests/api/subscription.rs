@@ -186,3 +186,17 @@ async fn a_new_group_reaches_a_message_past_many_partitions_it_starts_at_the_end
     // Not at the long poll's last look, at its timeout.
     assert!(started.elapsed() < std::time::Duration::from_secs(5), "served after {:?}", started.elapsed());
 }
+
+/// `pop.default_subscription_mode = "new"` (upstream's `DEFAULT_SUBSCRIPTION_MODE`): a new group
+/// whose first pop names no mode skips the backlog; one that names `all` still reads it.
+#[actix_web::test]
+async fn the_configured_default_mode_starts_a_group_that_names_none() {
+    let app = TestApp::spawn_with(|config| config.pop.default_subscription_mode = "new".into()).await;
+    app.push_one("defaulted", "p", "old", json!(1)).await;
+    let first = app.pop("queue/defaulted", "batch=10&consumerGroup=fresh").await;
+    assert!(first.messages().is_empty(), "the backlog is skipped: {first:?}");
+    app.push_one("defaulted", "p", "new", json!(2)).await;
+    assert_eq!(app.pop("queue/defaulted", "batch=10&consumerGroup=fresh").await.transaction_ids(), vec!["new"]);
+    let all = app.pop("queue/defaulted", "batch=10&consumerGroup=replay&subscriptionMode=all").await;
+    assert_eq!(all.transaction_ids(), vec!["old", "new"]);
+}
