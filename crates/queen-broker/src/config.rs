@@ -637,6 +637,55 @@ pub const ENV_ALIASES: &[(&str, &str)] = &[
     ("JWT_ROLE_READ_ONLY", "auth.role_read_only"),
 ];
 
+/// Upstream Queen's environment variables that this broker does not read: tuning of mechanisms it
+/// does not have (worker threads, libqueen's batching, UDP peer sync, its metrics tables), each
+/// reported at start-up when set, so that a fleet moved over learns what its settings no longer do.
+const UPSTREAM_UNREAD: &[&str] = &[
+    "NUM_WORKERS",
+    "WORKER_ID",
+    "WEBAPP_ROOT",
+    "DB_IDLE_TIMEOUT",
+    "DB_TCP_USER_TIMEOUT_MS",
+    "DB_KEEPALIVES_IDLE",
+    "DB_KEEPALIVES_INTERVAL",
+    "DB_KEEPALIVES_COUNT",
+    "DB_THREAD_POOL_SERVICE_THREADS",
+    "LIBQUEEN_INFLIGHT_DEADLINE_MS",
+    "POP_WAIT_INITIAL_INTERVAL_MS",
+    "POP_WAIT_BACKOFF_THRESHOLD",
+    "POP_WAIT_BACKOFF_MULTIPLIER",
+    "POP_WAIT_MAX_INTERVAL_MS",
+    "SIDECAR_POOL_SIZE",
+    "SIDECAR_MICRO_BATCH_WAIT_MS",
+    "QUEEN_CONCURRENCY_MODE",
+    "EVICTION_INTERVAL",
+    "EVICTION_BATCH_SIZE",
+    "METRICS_RETENTION_DAYS",
+    "METRICS_SAMPLE_INTERVAL_MS",
+    "METRICS_AGGREGATE_INTERVAL_S",
+    "STATS_INTERVAL_MS",
+    "STATS_RECONCILE_INTERVAL_MS",
+    "STATS_HISTORY_RETENTION_DAYS",
+    "PARTITION_LOOKUP_RECONCILE_INTERVAL_MS",
+    "FILE_BUFFER_FLUSH_MS",
+    "FILE_BUFFER_EVENTS_PER_FILE",
+    "QUEEN_UDP_PEERS",
+    "QUEEN_UDP_NOTIFY_PORT",
+    "QUEEN_SYNC_ENABLED",
+    "QUEEN_SYNC_SECRET",
+    "QUEEN_SYNC_HEARTBEAT_MS",
+    "QUEEN_SYNC_DEAD_THRESHOLD_MS",
+    "QUEEN_CACHE_REFRESH_INTERVAL_MS",
+];
+
+/// The upstream variables of [`UPSTREAM_UNREAD`] that `vars` sets, for a warning at start-up.
+pub fn unread_upstream_variables(vars: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut set: Vec<String> =
+        vars.into_iter().filter(|name| UPSTREAM_UNREAD.iter().any(|u| name.eq_ignore_ascii_case(u))).collect();
+    set.sort();
+    set
+}
+
 /// A setting that cannot be used, named.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid setting {setting}: {problem}")]
@@ -664,11 +713,15 @@ fn queen_env() -> Env {
 /// to set. Upstream names and their aliases (`QUEEN_ENCRYPTION_KEY`) are read as they are.
 fn refuse_one_underscore_settings(vars: &[(String, String)]) -> Result<(), ConfigError> {
     let Ok(serde_json::Value::Object(sections)) = serde_json::to_value(Config::default()) else { return Ok(()) };
-    for (name, _) in vars {
+    for (name, value) in vars {
         let Some(rest) = name.get(..6).filter(|prefix| prefix.eq_ignore_ascii_case("QUEEN_")).map(|_| &name[6..])
         else {
             continue;
         };
+        // Kubernetes' service links for a Service named queen-http (QUEEN_HTTP_PORT=tcp://...).
+        if value.starts_with("tcp://") || value.starts_with("udp://") {
+            continue;
+        }
         if rest.contains("__") || ENV_ALIASES.iter().any(|(alias, _)| name.eq_ignore_ascii_case(alias)) {
             continue;
         }
@@ -1161,11 +1214,22 @@ mod tests {
     }
 
     #[test]
+    fn upstream_variables_this_broker_does_not_read_are_named() {
+        let vars = ["NUM_WORKERS", "PG_HOST", "queen_sync_enabled", "PATH"].map(str::to_owned);
+        assert_eq!(unread_upstream_variables(vars), ["NUM_WORKERS", "queen_sync_enabled"]);
+        for (alias, _) in ENV_ALIASES {
+            assert!(!UPSTREAM_UNREAD.contains(alias), "{alias} is read");
+        }
+    }
+
+    #[test]
     fn a_setting_named_with_one_underscore_too_few_is_refused_naming_the_variable_to_set() {
         let vars = |name: &str| vec![(name.to_owned(), "x".to_owned())];
         let refused = refuse_one_underscore_settings(&vars("QUEEN_DATABASE_URL")).expect_err("one underscore");
         assert_eq!(refused.setting, "database.url");
         assert!(refused.problem.contains("set QUEEN_DATABASE__URL"), "{}", refused.problem);
+        let service_link = vec![("QUEEN_HTTP_PORT".to_owned(), "tcp://10.0.0.1:6632".to_owned())];
+        assert!(refuse_one_underscore_settings(&service_link).is_ok(), "a Kubernetes service link");
         for fine in ["QUEEN_DATABASE__URL", "QUEEN_ENCRYPTION_KEY", "QUEEN_SDK_POP_AUTOPILOT", "DATABASE_URL"] {
             refuse_one_underscore_settings(&vars(fine)).unwrap_or_else(|e| panic!("{fine}: {e:?}"));
         }

@@ -22,6 +22,14 @@ fn main() -> ExitCode {
         }
     };
     queen_broker::telemetry::init(&config.log);
+    let unread =
+        queen_broker::config::unread_upstream_variables(std::env::vars_os().filter_map(|(n, _)| n.into_string().ok()));
+    if !unread.is_empty() {
+        tracing::warn!(
+            variables = %unread.join(", "),
+            "upstream Queen settings this broker does not read (it has no such mechanism): they change nothing"
+        );
+    }
     if let Err(e) = huge_pages_refused {
         tracing::warn!(error = %e, "transparent huge pages could not be refused; resident memory may be higher");
     }
