@@ -30,6 +30,10 @@ const ACK_FLUSH_INTERVAL: Duration = Duration::from_millis(500);
 /// Nor more of them than this.
 const ACK_FLUSH_COUNT: usize = 100;
 
+/// Partitions one pop asks for when the consumer's [`Pop`] names none: the broker's default
+/// `pop.max_partitions`, whatever the concurrency.
+const MOST_PARTITIONS_PER_POP: usize = 100;
+
 /// A consume loop, not started yet: made by [`Client::consumer`], run by [`Consumer::start`].
 ///
 /// What it does, once started:
@@ -106,7 +110,9 @@ impl Client {
 }
 
 impl Consumer {
-    /// At most this many handlers at once (default 1), each on its own partition.
+    /// At most this many handlers at once (default 1), each on its own partition. One pop asks
+    /// for at most 100 partitions (the broker's default `pop.max_partitions`) unless the [`Pop`]
+    /// names its own `partitions`.
     pub fn concurrency(mut self, handlers: usize) -> Self {
         self.concurrency = handlers.max(1);
         self
@@ -148,9 +154,13 @@ impl Consumer {
         pop.request(&self.client)?;
         let (stop_tx, stop_rx) = watch::channel(false);
         let stats = Arc::new(Counters::default());
+        // The handler is called inside the returned future, so that a panic in its synchronous
+        // part is caught with the task it runs in (and acknowledged `failed`), as one in its
+        // future is.
+        let handler = Arc::new(handler);
         let handler: Arc<Handler> = Arc::new(move |message| {
-            let future = handler(message);
-            Box::pin(async move { future.await.map_err(|e| e.to_string()) })
+            let handler = Arc::clone(&handler);
+            Box::pin(async move { handler(message).await.map_err(|e| e.to_string()) })
         });
         let context = Arc::new(Context {
             client: self.client,
@@ -197,7 +207,9 @@ impl Context {
 async fn poll_loop(context: Arc<Context>, base: Pop, concurrency: usize) -> Result<ConsumeStats, Error> {
     let room = Arc::new(Semaphore::new(concurrency));
     let one_partition = matches!(base.target, PopTarget::Queue { partition: Some(_), .. });
-    let most_partitions = base.partitions.map_or(concurrency, |p| p as usize).clamp(1, concurrency);
+    // The broker takes at most `pop.max_partitions` (100 by default) per pop.
+    let most_partitions =
+        base.partitions.map_or(concurrency.min(MOST_PARTITIONS_PER_POP), |p| p as usize).clamp(1, concurrency);
     let mut runs = JoinSet::new();
     let mut backoff = context.initial_backoff;
     let mut failure = None;

@@ -38,17 +38,32 @@ struct ExtendBody {
     seconds: u32,
 }
 
+/// The shortest wait given one renewal attempt, however short the renewal period.
+const MIN_RENEWAL_WAIT: Duration = Duration::from_secs(1);
 impl Client {
     /// Extends a live lease on every partition it covers, to `seconds` from now (the queue's
     /// `leaseTime` when `None`); never shortens it. An expired or released lease answers
     /// `success: false`; a lease the broker never granted is [`Error::Status`] 404.
     pub async fn extend_lease(&self, lease_id: Uuid, seconds: Option<u32>) -> Result<LeaseExtension, Error> {
+        self.extend_lease_within(lease_id, seconds, None).await
+    }
+
+    /// [`Client::extend_lease`], each attempt given `within` (the client's timeout when `None`).
+    async fn extend_lease_within(
+        &self,
+        lease_id: Uuid,
+        seconds: Option<u32>,
+        within: Option<Duration>,
+    ) -> Result<LeaseExtension, Error> {
         let mut request = Request::post(format!("/api/v1/lease/{lease_id}/extend"));
         if let Some(seconds) = seconds {
             if seconds == 0 {
                 return Err(Error::InvalidArgument("a lease is extended by at least 1 second".into()));
             }
             request = request.json(&ExtendBody { seconds })?;
+        }
+        if let Some(within) = within {
+            request = request.timeout(within);
         }
         self.call(request).await
     }
@@ -117,9 +132,11 @@ async fn renew(
             _ = &mut stop => break,
             _ = ticker.tick() => {}
         }
+        // Each attempt is given one renewal period, not the client's timeout (as long as a
+        // lease, by default): a broker that stalls is failed over from while the lease still holds.
         let result = tokio::select! {
             _ = &mut stop => break,
-            result = client.extend_lease(lease_id, seconds) => result,
+            result = client.extend_lease_within(lease_id, seconds, Some(every.max(MIN_RENEWAL_WAIT))) => result,
         };
         match result {
             Ok(extension) if extension.success => {
