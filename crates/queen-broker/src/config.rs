@@ -1024,6 +1024,25 @@ impl DatabaseConfig {
     /// [`DatabaseConfig::tls`] has them).
     /// Every connection of the broker (the pool's, LISTEN's, start-up's) is bounded by
     /// `connect_timeout_ms`, host by host (`queen_store::connect`).
+    /// The server settings given beside `url`, which the URL replaces whole: a `url` from a file
+    /// beats a later layer's `PG_HOST`, and the operator is told so at start-up.
+    pub fn unused_beside_url(&self) -> Vec<&'static str> {
+        let default = DatabaseConfig::default();
+        if self.url.is_none() {
+            return Vec::new();
+        }
+        [
+            ("database.host", self.host.is_some()),
+            ("database.port", self.port != default.port),
+            ("database.name", self.name != default.name),
+            ("database.user", self.user != default.user),
+            ("database.password", self.password.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(name, set)| set.then_some(name))
+        .collect()
+    }
+
     pub fn pg_config(&self) -> tokio_postgres::Config {
         // Checked by `Config::validate`.
         let from_url = self.url.as_ref().and_then(|url| queen_store::tls::split_tls_params(url).0.parse().ok());
@@ -1211,6 +1230,15 @@ mod tests {
             make(&mut config);
             assert_eq!(config.validate().unwrap_err().setting, setting);
         }
+    }
+
+    #[test]
+    fn server_settings_beside_a_url_are_named_as_unused() {
+        let mut database = DatabaseConfig { host: Some("elsewhere".into()), ..DatabaseConfig::default() };
+        assert!(database.unused_beside_url().is_empty(), "without a URL they are used");
+        database.url = Some("postgres://u@h/db".into());
+        database.user = "someone".into();
+        assert_eq!(database.unused_beside_url(), ["database.host", "database.user"]);
     }
 
     #[test]

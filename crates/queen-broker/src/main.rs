@@ -24,6 +24,13 @@ fn main() -> ExitCode {
     queen_broker::telemetry::init(&config.log);
     let unread =
         queen_broker::config::unread_upstream_variables(std::env::vars_os().filter_map(|(n, _)| n.into_string().ok()));
+    let unused = config.database.unused_beside_url();
+    if !unused.is_empty() {
+        tracing::warn!(
+            settings = %unused.join(", "),
+            "database.url (DATABASE_URL) is set and names the server whole: these settings are not used"
+        );
+    }
     if !unread.is_empty() {
         tracing::warn!(
             variables = %unread.join(", "),
