@@ -257,7 +257,7 @@ async fn poll_loop(context: Arc<Context>, base: Pop, concurrency: usize) -> Resu
                 context.stats.pop_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(%error, ?backoff, "queen-client consumer: a pop failed; trying again");
                 drop(permits);
-                context.pause(backoff).await;
+                context.pause(crate::transport::spread(backoff)).await;
                 backoff = (backoff * 2).min(context.max_backoff);
             }
             Err(error) => {
@@ -414,7 +414,7 @@ async fn flush(context: &Context, acks: &mut Vec<Ack>) {
             Err(error) if transient(&error) && Instant::now() + backoff < deadline => {
                 stats.ack_retries.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(%error, ?backoff, "queen-client consumer: acknowledging failed; trying again");
-                tokio::time::sleep(backoff).await;
+                tokio::time::sleep(crate::transport::spread(backoff)).await;
                 backoff = (backoff * 2).min(context.max_backoff);
             }
             Err(error) => {

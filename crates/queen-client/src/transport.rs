@@ -230,7 +230,12 @@ fn naming_tried(error: Error, mut tried: Vec<String>) -> Error {
 }
 
 /// A factor in `[0.8, 1.2)`, so that clients that failed together do not all retry together.
-fn jitter() -> f64 {
+/// `wait` spread over its lower fifth or so (0.6 to 1.0 of it), never longer.
+pub(crate) fn spread(wait: Duration) -> Duration {
+    wait.mul_f64(jitter() - 0.2)
+}
+
+pub(crate) fn jitter() -> f64 {
     let random = std::collections::hash_map::RandomState::new().build_hasher().finish();
     0.8 + (random % 4000) as f64 / 10_000.0
 }
@@ -279,8 +284,11 @@ impl Client {
                 return Err(naming_tried(error, tried));
             }
             round += 1;
-            let backoff = inner.retry.initial_backoff.saturating_mul(1 << (round - 1).min(16)).mul_f64(jitter());
-            let pause = wait.unwrap_or(backoff).min(inner.retry.max_backoff);
+            // Jittered below the bound, not capped after: clients that reached the bound together
+            // would otherwise all come back at once, every time.
+            let backoff =
+                inner.retry.initial_backoff.saturating_mul(1 << (round - 1).min(16)).min(inner.retry.max_backoff);
+            let pause = wait.unwrap_or_else(|| spread(backoff)).min(inner.retry.max_backoff);
             tracing::debug!(?pause, %error, "queen-client: retrying");
             tokio::time::sleep(pause).await;
         }
