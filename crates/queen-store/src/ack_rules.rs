@@ -171,10 +171,21 @@ fn validate(state: &CursorState, item: &AckItem<'_>) -> Result<(), AckVerdict> {
             }
             AckStatus::Completed if stale(state, item.fence) => AckVerdict::Refused(Refusal::InvalidLease),
             AckStatus::Completed => AckVerdict::Noop,
+            // A `dlq` sent again: the first dead-lettered the message and committed past it.
+            AckStatus::DeadLetter if !item.bundled && own_ended(state, item.fence) => AckVerdict::Noop,
             _ => AckVerdict::Refused(Refusal::AlreadyCommitted),
         });
     }
     if let Some(refusal) = fence_refusal(state, item.fence) {
+        // A `failed` or `retry` sent again (the first released the lease), or late under a lease
+        // that ran out: the message comes again either way, which is what it asks.
+        if !item.bundled
+            && matches!(item.status, AckStatus::Failed | AckStatus::Retry)
+            && own_ended(state, item.fence)
+            && state.leased_until.is_some_and(|until| item.offset <= until)
+        {
+            return Err(AckVerdict::Noop);
+        }
         return Err(AckVerdict::Refused(refusal));
     }
     if state.lease_live && state.leased_until.is_some_and(|until| item.offset > until) {
@@ -197,6 +208,14 @@ fn stale(state: &CursorState, fence: &LeaseFence) -> bool {
         }
         _ => false,
     }
+}
+
+/// Whether the ack names the cursor's own lease, ended (by its acks, or run out) rather than
+/// released by a seek or taken over.
+fn own_ended(state: &CursorState, fence: &LeaseFence) -> bool {
+    matches!(fence, LeaseFence::Lease(lease) if state.lease_id == Some(*lease))
+        && !state.lease_live
+        && state.leased_until.is_some()
 }
 
 /// Why the cursor's live lease does not let an ack with this fence act, if it does not.
@@ -398,6 +417,34 @@ mod tests {
         // An ack naming no lease stays a no-op.
         let unfenced = AckItem { fence: &UNFENCED, ..ack(2, AckStatus::Completed) };
         assert_eq!(apply(&sought, &[unfenced]).1, vec![AckVerdict::Noop]);
+    }
+
+    #[test]
+    fn a_nack_sent_again_under_its_own_ended_lease_is_a_noop() {
+        // The first `failed` released the lease; the cursor stays before the message.
+        let mut released = leased(1, 3);
+        released.lease_live = false;
+        for status in [AckStatus::Failed, AckStatus::Retry] {
+            let (change, verdicts) = apply(&released, &[ack(2, status)]);
+            assert!(!change.is_change(&released));
+            assert_eq!(verdicts, vec![AckVerdict::Noop], "{status:?}");
+        }
+        // The first `dlq` dead-lettered the message and committed past it.
+        let mut dead_lettered = released.clone();
+        dead_lettered.committed = 2;
+        assert_eq!(apply(&dead_lettered, &[ack(2, AckStatus::DeadLetter)]).1, vec![AckVerdict::Noop]);
+        // Not so for a completion past the cursor (it would commit after the lease ended), a
+        // message the lease did not deliver, under a lease a seek released, nor in a bundle.
+        assert_eq!(apply(&released, &[ack(4, AckStatus::Failed)]).1, vec![AckVerdict::Refused(Refusal::InvalidLease)]);
+        assert_eq!(
+            apply(&released, &[ack(2, AckStatus::Completed)]).1,
+            vec![AckVerdict::Refused(Refusal::InvalidLease)]
+        );
+        let mut sought = released.clone();
+        sought.leased_until = None;
+        assert_eq!(apply(&sought, &[ack(2, AckStatus::Failed)]).1, vec![AckVerdict::Refused(Refusal::InvalidLease)]);
+        let bundled = AckItem { bundled: true, ..ack(2, AckStatus::Failed) };
+        assert_eq!(apply(&released, &[bundled]).1, vec![AckVerdict::Refused(Refusal::InvalidLease)]);
     }
 
     #[test]

@@ -272,3 +272,26 @@ async fn a_dead_letter_retry_into_a_full_queue_is_refused_and_kept() {
     let moved = app.post(&retry, &json!({})).await;
     assert_eq!((moved.status, &moved.body["deadLetters"]), (StatusCode::OK, &json!(1)), "{moved:?}");
 }
+
+/// Acks must be idempotent (a client resends one whose answer it lost): a `failed` or a `dlq` sent
+/// again is answered as the first was applied, a no-op, and counts nothing twice.
+#[actix_web::test]
+async fn a_nack_sent_again_is_answered_as_applied_and_counted_once() {
+    let app = TestApp::spawn().await;
+    app.post("/api/v1/configure", &json!({"queue": "resent", "options": {"retryLimit": 3}})).await;
+    app.push_one("resent", "p", "m", json!(1)).await;
+    let delivered = app.pop("queue/resent", "batch=1&consumerGroup=g").await.messages();
+    for attempt in 0..2 {
+        let answer = app.ack_all(&delivered, "failed", Some("g")).await;
+        assert_eq!(answer[0]["success"], true, "attempt {attempt}: {answer:?}");
+    }
+    assert_eq!(app.count("SELECT retry_count::bigint FROM queen.log_consumers").await, 1, "one failure counted");
+
+    let again = app.pop("queue/resent", "batch=1&consumerGroup=g").await.messages();
+    assert_eq!(again[0]["transactionId"], "m", "delivered again");
+    for attempt in 0..2 {
+        let answer = app.ack_all(&again, "dlq", Some("g")).await;
+        assert_eq!(answer[0]["success"], true, "attempt {attempt}: {answer:?}");
+    }
+    assert_eq!(app.count("SELECT count(*) FROM queen.log_dlq").await, 1, "dead-lettered once");
+}
