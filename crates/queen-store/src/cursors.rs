@@ -683,8 +683,9 @@ pub enum LeaseExtension {
     Unknown,
 }
 
-/// Extends a live lease on every partition it covers, to `seconds` from now (the queue's lease
-/// time when `None`); never shortens it. `partitions`, when the caller knows every partition the
+/// Extends a live lease on every partition it covers, to `seconds` from now (when `None`, the
+/// queue's lease time, at least 60 s: upstream's default, which the official clients' periodic
+/// renewals, sent without seconds, are paced for); never shortens it. `partitions`, when the caller knows every partition the
 /// lease was granted on, confines the statement to them (on a distributed cluster, to their
 /// shards); otherwise every partition is searched by lease id. Like the claim that took the lease,
 /// it commits without waiting for the WAL flush (or a synchronous standby): a crash that forgets
@@ -701,7 +702,7 @@ pub async fn extend_lease(
                 "WITH extended AS (
                      UPDATE queen.log_consumers c
                         SET lease_expires_at = GREATEST(c.lease_expires_at,
-                                                        now() + COALESCE($2, q.lease_time_seconds) * interval '1 second')
+                                                        now() + COALESCE($2, GREATEST(q.lease_time_seconds, 60)) * interval '1 second')
                        FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
                       WHERE ",
                 $lease_holds,

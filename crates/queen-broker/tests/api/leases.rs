@@ -54,3 +54,22 @@ async fn a_consumer_that_dies_mid_batch_loses_it_to_another_and_the_expiry_count
     assert_eq!(expired.status, StatusCode::NOT_FOUND, "{expired:?}");
     assert!(expired.body["error"].as_str().is_some_and(|e| e.contains("leased again")), "{expired:?}");
 }
+
+/// An extension without `seconds` (how the official clients renew, on a timer of their own) gives
+/// at least upstream's 60 s, however short the queue's lease.
+#[actix_web::test]
+async fn an_extension_without_seconds_gives_at_least_a_minute() {
+    let app = TestApp::spawn().await;
+    app.post("/api/v1/configure", &json!({"queue": "brief", "options": {"leaseTime": 1}})).await;
+    app.push_one("brief", "p", "work", json!(1)).await;
+    let messages = app.pop("queue/brief", "batch=1&consumerGroup=g").await.messages();
+    let lease = messages[0]["leaseId"].as_str().expect("lease").to_owned();
+    let extended = app.post(&format!("/api/v1/lease/{lease}/extend"), &json!({})).await;
+    assert_eq!(extended.body["success"], true, "{extended:?}");
+    let left = app.count("SELECT extract(epoch FROM lease_expires_at - now())::bigint FROM queen.log_consumers").await;
+    assert!((55..=60).contains(&left), "{left} s left");
+    let asked = app.post(&format!("/api/v1/lease/{lease}/extend"), &json!({"seconds": 120})).await;
+    assert_eq!(asked.body["success"], true);
+    let left = app.count("SELECT extract(epoch FROM lease_expires_at - now())::bigint FROM queen.log_consumers").await;
+    assert!((115..=120).contains(&left), "{left} s left: seconds asked for are given");
+}
