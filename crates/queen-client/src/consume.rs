@@ -30,6 +30,9 @@ const ACK_FLUSH_INTERVAL: Duration = Duration::from_millis(500);
 /// Nor more of them than this.
 const ACK_FLUSH_COUNT: usize = 100;
 
+/// How long past its wait a stop waits for the pop in flight.
+const POP_SLACK_ON_STOP: Duration = Duration::from_secs(5);
+
 /// Partitions one pop asks for when the consumer's [`Pop`] names none: the broker's default
 /// `pop.max_partitions`, whatever the concurrency.
 const MOST_PARTITIONS_PER_POP: usize = 100;
@@ -59,7 +62,8 @@ const MOST_PARTITIONS_PER_POP: usize = 100;
 ///   acknowledgements are retried until their lease would have run out. Any other error of a
 ///   pop ends the loop, gracefully, with that error.
 /// - [`ConsumerHandle::stop`] ends it gracefully: no new pop; the pop in flight is waited for
-///   (at most its wait, 5 s unless the pop says) and what it brings is given back at once (a
+///   (at most its wait, 5 s unless the pop says, and 5 s more; one still unanswered then is
+///   given up, and the broker takes back what it claimed) and what it brings is given back at once (a
 ///   `retry` acknowledgement, which neither counts a failure nor waits); handlers in flight
 ///   finish and are acknowledged; messages not started are given back likewise; then the loop
 ///   returns its [`ConsumeStats`].
@@ -238,7 +242,22 @@ async fn poll_loop(context: Arc<Context>, base: Pop, concurrency: usize) -> Resu
             pop = pop.batch(claimed * DEFAULT_BATCH_PER_PARTITION);
         }
         context.stats.pops.fetch_add(1, Ordering::Relaxed);
-        match context.client.pop(&pop).await {
+        // A stop waits for the pop in flight for at most its long poll (its wait, and the slack
+        // the transport gives it), not through the retries a stalled broker would take it through:
+        // one given up on is seen by the broker as a client that left, and what it claimed goes back.
+        let popping = context.client.pop(&pop);
+        tokio::pin!(popping);
+        let popped = tokio::select! {
+            popped = &mut popping => popped,
+            () = async { drop(stop.wait_for(|stopping| *stopping).await) } => {
+                let bound = pop.wait.unwrap_or(DEFAULT_WAIT) + POP_SLACK_ON_STOP;
+                match tokio::time::timeout(bound, &mut popping).await {
+                    Ok(popped) => popped,
+                    Err(_) => break,
+                }
+            }
+        };
+        match popped {
             Ok(delivery) => {
                 backoff = context.initial_backoff;
                 if delivery.paused {

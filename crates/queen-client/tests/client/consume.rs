@@ -253,3 +253,31 @@ async fn a_completed_message_is_acknowledged_while_the_next_handler_still_runs()
     eventually("m1 is acknowledged", || all_committed(&client, "g")).await;
     consumer.shutdown().await.expect("a clean stop");
 }
+
+/// A stop waits for the pop in flight for at most its long poll (its wait and 5 s more), not
+/// through the retries a broker that never answers would take it through.
+#[actix_web::test]
+async fn a_stop_gives_up_a_pop_that_a_silent_broker_never_answers() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a loopback port");
+    let url = format!("http://{}", listener.local_addr().expect("an address"));
+    let (accepted, in_flight) = tokio::sync::oneshot::channel();
+    let silent = tokio::spawn(async move {
+        let (first, _) = listener.accept().await.expect("a connection");
+        let _ = accepted.send(());
+        let mut held = vec![first];
+        while let Ok((connection, _)) = listener.accept().await {
+            held.push(connection);
+        }
+    });
+    let client = client_of(&[&url]);
+    let consumer = client
+        .consumer(Pop::queue("silent").group("g").wait(Duration::from_secs(1)))
+        .start(|_message: Message| async { Ok::<_, String>(()) })
+        .expect("a consumer");
+    in_flight.await.expect("the pop went out");
+    let stopping = std::time::Instant::now();
+    let _ = consumer.shutdown().await;
+    let took = stopping.elapsed();
+    assert!(took < Duration::from_secs(10), "the stop waited {took:?}, past the pop's wait and 5 s");
+    silent.abort();
+}
