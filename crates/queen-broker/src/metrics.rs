@@ -218,20 +218,28 @@ impl Metrics {
                 )
                 .expect("a valid metric definition"),
             ),
-            push_duration: latency(&r, "queen_push_duration_seconds", "Time to answer a push request."),
+            push_duration: latency(
+                &r,
+                "queen_push_duration_seconds",
+                "Time to answer a push request, refused by the database or not.",
+            ),
             pop_duration: register(
                 &r,
                 HistogramVec::new(
                     HistogramOpts::new(
                         "queen_pop_duration_seconds",
-                        "Time to answer a pop request, long polls included.",
+                        "Time to answer a pop request, long polls included, refused by the database or not.",
                     )
                     .buckets(LATENCY_BUCKETS.to_vec()),
                     &["wait"],
                 )
                 .expect("a valid metric definition"),
             ),
-            ack_duration: latency(&r, "queen_ack_duration_seconds", "Time to answer an ack request."),
+            ack_duration: latency(
+                &r,
+                "queen_ack_duration_seconds",
+                "Time to answer an ack request, refused by the database or not.",
+            ),
             leases_granted: counter(&r, "queen_leases_granted_total", "Partition leases granted to consumers."),
             leases_expired: counter(
                 &r,

@@ -79,9 +79,11 @@ async fn handle(broker: web::Data<Broker>, req: HttpRequest, source: PopSource) 
     let framed = query_bool(&query, "frames")?.unwrap_or(false);
     request.connection = req.conn_data::<ClientConnection>().copied();
     let started = std::time::Instant::now();
-    let delivery = pop(&broker, &request).await?;
+    // Timed whatever comes of it: a stalled database's 503s are the answers to see.
+    let delivery = pop(&broker, &request).await;
     let wait = if request.wait { "true" } else { "false" };
     broker.metrics.pop_duration.with_label_values(&[wait]).observe(started.elapsed().as_secs_f64());
+    let delivery = delivery?;
     let conflation = ConflationEcho::of(&request, &delivery);
     if delivery.paused {
         let paused = Empty { success: true, messages: [], paused: true, conflation };

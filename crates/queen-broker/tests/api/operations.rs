@@ -314,6 +314,12 @@ async fn a_read_only_database_is_a_503_that_says_so_and_not_ready_until_it_takes
         "{refused:?}"
     );
     assert_eq!(refused.body["code"], "unavailable");
+    // A refused push is timed as any other: a stalled database shows in the latency.
+    let timed = app.metric("queen_push_duration_seconds_count").await;
+    let item = json!({"queue": "fenced", "partition": "p", "transactionId": "refused again", "payload": 2});
+    let again = app.post("/api/v1/push", &json!({"items": [item]})).await;
+    assert_eq!(again.status, StatusCode::SERVICE_UNAVAILABLE, "{again:?}");
+    assert_eq!(app.metric("queen_push_duration_seconds_count").await, timed + 1.0);
     let popped = app.pop("queue/fenced", "batch=1").await;
     assert_eq!(popped.status, StatusCode::SERVICE_UNAVAILABLE, "a pop leases (a write): {popped:?}");
     let ready = app.get("/ready").await;
