@@ -10,7 +10,9 @@
 //! (at or below the cursor) is a no-op, unless it names a stale lease (one another consumer's
 //! took over, or a seek released), a late `failed` is refused, an ack under a lease that is
 //! not the live one is refused, and so is an ack of a message the group was never delivered, with
-//! or without a lease: an ack can never commit past a message the group did not receive.
+//! or without a lease: an ack can never commit past a message the group did not receive. Acks
+//! are idempotent: a `failed`, `retry` or `dlq` sent again under its own lease, which the first
+//! ended, is a no-op too.
 //!
 //! In a transaction, a late `completed` under a lease is a no-op only while that lease is still
 //! the live one: the bundle's pushes rest on its acks, and a message committed after its lease
