@@ -212,7 +212,7 @@ impl Metrics {
                 Histogram::with_opts(
                     HistogramOpts::new(
                         "queen_ack_commit_batches",
-                        "Consumer groups' ack batches committed together in one commit.",
+                        "Consumer groups' ack batches sent together in one commit attempt (a batch tried again alone counts again).",
                     )
                     .buckets(vec![1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0, 100.0]),
                 )

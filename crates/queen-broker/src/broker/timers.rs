@@ -349,21 +349,24 @@ pub async fn fire_due(broker: &Broker) -> Result<Swept, BrokerError> {
         }
     }
 
+    // Counted as each partition's delivery commits: a later partition that fails leaves the
+    // counts of those before it.
     let mut swept = Swept { claimed: claimed.len(), ..Swept::default() };
     for (partition_id, (queue, indices)) in by_partition {
         let timers: Vec<&Firing> = indices.iter().map(|&i| &firing[i]).collect();
         let (delivered, failed) = deliver_to_partition(broker, token, &queue, partition_id, &timers).await?;
+        broker.metrics.timers_delivered.inc_by(delivered as u64);
+        broker.metrics.timer_delivery_failures.inc_by(failed as u64);
         swept.delivered += delivered;
         swept.failed += failed;
     }
     if !failures.is_empty() {
         let client = broker.pool.get().await.map_err(StoreError::from)?;
         let failed = timers::record_failures(&client, token, &failures, retry_policy(broker)).await?;
+        broker.metrics.timer_delivery_failures.inc_by(failed.len() as u64);
         swept.failed += failed.len();
         log_failures(&failed, &failures);
     }
-    broker.metrics.timers_delivered.inc_by(swept.delivered as u64);
-    broker.metrics.timer_delivery_failures.inc_by(swept.failed as u64);
     Ok(swept)
 }
 
