@@ -63,8 +63,8 @@ const MOST_PARTITIONS_PER_POP: usize = 100;
 ///   pop ends the loop, gracefully, with that error.
 /// - [`ConsumerHandle::stop`] ends it gracefully: no new pop; the pop in flight is waited for
 ///   (at most its wait, 5 s unless the pop says, and 5 s more; one still unanswered then is
-///   given up, and the broker takes back what it claimed) and what it brings is given back at once (a
-///   `retry` acknowledgement, which neither counts a failure nor waits); handlers in flight
+///   given up, and the broker takes back what it claimed) and what it brings is given back at
+///   once (a `retry` acknowledgement, which neither counts a failure nor waits); handlers in flight
 ///   finish and are acknowledged; messages not started are given back likewise; then the loop
 ///   returns its [`ConsumeStats`].
 ///

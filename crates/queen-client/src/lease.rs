@@ -40,9 +40,10 @@ struct ExtendBody {
 
 /// The shortest wait given one renewal attempt, however short the renewal period.
 const MIN_RENEWAL_WAIT: Duration = Duration::from_secs(1);
+
 impl Client {
     /// Extends a live lease on every partition it covers, to `seconds` from now (the queue's
-    /// `leaseTime` when `None`); never shortens it. An expired or released lease answers
+    /// `leaseTime`, at least 60 s, when `None`); never shortens it. An expired or released lease answers
     /// `success: false`; a lease the broker never granted is [`Error::Status`] 404.
     pub async fn extend_lease(&self, lease_id: Uuid, seconds: Option<u32>) -> Result<LeaseExtension, Error> {
         self.extend_lease_within(lease_id, seconds, None).await
@@ -100,8 +101,9 @@ impl Client {
         self.keep_lease_every(lease_id, lease_time / 3, Some(seconds))
     }
 
-    /// Keeps a lease alive by extending it every `every` by `seconds` (the queue's `leaseTime`
-    /// when `None`), until the guard is stopped or dropped. See [`Client::keep_lease`].
+    /// Keeps a lease alive by extending it every `every` by `seconds` (the queue's `leaseTime`,
+    /// at least 60 s, when `None`), until the guard is stopped or dropped. See
+    /// [`Client::keep_lease`].
     pub fn keep_lease_every(&self, lease_id: Uuid, every: Duration, seconds: Option<u32>) -> LeaseGuard {
         let every = every.max(Duration::from_millis(10));
         let (state_tx, state_rx) = watch::channel(RenewalState::Renewing { renewals: 0, expires_at: None });
