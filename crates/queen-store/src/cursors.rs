@@ -837,25 +837,17 @@ struct CursorTrack {
 }
 
 /// Applies acknowledgement calls (each one request's acks) inside the caller's transaction (a
-/// bundle's), one call after the other, with the rules of [`ack_rules`] for bundled acks
-/// ([`apply_rules`]).
+/// bundle's), one call after the other, with the rules of [`ack_rules`] ([`apply_rules`]): for
+/// bundled acks when `bundled`, else as single acks are judged (a bundle sent again after its
+/// first copy committed and ended its required leases, whose acks that copy applied under their
+/// own lease are then no-ops, where bundled ones would be refused).
 pub async fn acknowledge(
     tx: &deadpool_postgres::Transaction<'_>,
     calls: &[Vec<AckRequest>],
     keys: Option<&Cipher>,
+    bundled: bool,
 ) -> Result<AckBatch, StoreError> {
-    apply_rules(tx, calls, keys, true).await
-}
-
-/// [`acknowledge`] for a bundle whose required leases are no longer live, sent again after its
-/// first copy committed (and ended them): each ack judged as a single ack is, so that one its
-/// first copy applied under its own lease is a no-op, where a bundled ack would be refused.
-pub async fn acknowledge_again(
-    tx: &deadpool_postgres::Transaction<'_>,
-    calls: &[Vec<AckRequest>],
-    keys: Option<&Cipher>,
-) -> Result<AckBatch, StoreError> {
-    apply_rules(tx, calls, keys, false).await
+    apply_rules(tx, calls, keys, bundled).await
 }
 
 /// A batch of acknowledgement calls that failed, with what it committed before it failed: the

@@ -581,10 +581,10 @@ async fn pop_queue(
         // bound (the messages would otherwise be lost for the group).
         let spans = Unhanded::auto_acked_tails(&tails);
         let undo = async |c: &mut Object| cursors::undo_auto_acked_claims(&*c, &request.group, &spans).await;
-        let undone = match broker.continue_within(client, "moving back an auto-acked pop's cursors", undo).await {
-            Ok((answered, undone)) => undone.map(|moved_back| (answered, moved_back)),
-            Err(e) => Err(e),
-        };
+        let undone = broker
+            .continue_within(client, "moving back an auto-acked pop's cursors", undo)
+            .await
+            .and_then(|(answered, undone)| undone.map(|moved_back| (answered, moved_back)));
         // The claims whose cursors stay where the claim put them, with a connection to read on.
         let (kept, client) = match undone {
             Ok((client, moved_back)) => {

@@ -153,13 +153,9 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
             if again && (kv.is_some() || !timer_ops.is_empty()) {
                 return Err(not_live_refusal());
             }
-            let calls = std::slice::from_ref(&acks);
-            let keys = broker.cipher.as_deref();
-            let queen_store::cursors::AckBatch { outcomes, released } = if again {
-                queen_store::cursors::acknowledge_again(&tx, calls, keys).await?
-            } else {
-                queen_store::cursors::acknowledge(&tx, calls, keys).await?
-            };
+            let queen_store::cursors::AckBatch { outcomes, released } =
+                queen_store::cursors::acknowledge(&tx, std::slice::from_ref(&acks), broker.cipher.as_deref(), !again)
+                    .await?;
             let ack_outcomes = outcomes.into_iter().next().unwrap_or_default();
             if again && ack_outcomes.iter().any(|outcome| outcome.verdict != AckVerdict::Noop) {
                 return Err(not_live_refusal());

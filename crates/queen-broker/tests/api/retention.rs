@@ -432,21 +432,28 @@ async fn two_brokers_on_one_database_never_run_a_pass_at_the_same_time() {
     );
 }
 
+/// Queue `queue`, written straight to the tables: its partition `p` (the database's first, whose
+/// id is 1) retained from `first`, with a one-message segment at each offset `g` from `first` to
+/// `last`, its body the SQL `body` (of `g`).
+async fn segments_written_directly(db: &tokio_postgres::Client, queue: &str, first: i64, last: i64, body: &str) {
+    db.batch_execute(&format!(
+        "INSERT INTO queen.queues (name) VALUES ('{queue}');
+         INSERT INTO queen.partitions (queue_id, name, last_offset, retained_from)
+              SELECT id, 'p', {last}, {first} FROM queen.queues WHERE name = '{queue}';
+         INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, created_at, frame_count, raw_length, body)
+              SELECT p.id, g, g, now(), 1, 0, {body} FROM queen.partitions p, generate_series({first}, {last}) g;"
+    ))
+    .await
+    .expect("segments");
+}
+
 #[actix_web::test]
 async fn a_trim_walks_from_the_watermark_not_through_deleted_history() {
     let app = app().await;
     let db = app.db.connect().await;
     // A partition with a long history, most of it already retained away.
-    db.batch_execute(
-        "INSERT INTO queen.queues (name) VALUES ('history');
-         INSERT INTO queen.partitions (queue_id, name, last_offset, retained_from)
-              SELECT id, 'p', 20000, 19000 FROM queen.queues WHERE name = 'history';
-         INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, created_at, frame_count, raw_length, body)
-              SELECT p.id, g, g, now(), 1, 0, '\\x00' FROM queen.partitions p, generate_series(19000, 20000) g;
-         ANALYZE queen.log_segments;",
-    )
-    .await
-    .expect("history");
+    segments_written_directly(&db, "history", 19_000, 20_000, "'\\x00'").await;
+    db.batch_execute("ANALYZE queen.log_segments").await.expect("statistics");
     let plan: Vec<String> = db
         .query(
             &format!("EXPLAIN {}", queen_store::retention::TRIM_SQL),
@@ -472,17 +479,8 @@ async fn a_trim_batch_reads_a_bounded_number_of_bytes() {
     let app = app().await;
     let db = app.db.connect().await;
     // Five segments of 6 MiB bodies, then one of 20 MiB.
-    db.batch_execute(
-        "INSERT INTO queen.queues (name) VALUES ('large');
-         INSERT INTO queen.partitions (queue_id, name, last_offset, retained_from)
-              SELECT id, 'p', 6, 1 FROM queen.queues WHERE name = 'large';
-         INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, created_at, frame_count, raw_length, body)
-              SELECT p.id, g, g, now(), 1, 0,
-                     convert_to(repeat('x', CASE WHEN g = 6 THEN 20 ELSE 6 END * 1048576), 'UTF8')
-                FROM queen.partitions p, generate_series(1, 6) g;",
-    )
-    .await
-    .expect("large segments");
+    let body = "convert_to(repeat('x', CASE WHEN g = 6 THEN 20 ELSE 6 END * 1048576), 'UTF8')";
+    segments_written_directly(&db, "large", 1, 6, body).await;
     let bytes = queen_store::retention::TRIM_BATCH_BYTES;
     let batch = |from: i64| {
         let db = &db;
