@@ -48,6 +48,12 @@ pub async fn register_on_first_pop(
     Ok(conflates.into_iter().map(|flag| flag.unwrap_or(false)).collect())
 }
 
+/// Whether the group is registered on the queue without conflation, as far as this broker has
+/// seen, without a database call: what an answer given before the pop registers can say.
+pub fn seen_without_conflation(broker: &Broker, queue: &str, group: &str) -> bool {
+    broker.registered.get(&(queue.to_owned(), group.to_owned())) == Some(false)
+}
+
 /// Registers the group on the `unseen` queues it has no registration on, within the limit; the
 /// queues of `unseen` it conflates on.
 async fn register(

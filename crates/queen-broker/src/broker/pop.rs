@@ -138,7 +138,17 @@ const FIRST_RACE_RELOOK: Duration = Duration::from_millis(20);
 /// no database connection.
 pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, BrokerError> {
     let deadline = Instant::now() + request.timeout;
-    let paused = || Ok(Delivery { paused: true, ..Delivery::default() });
+    // Every answer to a pop that asked for conflation says whether the group conflates, the
+    // empty ones included (the client stops on an answer without it): known once the group is
+    // registered on the queues the pop looks at (before that, as far as this broker has seen).
+    let mut conflation_conflict = match &request.source {
+        PopSource::Queue { queue, .. } => {
+            request.conflation && super::groups::seen_without_conflation(broker, queue, &request.group)
+        }
+        PopSource::Namespace { .. } => false,
+    };
+    let empty = |conflation_conflict| Ok(Delivery { conflation_conflict, ..Delivery::default() });
+    let paused = |conflation_conflict| Ok(Delivery { paused: true, conflation_conflict, ..Delivery::default() });
     // This pop's place among the parked ones, taken when it first waits.
     let mut parked = None;
     // Counted in `queen_long_poll_waiters` from when it first waits for messages to its end.
@@ -154,7 +164,7 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
     // The group's turn, while this pop holds it.
     let mut turn: Option<Turn> = None;
     if held_by_pop_maintenance(broker, request, deadline, &mut parked).await? {
-        return paused();
+        return paused(conflation_conflict);
     }
     // A dense stream's pops start in the group's slots (`pop_spacing`), waiting as parked pops do.
     if let (true, Some(group)) = (request.wait, &turn_key)
@@ -167,7 +177,7 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
         waiting.get_or_insert_with(|| GaugeHeld::count(&broker.metrics.long_poll_waiters));
         tokio::select! {
             () = tokio::time::sleep_until(slot.min(deadline.into())) => {}
-            () = ClientConnection::closed(request.connection) => return Ok(Delivery::default()),
+            () = ClientConnection::closed(request.connection) => return empty(conflation_conflict),
         }
     }
     let subscribed_at = Utc::now();
@@ -176,15 +186,16 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
         let (group, seed) = (&request.group, request.seed);
         let conflates = super::groups::register_on_first_pop(broker, &[queue], group, seed, request.conflation).await?;
         queue_conflates = conflates.contains(&true);
+        conflation_conflict = request.conflation && !queue_conflates;
     }
     loop {
         // Nobody would receive what a long poll whose client left claimed: it would stay leased.
         let client_left = request.wait && request.connection.is_some_and(ClientConnection::is_closed);
         if broker.is_shutting_down() || client_left {
-            return Ok(Delivery::default());
+            return empty(conflation_conflict);
         }
         if held_by_pop_maintenance(broker, request, deadline, &mut parked).await? {
-            return paused();
+            return paused(conflation_conflict);
         }
         // One lease for whatever this look claims, on every queue; a new one at each look, so
         // that a claim given back in the background (`Unhanded`) never meets a later claim of
@@ -203,7 +214,7 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
                 seen.push((Arc::clone(name), broker.coordinator.observe(Arc::clone(name)).await?));
             }
         }
-        let conflation_conflict = request.conflation && queues.iter().any(|(_, conflates)| !conflates);
+        conflation_conflict = request.conflation && queues.iter().any(|(_, conflates)| !conflates);
         let mut taken: Vec<Taken> = Vec::new();
         let mut retry_at = None;
         let mut raced = false;
@@ -260,7 +271,7 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
             broker.coordinator.pass_turn(Arc::clone(queue), Arc::clone(group));
         }
         if claimed_for_nobody {
-            return Ok(Delivery::default());
+            return empty(conflation_conflict);
         }
         if !taken.is_empty() || !request.wait {
             let mut delivery = Delivery { conflation_conflict, ..Delivery::default() };
@@ -275,7 +286,7 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
         }
         let now = Instant::now();
         if now >= deadline {
-            return Ok(Delivery { conflation_conflict, ..Delivery::default() });
+            return empty(conflation_conflict);
         }
         let mut wake_at = retry_at
             .map(|at| now + (at - Utc::now()).to_std().unwrap_or_default() + AFTER_EXPIRY)
@@ -303,7 +314,7 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
         waiting.get_or_insert_with(|| GaugeHeld::count(&broker.metrics.long_poll_waiters));
         // A shutdown that began before the pop parked may have woken the parked pops already.
         if broker.is_shutting_down() {
-            return Ok(Delivery::default());
+            return empty(conflation_conflict);
         }
         // Woken (by any of the queues), or the time came: either way, look again (or give up past
         // the deadline). A client that leaves meanwhile gives its places back at once, and hands
@@ -321,7 +332,7 @@ pub async fn pop(broker: &Broker, request: &PopRequest) -> Result<Delivery, Brok
         };
         tokio::select! {
             held = woken_or_due => turn = held,
-            () = ClientConnection::closed(request.connection) => return Ok(Delivery::default()),
+            () = ClientConnection::closed(request.connection) => return empty(conflation_conflict),
         }
     }
 }

@@ -86,6 +86,17 @@ async fn the_choice_made_at_registration_wins_and_a_conflicting_ask_is_echoed() 
     let drained = app.pop("queue/q", "batch=10&consumerGroup=everything&conflation=true&wait=false").await;
     assert_eq!(drained.status, StatusCode::OK);
     assert_eq!(echo(&drained), (Value::Null, json!(true)), "the conflict is echoed on empty answers too");
+
+    // An answer given before the pop looks (pop maintenance) echoes the registration too.
+    let switch = "/api/v1/system/maintenance/pop";
+    assert_eq!(app.post(switch, &json!({"enabled": true})).await.status, StatusCode::OK);
+    for group in ["everything", "latest"] {
+        let paused = app.pop("queue/q", &format!("batch=10&consumerGroup={group}&conflation=true&wait=false")).await;
+        assert_eq!(paused.body["paused"], true, "{:?}", paused.body);
+        let expected = if group == "latest" { (json!(true), Value::Null) } else { (Value::Null, json!(true)) };
+        assert_eq!(echo(&paused), expected, "{group}: {:?}", paused.body);
+    }
+    assert_eq!(app.post(switch, &json!({"enabled": false})).await.status, StatusCode::OK);
 }
 
 #[actix_web::test]
