@@ -314,7 +314,7 @@ pub async fn append(
     let plan = plan_append(messages, &StoredIds::default(), seal)?;
     match write_plan(client, destination, &plan).await {
         Err(StoreError::Db(e)) if is_unique_violation(&e) => {}
-        result => return result.map(|segment| finish(plan, segment)),
+        result => return result.map(|segment| finish(plan, segment)).map_err(|e| e.of_commit("an append")),
     }
     let mut attempts = 1;
     loop {
@@ -329,7 +329,10 @@ pub async fn append(
         .await;
         match written {
             Ok(result) => {
-                client.batch_execute("COMMIT").await?;
+                client
+                    .batch_execute("COMMIT")
+                    .await
+                    .map_err(|e| StoreError::from(e).of_commit("an append's commit"))?;
                 return Ok(result);
             }
             Err(e) => {

@@ -235,7 +235,7 @@ pub async fn apply(broker: &Broker, batch: &Batch) -> Result<Outcome, BrokerErro
         let tx = client.transaction().await.map_err(StoreError::from)?;
         let outcome = apply_in(&tx, batch).await?;
         if let Outcome::Applied(_) = outcome {
-            tx.commit().await.map_err(StoreError::from)?;
+            tx.commit().await.map_err(|e| StoreError::from(e).of_commit("a key/value commit"))?;
         }
         Ok(outcome)
     };

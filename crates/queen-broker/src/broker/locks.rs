@@ -151,7 +151,7 @@ pub async fn run(
             };
             // Refusals wrote nothing worth keeping (a placeholder row at most): roll them back.
             if matches!(outcome, LockOutcome::Acquired { .. } | LockOutcome::Renewed { .. } | LockOutcome::Released) {
-                tx.commit().await.map_err(StoreError::from)?;
+                tx.commit().await.map_err(|e| StoreError::from(e).of_commit("a lock commit"))?;
             }
             outcomes.push(outcome);
         }

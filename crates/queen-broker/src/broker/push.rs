@@ -269,7 +269,7 @@ async fn write_capped(
                     return Err(BrokerError::QueueFull { queue, depth: *depth, max_size, adding });
                 }
             }
-            tx.commit().await.map_err(StoreError::from)?;
+            tx.commit().await.map_err(|e| StoreError::from(e).of_commit("a push commit"))?;
             Ok(outcomes)
         })
         .await?

@@ -119,7 +119,7 @@ pub async fn apply(broker: &Broker, mut ops: Vec<TimerOp>) -> Result<Vec<TimerRe
     let applying = async |client: &mut deadpool_postgres::Object| -> Result<Vec<TimerResult>, BrokerError> {
         let tx = client.transaction().await.map_err(StoreError::from)?;
         let results = apply_in(&tx, &ops).await?;
-        tx.commit().await.map_err(StoreError::from)?;
+        tx.commit().await.map_err(|e| StoreError::from(e).of_commit("a timer commit"))?;
         Ok(results)
     };
     let results = broker.write_within("a timers batch", applying).await?.1?;

@@ -235,7 +235,7 @@ pub async fn execute(broker: &Broker, bundle: Bundle) -> Result<Vec<Applied>, Tr
                     return Err(BrokerError::QueueFull { queue, depth, max_size, adding }.into());
                 }
             }
-            tx.commit().await.map_err(StoreError::from)?;
+            tx.commit().await.map_err(|e| StoreError::from(e).of_commit("a transaction commit"))?;
             Ok(Written { kv_results, released, ack_outcomes, timer_results, by_partition: placed.by_partition, pushed })
         })
         .await?

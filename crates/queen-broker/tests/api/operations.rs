@@ -536,3 +536,53 @@ async fn probes_that_arrive_while_one_runs_share_its_answer() {
     sql.batch_execute("ROLLBACK").await.expect("the lock released");
     assert_eq!(app.get("/ready").await.status, StatusCode::OK, "a probe after it asks again");
 }
+
+/// A write whose connection is lost while it commits may have committed or not: its 503 says the
+/// outcome is unknown (not merely that the database is away), and the same write sent again takes
+/// effect once. The commits are held by a deferred trigger that sleeps, and their sessions ended.
+#[actix_web::test]
+async fn a_write_whose_connection_is_lost_while_it_commits_is_answered_outcome_unknown() {
+    let app = TestApp::spawn().await;
+    app.push_one("lost", "p", "before", json!(0)).await;
+    let admin = app.db.connect().await;
+    let stall = "CREATE FUNCTION public.stall() RETURNS trigger LANGUAGE plpgsql AS
+                 $$ BEGIN PERFORM pg_sleep(60); RETURN NULL; END $$;
+                 CREATE CONSTRAINT TRIGGER stall AFTER INSERT ON queen.log_segments
+                 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.stall()";
+    admin.batch_execute(stall).await.expect("the stalling trigger");
+    // Ends the broker's session once it sleeps in its commit.
+    let end_the_stalled_commit = async || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let ended = "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                     WHERE datname = $1 AND wait_event = 'PgSleep') AS ended";
+        while admin.query_one(ended, &[&app.db.name()]).await.expect("pg_stat_activity").get::<_, i64>(0) == 0 {
+            assert!(std::time::Instant::now() < deadline, "no commit sleeps in the trigger");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    let push = json!({"items": [{"queue": "lost", "partition": "p", "transactionId": "pushed", "payload": 1}]});
+    let transaction = json!({"operations": [{"type": "push", "items": [
+        {"queue": "lost", "partition": "p", "transactionId": "in-transaction", "payload": 2}]}]});
+    for (what, route, body) in [("push", "/api/v1/push", &push), ("transaction", "/api/v1/transaction", &transaction)] {
+        let (answer, ()) = tokio::join!(app.post(route, body), end_the_stalled_commit());
+        assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE, "the {what}: {answer:?}");
+        let error = answer.body["error"].as_str().unwrap_or_default();
+        assert!(error.contains("whether it took effect is unknown"), "the {what}: {error}");
+    }
+
+    admin.batch_execute("DROP TRIGGER stall ON queen.log_segments").await.expect("the trigger dropped");
+    for (what, route, body) in [("push", "/api/v1/push", &push), ("transaction", "/api/v1/transaction", &transaction)] {
+        let mut answer = app.post(route, body).await;
+        for _ in 0..20 {
+            // The pool may hand out a session that was ended first.
+            if answer.status != StatusCode::SERVICE_UNAVAILABLE {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            answer = app.post(route, body).await;
+        }
+        assert!(answer.status.is_success(), "the {what} sent again: {answer:?}");
+    }
+    let popped = app.pop("queue/lost", "batch=10&wait=false").await;
+    assert_eq!(popped.transaction_ids(), vec!["before", "pushed", "in-transaction"]);
+}
