@@ -29,12 +29,15 @@ pub struct Config {
     pub log: LogConfig,
 }
 
+/// The most HTTP worker threads a broker starts.
+pub const MAX_HTTP_WORKERS: usize = 1024;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HttpConfig {
     pub host: String,
     pub port: u16,
-    /// HTTP worker threads; 0 means one per CPU.
+    /// HTTP worker threads; 0 means one per CPU; at most [`MAX_HTTP_WORKERS`].
     pub workers: usize,
     /// Largest request body accepted; larger ones get 413.
     pub max_body_bytes: usize,
@@ -902,6 +905,10 @@ impl Config {
         if self.http.max_body_bytes < 1024 || self.http.max_body_bytes > most {
             return Err(invalid("http.max_body_bytes", format!("must be 1024 to {most}")));
         }
+        // Each worker is a thread with its own runtime, started before the first request.
+        if self.http.workers > MAX_HTTP_WORKERS {
+            return Err(invalid("http.workers", format!("must be at most {MAX_HTTP_WORKERS} (0: one per CPU)")));
+        }
         if self.http.max_connections == 0 {
             return Err(invalid("http.max_connections", "must be at least 1"));
         }
@@ -1208,7 +1215,8 @@ mod tests {
     #[test]
     fn values_too_large_for_what_they_feed_are_refused() {
         type Case = (&'static str, fn(&mut Config));
-        let cases: [Case; 8] = [
+        let cases: [Case; 9] = [
+            ("http.workers", |c| c.http.workers = 1_000_000),
             ("database.statement_timeout_ms", |c| c.database.statement_timeout_ms = 1_073_741_824),
             ("database.lock_timeout_ms", |c| {
                 c.database.lock_timeout_ms = 2_147_483_648;
