@@ -36,7 +36,18 @@ pub async fn journal(broker: &Broker, items: &[PushItem]) -> Result<bool, Broker
     {
         return Err(StoreError::NoEncryptionKey { subject: format!("queue {:?}", item.queue) }.into());
     }
-    match broker.journal.append(record_of(items, broker.cipher.as_deref())?).await {
+    let record = record_of(items, broker.cipher.as_deref())?;
+    // Such a push would be refused as the journal being full however empty it is: retrying it
+    // cannot help, so it is a 400, not a 503.
+    let most = broker.config.buffer.max_bytes;
+    if record.bytes.len() as u64 > most {
+        return Err(BrokerError::invalid(format!(
+            "the push takes {} bytes in the push journal, more than it holds in all (buffer.max_bytes = {most}); \
+             while push maintenance is on, send it in smaller requests",
+            record.bytes.len()
+        )));
+    }
+    match broker.journal.append(record).await {
         Ok(()) => Ok(true),
         Err(JournalError::Declined) => Ok(false),
         Err(e @ (JournalError::Unavailable(_) | JournalError::Full(_))) => Err(BrokerError::Unavailable(e.to_string())),

@@ -535,3 +535,28 @@ async fn a_drain_writes_segments_no_larger_than_a_push_would() {
     assert_eq!(app.count("SELECT count(*) FROM queen.log_segments WHERE frame_count = 2").await, 1);
     assert_eq!(drain_partition(&app, "large", "p").await, ["t1", "t2", "t3"]);
 }
+
+/// A push larger than the whole journal would be refused as the journal being full however empty
+/// it is, and retried for nothing: it is a 400 naming `buffer.max_bytes`, nothing is journaled,
+/// and smaller pushes are still taken.
+#[actix_web::test]
+async fn a_push_larger_than_the_whole_journal_is_refused_as_such() {
+    let app = TestApp::spawn_with(|config| {
+        config.buffer.file_max_bytes = 4096;
+        config.buffer.max_bytes = 4096;
+    })
+    .await;
+    switch(&app, PUSH_SWITCH, true).await;
+    let large = json!({"items": [item("huge", "p", "large", 0), {
+        "queue": "huge", "partition": "p", "transactionId": "too-large", "payload": "x".repeat(5000)}]});
+    let refused = app.post("/api/v1/push", &large).await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{refused:?}");
+    let error = refused.body["error"].as_str().unwrap_or_default();
+    assert!(error.contains("buffer.max_bytes = 4096"), "{error}");
+    assert_eq!(app.get(PUSH_SWITCH).await.body["bufferedMessages"], 0, "nothing of it was journaled");
+    let small = app.push(json!([item("huge", "p", "small", 1)])).await;
+    assert_eq!(small[0]["status"], "buffered", "{small:?}");
+    switch(&app, PUSH_SWITCH, false).await;
+    eventually("the journal is drained", || async { buffered_messages(&app.base).await == 0 }).await;
+    assert_eq!(drain_partition(&app, "huge", "p").await, ["small"]);
+}
