@@ -97,6 +97,16 @@ fn the_chart_has_what_a_production_deployment_needs() {
         "the restricted Pod Security Standard needs a seccomp profile"
     );
     assert_rendered_only_when("deployment.yaml", "type: Recreate", &["buffer.existingClaim"]);
+    let seconds = |path: &str| lookup(&values(), path).and_then(Value::as_u64).expect(path);
+    assert!(
+        seconds("terminationGracePeriodSeconds")
+            >= seconds("config.http.shutdown_timeout_seconds") + seconds("preStopSleepSeconds"),
+        "Kubernetes would kill a broker before its requests under way finish"
+    );
+    assert!(
+        deployment.contains("{{- if lt (int .Values.terminationGracePeriodSeconds) (int $drain) }}"),
+        "a grace period shorter than the drain is refused"
+    );
     let configmap = read(&chart().join("templates/configmap.yaml"));
     for secret in [r#"(eq $key "jwt_secret")"#, r#"(eq $section "encryption") (eq $key "key")"#] {
         assert!(configmap.contains(secret), "a secret given under config.* is refused, not rendered: {secret}");
