@@ -291,3 +291,56 @@ async fn sigterm_under_load_loses_no_acknowledged_push_and_exits_cleanly() {
     let acked: serde_json::Value = acked.json().await.expect("an ack answer");
     assert_eq!(acked[0]["success"], true, "the lease was left alone: {acked}");
 }
+
+/// A pop answered just before SIGTERM, whose consumer reads it slowly, is written to the end
+/// before the broker exits: cut, its batch would stay leased to nobody and be delivered again.
+#[tokio::test]
+async fn an_answer_still_being_read_at_sigterm_is_written_whole() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let db = TestDatabase::create("e2e_slow_reader").await;
+    let mut broker = BrokerProcess::start(queen_binary(), &["--database-url", db.url()], &[]).await;
+    let http = queen_testkit::http().timeout(Duration::from_secs(30)).build().expect("a client");
+    // More than the kernel's buffers on both sides of the connection hold.
+    let payload = "x".repeat(12 * 1024 * 1024);
+    let push = serde_json::json!({"items": [{"queue": "large", "transactionId": "big", "payload": payload}]});
+    let pushed = http.post(format!("{}/api/v1/push", broker.url())).json(&push).send().await.expect("push");
+    assert_eq!(pushed.status(), StatusCode::CREATED);
+
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket.set_recv_buffer_size(64 * 1024).expect("a small receive buffer");
+    let address = std::net::SocketAddr::from(([127, 0, 0, 1], broker.port()));
+    let mut stream = socket.connect(address).await.expect("a connection");
+    let request = "GET /api/v1/pop/queue/large?batch=1 HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    stream.write_all(request.as_bytes()).await.expect("the request");
+    let mut received = Vec::new();
+    let mut chunk = vec![0; 64 * 1024];
+    let head_end = loop {
+        let n = stream.read(&mut chunk).await.expect("the answer's head");
+        assert!(n > 0, "the connection closed before the answer's head");
+        received.extend_from_slice(&chunk[..n]);
+        if let Some(at) = received.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+    };
+    let head = String::from_utf8_lossy(&received[..head_end]).to_lowercase();
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    let length: usize = head
+        .lines()
+        .find_map(|line| line.strip_prefix("content-length:"))
+        .and_then(|value| value.trim().parse().ok())
+        .expect("a content length");
+
+    broker.signal(Signal::SIGTERM);
+    // About 3 MB/s: seconds past the broker's own second for connections left open.
+    loop {
+        let n = stream.read(&mut chunk).await.unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        received.extend_from_slice(&chunk[..n]);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(received.len() - head_end, length, "the answer was cut");
+    let status = broker.wait(Duration::from_secs(40)).await.expect("the broker exits");
+    assert!(status.success(), "exit status {status:?}; log:\n{}", broker.log().join("\n"));
+}

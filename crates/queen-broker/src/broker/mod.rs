@@ -100,16 +100,16 @@ pub struct Broker {
     pub hears_fleet: Arc<AtomicBool>,
     shutting_down: AtomicBool,
     /// API requests under way, which a graceful shutdown waits for.
-    requests_under_way: AtomicUsize,
+    requests_under_way: Arc<AtomicUsize>,
 }
 
 /// How often a graceful shutdown looks whether the work under way is done.
 const DRAIN_POLL: Duration = Duration::from_millis(10);
 
 /// One API request under way, counted until dropped.
-pub struct UnderWay<'a>(&'a AtomicUsize);
+pub struct UnderWay(Arc<AtomicUsize>);
 
-impl Drop for UnderWay<'_> {
+impl Drop for UnderWay {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
@@ -153,9 +153,9 @@ impl Broker {
     /// Counts an API request as under way until the returned guard is dropped. Counted before
     /// the request looks at [`Broker::is_shutting_down`], so a shutdown either waits for it or
     /// is seen by it.
-    pub fn request_under_way(&self) -> UnderWay<'_> {
+    pub fn request_under_way(&self) -> UnderWay {
         self.requests_under_way.fetch_add(1, Ordering::SeqCst);
-        UnderWay(&self.requests_under_way)
+        UnderWay(Arc::clone(&self.requests_under_way))
     }
 
     /// Waits, at most `limit`, until no API request is under way and no partition writer, group
@@ -295,7 +295,7 @@ impl Broker {
             namespace_pops: AtomicU64::new(0),
             hears_fleet,
             shutting_down: AtomicBool::new(false),
-            requests_under_way: AtomicUsize::new(0),
+            requests_under_way: Arc::new(AtomicUsize::new(0)),
         }
     }
 }
