@@ -461,7 +461,15 @@ impl Fields<'_, '_> {
         }
         // jsonb keeps a number's scale and writes it out in full: 8 bytes of `1e-16000` read back
         // as 16,002, and a value within the bound could read back as a hundred megabytes.
-        let read_back = text_as_read_back(raw.get().as_bytes());
+        let Some(read_back) = text_as_read_back(raw.get().as_bytes()) else {
+            return Err(self.invalid(
+                "value",
+                format!(
+                    "{field} cannot be stored: it holds a number with more than {NUMERIC_MAX_FRACTION_DIGITS} digits \
+                     after the decimal point"
+                ),
+            ));
+        };
         if read_back > kv::MAX_VALUE_BYTES {
             return Err(Refusal::new(
                 "kv_value_too_large",
@@ -477,9 +485,14 @@ impl Fields<'_, '_> {
     }
 }
 
+/// The most digits after the point PostgreSQL's numeric holds: a jsonb number past it fails the
+/// statement ("value overflows numeric format").
+const NUMERIC_MAX_FRACTION_DIGITS: usize = 16_383;
+
 /// About how long `json` is as PostgreSQL's jsonb writes it back (never less): each number as
-/// numeric prints it, every digit its exponent stands for written out, the rest as it is.
-fn text_as_read_back(json: &[u8]) -> usize {
+/// numeric prints it, every digit its exponent stands for written out, the rest as it is. `None`
+/// when a number has more digits after the point than numeric holds.
+fn text_as_read_back(json: &[u8]) -> Option<usize> {
     let (mut length, mut at) = (0usize, 0);
     let mut strings = JsonStrings::default();
     while at < json.len() {
@@ -487,29 +500,48 @@ fn text_as_read_back(json: &[u8]) -> usize {
         if !strings.holds(byte) && (byte == b'-' || byte.is_ascii_digit()) {
             let number = json[at..].iter().take_while(|b| matches!(b, b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9'));
             let end = at + number.count();
-            length = length.saturating_add(number_as_read_back(&json[at..end]));
+            let digits = NumericDigits::of(&json[at..end]);
+            if digits.fraction > NUMERIC_MAX_FRACTION_DIGITS {
+                return None;
+            }
+            length = length.saturating_add(digits.printed());
             at = end;
             continue;
         }
         length += 1;
         at += 1;
     }
-    length
+    Some(length)
 }
 
-/// A JSON number's length as numeric prints it: its sign, its integer digits with the exponent
-/// added, and its fraction digits with the exponent taken away.
-fn number_as_read_back(number: &[u8]) -> usize {
-    let text = std::str::from_utf8(number).unwrap_or_default();
-    let (mantissa, exponent) = text.split_once(['e', 'E']).unwrap_or((text, "0"));
-    let exponent: i64 = exponent.parse().unwrap_or(if exponent.starts_with('-') { i64::MIN } else { i64::MAX });
-    let (sign, mantissa) = mantissa.strip_prefix('-').map_or((0, mantissa), |rest| (1, rest));
-    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
-    let whole_digits = (whole.len() as i64).saturating_add(exponent).max(1);
-    let fraction_digits = (fraction.len() as i64).saturating_sub(exponent).max(0);
-    let point = i64::from(fraction_digits > 0);
-    usize::try_from(whole_digits.saturating_add(fraction_digits).saturating_add(point).saturating_add(sign))
-        .unwrap_or(usize::MAX)
+/// The digits of a JSON number as numeric keeps it: its sign, its integer digits with the
+/// exponent added, and its fraction digits with the exponent taken away.
+struct NumericDigits {
+    sign: usize,
+    whole: usize,
+    fraction: usize,
+}
+
+impl NumericDigits {
+    fn of(number: &[u8]) -> Self {
+        let text = std::str::from_utf8(number).unwrap_or_default();
+        let (mantissa, exponent) = text.split_once(['e', 'E']).unwrap_or((text, "0"));
+        let exponent: i64 = exponent.parse().unwrap_or(if exponent.starts_with('-') { i64::MIN } else { i64::MAX });
+        let (sign, mantissa) = mantissa.strip_prefix('-').map_or((0, mantissa), |rest| (1, rest));
+        let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+        let count = |digits: i64| usize::try_from(digits).unwrap_or(usize::MAX);
+        NumericDigits {
+            sign,
+            whole: count((whole.len() as i64).saturating_add(exponent).max(1)),
+            fraction: count((fraction.len() as i64).saturating_sub(exponent).max(0)),
+        }
+    }
+
+    /// Its length as numeric prints it.
+    fn printed(&self) -> usize {
+        let point = usize::from(self.fraction > 0);
+        self.whole.saturating_add(self.fraction).saturating_add(point).saturating_add(self.sign)
+    }
 }
 
 fn holds_nul(value: &serde_json::Value) -> bool {
@@ -671,8 +703,17 @@ mod tests {
             ("[1e-16000]", 16_004),
             (r#""1e-16000 \" 1e9""#, 17),
         ] {
-            assert_eq!(text_as_read_back(json.as_bytes()), read_back, "{json}");
+            assert_eq!(text_as_read_back(json.as_bytes()), Some(read_back), "{json}");
         }
-        assert!(text_as_read_back(b"1e-99999999999999999999999") > 1 << 40, "an exponent past i64");
+        assert!(text_as_read_back(b"1e99999999999999999999999").is_some_and(|n| n > 1 << 40), "an exponent past i64");
+    }
+
+    #[test]
+    fn a_number_with_more_fraction_digits_than_numeric_holds_has_no_read_back() {
+        let written_out = format!("0.{}1", "0".repeat(16_382));
+        assert_eq!(text_as_read_back(written_out.as_bytes()), Some(16_385), "16,383 digits after the point");
+        for json in ["1e-16384", "[1, 0.1e-16383]", "1e-99999999999999999999999", &format!("{written_out}0")] {
+            assert_eq!(text_as_read_back(json.as_bytes()), None, "{json}");
+        }
     }
 }

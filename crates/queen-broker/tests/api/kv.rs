@@ -237,7 +237,17 @@ async fn bad_operations_are_refused_naming_the_field_and_write_nothing() {
     // Values PostgreSQL's jsonb cannot hold, and one it would write back a thousand times larger
     // (its numbers' exponents written out in digits).
     let written_out = format!("[{}]", ["1e-8000"; 10].join(","));
-    for value in [r#""a\u0000b""#, r#"{"k\u0000": 1}"#, r#""\ud800""#, "1e400", "1e-999999", &written_out] {
+    let past_numeric = format!("0.{}1", "0".repeat(16_383));
+    for value in [
+        r#""a\u0000b""#,
+        r#"{"k\u0000": 1}"#,
+        r#""\ud800""#,
+        "1e400",
+        "1e-999999",
+        &written_out,
+        "1e-16384",
+        &past_numeric,
+    ] {
         let body =
             format!(r#"{{"operations": [{{"op": "put", "ns": "t", "key": "k", "forever": true, "value": {value}}}]}}"#);
         let answer = app.post_raw("/api/v1/kv", body).await;
@@ -251,6 +261,10 @@ async fn bad_operations_are_refused_naming_the_field_and_write_nothing() {
         (StatusCode::BAD_REQUEST, Some("kv_too_many_operations"))
     );
     assert_eq!(rows(&app).await, 0, "nothing was written");
+    // As many digits after the point as numeric holds is stored.
+    let body = r#"{"operations": [{"op": "put", "ns": "t", "key": "k", "forever": true, "value": 1e-16383}]}"#;
+    assert_eq!(app.post_raw("/api/v1/kv", body).await.status, StatusCode::OK);
+    assert_eq!(rows(&app).await, 1);
 }
 
 #[actix_web::test]
