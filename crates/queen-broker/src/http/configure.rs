@@ -43,6 +43,10 @@ pub async fn handle(
 fn label(body: &JsonObject<'_>, key: &str) -> Result<Option<String>, ApiError> {
     let value = body.string(key)?;
     if let Some(value) = &value {
+        // No pop can select an empty one, and it would replace the one the queue's name gives.
+        if value.is_empty() {
+            return Err(ApiError::BadRequest(format!("{key} must not be empty (leave it out to keep the stored one)")));
+        }
         names::check_label(key, value).map_err(ApiError::BadRequest)?;
     }
     Ok(value)

@@ -70,6 +70,8 @@ async fn empty_and_mistyped_fields_are_refused() {
         ("/api/v1/configure", json!({"queue": "q", "options": {"leaseTime": -5}}), "options.leaseTime"),
         ("/api/v1/configure", json!({"queue": "q", "options": {"retryLimit": "3"}}), "options.retryLimit"),
         ("/api/v1/configure", json!({"queue": "q", "options": []}), "options"),
+        ("/api/v1/configure", json!({"queue": "q.a.b", "namespace": ""}), "namespace must not be empty"),
+        ("/api/v1/configure", json!({"queue": "q.a.b", "task": ""}), "task must not be empty"),
         ("/api/v1/ack/batch", json!({"acknowledgments": []}), "acknowledgments must not be empty"),
         ("/api/v1/ack", json!({"transactionId": "t", "partitionId": "abc"}), "partitionId"),
         ("/api/v1/ack", json!({"transactionId": "t", "partitionId": "1", "status": "maybe"}), "status"),
