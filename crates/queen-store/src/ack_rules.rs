@@ -137,13 +137,22 @@ pub struct DeadLetter {
 /// Why a message was given up on when its last allowed failure was a lease running out:
 /// `failures` in all, `expiries` of them expired leases, the rest failed acks.
 pub fn exhaustion_reason(failures: i32, expiries: i32) -> String {
-    let times = |n: i32| if n == 1 { "once".to_owned() } else { format!("{n} times") };
     let acks = failures - expiries;
     match acks {
         0 => format!("lease expired {}", times(expiries)),
         1 => format!("failed {}: 1 failed ack, lease expired {}", times(failures), times(expiries)),
         _ => format!("failed {}: {acks} failed acks, lease expired {}", times(failures), times(expiries)),
     }
+}
+
+/// Why a message was given up on when its last allowed failure was a failed ack that gave no
+/// error of its own.
+fn silent_failure_reason(failures: i32) -> String {
+    format!("failed {}; the last failed ack gave no error", times(failures))
+}
+
+fn times(n: i32) -> String {
+    if n == 1 { "once".to_owned() } else { format!("{n} times") }
 }
 
 /// What the acks of one call do to one cursor.
@@ -289,7 +298,10 @@ pub fn apply(state: &CursorState, items: &[AckItem<'_>]) -> (CursorChange, Vec<A
                 if state.dead_letter_exhausted {
                     dead_letters.push(DeadLetter {
                         offset,
-                        error: items[index].error.map(str::to_owned),
+                        // A failed ack need not say why (`ack(message, False)` sends no error).
+                        error: Some(
+                            items[index].error.map_or_else(|| silent_failure_reason(after.retry_count), str::to_owned),
+                        ),
                         // Retries that happened: every failure but the first delivery's.
                         retry_count: after.retry_count - 1,
                     });
@@ -537,7 +549,8 @@ mod tests {
         state.retry_limit = 0;
         let (change, _) = apply(&state, &[ack(1, AckStatus::Failed)]);
         assert_eq!(change.after.committed, 1);
-        assert_eq!(change.dead_letters.len(), 1);
+        let reason = "failed once; the last failed ack gave no error";
+        assert_eq!(change.dead_letters, vec![DeadLetter { offset: 1, error: Some(reason.into()), retry_count: 0 }]);
     }
 
     #[test]

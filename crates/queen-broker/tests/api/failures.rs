@@ -131,6 +131,13 @@ async fn past_the_retry_limit_a_message_is_dead_lettered_after_limit_plus_one_de
     assert_eq!(letter["consumerGroup"], "g");
     assert_eq!(letter["offset"], 1);
     assert_eq!(letter["partition"], "p");
+
+    // A failed ack need not give an error (`ack(message, False)`): the dead letter still says why.
+    let messages = app.pop("queue/budget", "batch=1&consumerGroup=silent").await.messages();
+    app.post("/api/v1/configure", &json!({"queue": "budget", "options": {"retryLimit": 0}})).await;
+    assert_eq!(app.ack_all(&messages, "failed", Some("silent")).await[0]["dlq"], true);
+    let dlq = app.get("/api/v1/dlq?queue=budget&consumerGroup=silent").await;
+    assert_eq!(dlq.body["messages"][0]["errorMessage"], "failed once; the last failed ack gave no error");
 }
 
 #[actix_web::test]
