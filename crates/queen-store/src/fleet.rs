@@ -71,16 +71,21 @@ pub struct Heartbeat<'a> {
     pub usage: Usage,
 }
 
-/// Records the heartbeat, its traffic and its usage, in one statement.
+/// Records the heartbeat, its traffic and its usage, in one statement. A beat of a broker that
+/// recorded its stop (one that ran as the broker left) leaves it stopped; a broker id seen again
+/// with another start time (a restarted container keeps its host name and process id) is a new
+/// broker.
 pub async fn beat(client: &impl GenericClient, beat: &Heartbeat<'_>) -> Result<(), StoreError> {
     let (t, u) = (beat.traffic, beat.usage);
     client
         .execute(
             "WITH broker AS (
-                 INSERT INTO queen.brokers (id, version, started_at, seen_at, stopping, buffered_messages, buffer_healthy)
+                 INSERT INTO queen.brokers AS b (id, version, started_at, seen_at, stopping, buffered_messages, buffer_healthy)
                  VALUES ($1, $2, $3, now(), $4, $5, $6)
                  ON CONFLICT (id) DO UPDATE
-                    SET seen_at = now(), stopping = EXCLUDED.stopping, stopped_at = NULL,
+                    SET seen_at = now(), version = EXCLUDED.version, started_at = EXCLUDED.started_at,
+                        stopping = EXCLUDED.stopping OR (b.started_at = EXCLUDED.started_at AND b.stopped_at IS NOT NULL),
+                        stopped_at = CASE WHEN b.started_at = EXCLUDED.started_at THEN b.stopped_at END,
                         buffered_messages = EXCLUDED.buffered_messages, buffer_healthy = EXCLUDED.buffer_healthy
              )
              INSERT INTO queen.traffic_samples

@@ -352,3 +352,35 @@ async fn a_broker_that_lost_its_listen_connection_misses_no_message() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A heartbeat that runs as a broker leaves (its timer fired, or its statement was under way)
+/// does not turn the stopped broker back into a live one, which would then read as missing; a
+/// broker id seen again with another start time is a new broker.
+#[actix_web::test]
+async fn a_heartbeat_after_a_broker_left_keeps_it_stopped() {
+    use queen_store::fleet::{self, BrokerState, Heartbeat};
+    let app = TestApp::spawn().await;
+    let client = app.store_connection("fleet-test").await;
+    let started_at = chrono::Utc::now() - chrono::Duration::seconds(60);
+    let beat = |started_at| Heartbeat {
+        broker_id: "host:6632:1",
+        version: "test",
+        started_at,
+        stopping: false,
+        buffered_messages: 0,
+        buffer_healthy: true,
+        traffic: Default::default(),
+        usage: Default::default(),
+    };
+    let state = async || {
+        let seen = fleet::brokers(&client, 10.0, 3600.0).await.expect("the brokers");
+        seen.into_iter().find(|b| b.id == "host:6632:1").map(|b| b.state)
+    };
+    fleet::beat(&client, &beat(started_at)).await.expect("a beat");
+    assert_eq!(state().await, Some(BrokerState::Live));
+    fleet::leave(&client, "host:6632:1").await.expect("leave");
+    fleet::beat(&client, &beat(started_at)).await.expect("a late beat");
+    assert_eq!(state().await, Some(BrokerState::Stopped), "a late beat of the same broker");
+    fleet::beat(&client, &beat(chrono::Utc::now())).await.expect("a restarted broker's beat");
+    assert_eq!(state().await, Some(BrokerState::Live), "the same id started again");
+}
