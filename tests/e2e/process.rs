@@ -344,3 +344,57 @@ async fn an_answer_still_being_read_at_sigterm_is_written_whole() {
     let status = broker.wait(Duration::from_secs(40)).await.expect("the broker exits");
     assert!(status.success(), "exit status {status:?}; log:\n{}", broker.log().join("\n"));
 }
+
+/// A broker that cannot start after it started its embedded PostgreSQL (its port is taken) stops
+/// that server rather than leave it running without a broker.
+#[tokio::test]
+async fn a_broker_that_fails_to_start_stops_the_postgresql_it_started() {
+    let data_dir = target_dir().join(format!("e2e-embedded-failed-{}", uuid::Uuid::new_v4().simple()));
+    let data_arg = data_dir.to_string_lossy().into_owned();
+    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("a port to hold");
+    let port = held.local_addr().expect("its address").port().to_string();
+    let started = tokio::process::Command::new(queen_binary())
+        .args(["--data-dir", &data_arg, "--host", "127.0.0.1", "--port", &port])
+        .env_remove("QUEEN_DATABASE__URL")
+        .env_remove("DATABASE_URL")
+        .output()
+        .await
+        .expect("queen runs");
+    let log = String::from_utf8_lossy(&started.stderr);
+    assert!(!started.status.success(), "{log}");
+    assert!(log.contains("cannot listen"), "{log}");
+    assert!(log.contains("embedded PostgreSQL ready"), "it got as far as its PostgreSQL: {log}");
+    assert!(!data_dir.join("pg").join("postmaster.pid").exists(), "the embedded server was left running: {log}");
+    std::fs::remove_dir_all(&data_dir).expect("the data dir can be removed");
+}
+
+/// Two brokers sharing one embedded data directory: the one that adopted the server leaves it
+/// running for the other when it stops, and the last one to stop stops it.
+#[tokio::test]
+async fn brokers_sharing_an_embedded_postgresql_leave_it_to_the_last_one() {
+    let data_dir = target_dir().join(format!("e2e-embedded-shared-{}", uuid::Uuid::new_v4().simple()));
+    let dir = |name: &str| data_dir.join(name).to_string_lossy().into_owned();
+    let (data_arg, first_buffer, second_buffer) = (dir("data"), dir("buffer-1"), dir("buffer-2"));
+    let mut first =
+        BrokerProcess::start(queen_binary(), &["--data-dir", &data_arg, "--buffer-dir", &first_buffer], &[]).await;
+    let mut second =
+        BrokerProcess::start(queen_binary(), &["--data-dir", &data_arg, "--buffer-dir", &second_buffer], &[]).await;
+    assert!(second.log().iter().any(|line| line.contains("adopt")), "{:?}", second.log());
+    round_trip(&first.url(), "shared-first").await;
+    round_trip(&second.url(), "shared-second").await;
+    let pid_file = data_dir.join("data").join("pg").join("postmaster.pid");
+    let postmaster = || std::fs::read_to_string(&pid_file).ok().and_then(|text| text.lines().next().map(str::to_owned));
+    let running = postmaster().expect("the embedded server runs");
+
+    second.signal(Signal::SIGTERM);
+    let status = second.wait(Duration::from_secs(60)).await.expect("the second broker exits");
+    assert!(status.success(), "exit status {status:?}; log:\n{}", second.log().join("\n"));
+    assert_eq!(postmaster().as_deref(), Some(running.as_str()), "the server the first broker uses was stopped");
+    round_trip(&first.url(), "shared-after").await;
+
+    first.signal(Signal::SIGTERM);
+    let status = first.wait(Duration::from_secs(60)).await.expect("the first broker exits");
+    assert!(status.success(), "exit status {status:?}; log:\n{}", first.log().join("\n"));
+    assert!(!pid_file.exists(), "the last broker stopped the server");
+    std::fs::remove_dir_all(&data_dir).expect("the data dir can be removed");
+}

@@ -106,12 +106,33 @@ impl Database {
         self.supervisor = Some((task, end));
     }
 
-    /// Stops the embedded server, if this broker runs one (at the end of `serve`, whoever started it).
-    pub async fn close(mut self) {
+    /// Whether this broker runs an embedded server (started here or adopted).
+    pub fn is_embedded(&self) -> bool {
+        self.embedded.is_some()
+    }
+
+    /// At the end of `serve`: stops the embedded server, whoever started it, unless other
+    /// brokers still use it (they share the data directory): the last one to leave stops it.
+    pub async fn close_unless_in_use(mut self, in_use_by_others: bool) {
+        if in_use_by_others && self.is_embedded() {
+            tracing::info!("leaving the embedded PostgreSQL running: other brokers use it");
+            self.stop_supervising().await;
+        } else {
+            self.close().await;
+        }
+    }
+
+    /// Ends the task that starts the embedded server again.
+    async fn stop_supervising(&mut self) {
         if let Some((task, end)) = self.supervisor.take() {
             let _ = end.send(true);
             let _ = task.await;
         }
+    }
+
+    /// Stops the embedded server, if this broker runs one.
+    async fn close(mut self) {
+        self.stop_supervising().await;
         if let Some(server) = self.embedded
             && let Err(e) = server.stop().await
         {
@@ -120,7 +141,8 @@ impl Database {
     }
 
     /// Stops the embedded server only if this process started it: a one-off command (`migrate`)
-    /// run beside a broker must not stop the server that broker is using.
+    /// run beside a broker, or a broker that failed to start, must not stop the server another
+    /// broker is using.
     pub async fn close_if_started_here(self) {
         match &self.embedded {
             Some(server) if server.adopted() => {

@@ -56,6 +56,24 @@ impl Application {
         // The first log line says where the database is (the embedded one's data directory).
         let mut database = Database::open(&config).await?;
         database.keep_embedded_running();
+        match Self::start_serving(config, &database, cipher, auth).await {
+            Ok((port, server, broker)) => Ok(Self { port, server, broker, database }),
+            // An embedded server started for this broker is not left running without it.
+            Err(e) => {
+                database.close_if_started_here().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// The rest of [`Application::build`], once the database is there: the schema, the broker
+    /// and its background tasks, and the listener.
+    async fn start_serving(
+        config: Config,
+        database: &Database,
+        cipher: Option<Arc<queen_log::Cipher>>,
+        auth: Option<Arc<crate::auth::Authenticator>>,
+    ) -> Result<(u16, Server, web::Data<Broker>), StartError> {
         // Every connection is a descriptor: a 1024 soft limit would cap clients far below
         // `http.max_connections`.
         raise_open_file_limit(config.http.max_connections);
@@ -125,7 +143,7 @@ impl Application {
         .run();
         http::mark_start();
         tracing::info!(port, scheme, "queen listening on port {port} ({scheme})");
-        Ok(Self { port, server, broker, database })
+        Ok((port, server, broker))
     }
 
     pub fn port(&self) -> u16 {
@@ -161,7 +179,8 @@ impl Application {
             handle.stop(true).await;
         });
         let served = server.await;
-        database.close().await;
+        let in_use_by_others = database.is_embedded() && crate::broker::fleet::others_running(&broker).await;
+        database.close_unless_in_use(in_use_by_others).await;
         served
     }
 }

@@ -120,6 +120,24 @@ pub async fn beat(client: &impl GenericClient, beat: &Heartbeat<'_>) -> Result<(
     Ok(())
 }
 
+/// Whether a broker other than `broker_id` beat within the last few intervals of
+/// `interval_seconds` and has not stopped.
+pub async fn others_running(
+    client: &impl GenericClient,
+    broker_id: &str,
+    interval_seconds: f64,
+) -> Result<bool, StoreError> {
+    let row = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM queen.brokers
+                             WHERE id <> $1 AND stopped_at IS NULL
+                               AND seen_at > now() - make_interval(secs => $2::float8 * $3::float8))",
+            &[&broker_id, &interval_seconds, &MISSED_BEATS],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
 /// Marks the broker stopped: it shut down gracefully.
 pub async fn leave(client: &impl GenericClient, broker_id: &str) -> Result<(), StoreError> {
     client

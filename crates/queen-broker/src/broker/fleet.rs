@@ -115,6 +115,17 @@ pub async fn leave(broker: &Broker) {
     }
 }
 
+/// Whether other brokers of this database run now (as their heartbeats say); bounded, and
+/// `false` when the database does not answer.
+pub async fn others_running(broker: &Broker) -> bool {
+    let seen = tokio::time::timeout(Duration::from_secs(1), async {
+        let client = broker.pool.get().await.map_err(StoreError::from)?;
+        fleet::others_running(&client, &broker.broker_id, interval(broker).as_secs_f64()).await
+    })
+    .await;
+    matches!(seen, Ok(Ok(true)))
+}
+
 /// The process's running totals a heartbeat reports the growth of, when read.
 #[derive(Debug, Clone, Copy)]
 struct Totals {
