@@ -86,6 +86,12 @@ pub enum EmbeddedError {
     BinariesNotFound { searched: String },
 
     #[error(
+        "the PostgreSQL cluster in {data_dir} was made by PostgreSQL {version}, and no server binaries of that \
+         version are installed (found: {found}); install them, or set embedded.bin_dir to them"
+    )]
+    NoBinariesOfClusterVersion { data_dir: String, version: String, found: String },
+
+    #[error(
         "Queen runs as root, which PostgreSQL refuses, and there is neither a `postgres` nor a `nobody` user to \
          run it as; create a `postgres` system user or run Queen as an unprivileged user"
     )]
@@ -145,7 +151,7 @@ impl EmbeddedPostgres {
                 cause: io::Error::new(io::ErrorKind::InvalidInput, "not a plain file name"),
             });
         }
-        let bin_dir = find_bin_dir(opts.bin_dir.as_deref())?;
+        let bin_dir = find_bin_dir(opts.bin_dir.as_deref(), &opts.data_dir)?;
         let server_user = server_user()?;
         let cluster = Cluster { data_dir: absolute_data_dir(&opts.data_dir).await?, bin_dir, server_user };
         // Held until we return: a concurrent start waits, then finds the server running and adopts it.
@@ -574,7 +580,7 @@ fn tail_lines(text: &str, count: usize) -> String {
 /// The directory holding the PostgreSQL server binaries: `explicit` if given, else the first of
 /// `pg_config --bindir`, the newest `/usr/lib/postgresql/<version>/bin` and the `PATH` entries
 /// that holds both `initdb` and `pg_ctl`.
-pub fn find_bin_dir(explicit: Option<&Path>) -> Result<PathBuf, EmbeddedError> {
+pub fn find_bin_dir(explicit: Option<&Path>, data_dir: &Path) -> Result<PathBuf, EmbeddedError> {
     if let Some(dir) = explicit {
         return if has_server_binaries(dir) {
             Ok(dir.to_path_buf())
@@ -583,14 +589,48 @@ pub fn find_bin_dir(explicit: Option<&Path>) -> Result<PathBuf, EmbeddedError> {
         };
     }
     let path_var = std::env::var_os("PATH");
-    pg_config_bindir()
+    let candidates = pg_config_bindir()
         .into_iter()
         .chain(versioned_bin_dirs(Path::new(VERSIONED_ROOT)))
         .chain(path_var.iter().flat_map(std::env::split_paths))
-        .find(|dir| has_server_binaries(dir))
-        .ok_or_else(|| EmbeddedError::BinariesNotFound {
-            searched: format!("`pg_config --bindir`, {VERSIONED_ROOT}/*/bin or PATH"),
-        })
+        .filter(|dir| has_server_binaries(dir));
+    let searched = || format!("`pg_config --bindir`, {VERSIONED_ROOT}/*/bin or PATH");
+    match std::fs::read_to_string(data_dir.join("PG_VERSION")) {
+        // An existing cluster runs only under its own major version: the newest binaries
+        // installed beside it (an upgrade of the machine's packages) would refuse its files.
+        Ok(version) => of_version(candidates, data_dir, version.trim()),
+        Err(_) => candidates.into_iter().next().ok_or_else(|| EmbeddedError::BinariesNotFound { searched: searched() }),
+    }
+}
+
+/// The first of `candidates` whose `pg_ctl` is of the cluster's major `version` (its PG_VERSION:
+/// `15`, or `9.6`).
+fn of_version(
+    candidates: impl IntoIterator<Item = PathBuf>,
+    data_dir: &Path,
+    version: &str,
+) -> Result<PathBuf, EmbeddedError> {
+    let mut found = Vec::new();
+    for dir in candidates {
+        let Some(theirs) = server_version(&dir) else { continue };
+        if theirs == version || theirs.starts_with(&format!("{version}.")) {
+            return Ok(dir);
+        }
+        found.push(format!("{theirs} in {}", dir.display()));
+    }
+    Err(EmbeddedError::NoBinariesOfClusterVersion {
+        data_dir: data_dir.display().to_string(),
+        version: version.to_owned(),
+        found: if found.is_empty() { "none".to_owned() } else { found.join(", ") },
+    })
+}
+
+/// The version `<dir>/pg_ctl --version` reports (`pg_ctl (PostgreSQL) 15.10 (Debian ...)`).
+fn server_version(dir: &Path) -> Option<String> {
+    let output = std::process::Command::new(dir.join("pg_ctl")).arg("--version").output().ok()?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let version = text.split_once(") ")?.1.split_whitespace().next()?;
+    Some(version.to_owned())
 }
 
 /// What `pg_config --bindir` reports, if pg_config is installed.
@@ -677,13 +717,31 @@ mod tests {
     fn an_explicit_bin_dir_is_used_as_is_or_reported_in_one_line() {
         let scratch = Scratch::new();
         let good = scratch.bin_dir("good", &["initdb", "pg_ctl"], 0o755);
-        assert_eq!(find_bin_dir(Some(&good)).expect("a complete bin dir"), good);
+        assert_eq!(find_bin_dir(Some(&good), &scratch.0).expect("a complete bin dir"), good);
 
         let empty = scratch.bin_dir("empty", &[], 0o755);
-        let message = find_bin_dir(Some(&empty)).expect_err("an empty bin dir").to_string();
+        let message = find_bin_dir(Some(&empty), &scratch.0).expect_err("an empty bin dir").to_string();
         assert!(message.contains(&*empty.to_string_lossy()), "{message}");
         assert!(message.contains("apt-get install postgresql"), "{message}");
         assert!(!message.contains('\n'), "{message}");
+    }
+
+    #[test]
+    fn an_existing_cluster_gets_binaries_of_its_own_version() {
+        let scratch = Scratch::new();
+        let of = |version: &str| {
+            let dir = scratch.bin_dir(version, &["initdb", "pg_ctl"], 0o755);
+            let script = format!("#!/bin/sh\necho 'pg_ctl (PostgreSQL) {version} (Debian {version}-1)'\n");
+            std::fs::write(dir.join("pg_ctl"), script).expect("writing a fake pg_ctl");
+            dir
+        };
+        let (sixteen, fifteen, nine) = (of("16.4"), of("15.10"), of("9.6.24"));
+        let candidates = || vec![sixteen.clone(), fifteen.clone(), nine.clone()];
+        assert_eq!(of_version(candidates(), &scratch.0, "15").expect("15's"), fifteen);
+        assert_eq!(of_version(candidates(), &scratch.0, "9.6").expect("9.6's"), nine);
+        let message = of_version(candidates(), &scratch.0, "14").expect_err("no 14").to_string();
+        assert!(message.contains("PostgreSQL 14") && message.contains("16.4 in"), "{message}");
+        assert!(message.contains("embedded.bin_dir") && !message.contains('\n'), "{message}");
     }
 
     #[test]
