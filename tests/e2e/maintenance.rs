@@ -120,3 +120,37 @@ async fn a_broker_killed_while_buffering_loses_no_answered_push() {
     drop(second);
     std::fs::remove_dir_all(&buffer).expect("the journal directory can be removed");
 }
+
+/// A broker told to stop while it replays its journal (push maintenance just ended) finishes the
+/// replay before it exits, within its shutdown bound: a pod's journal is lost with it, and the
+/// pushes it answered `buffered` would be lost with the journal.
+#[tokio::test]
+async fn a_broker_stopped_while_it_replays_its_journal_finishes_the_replay() {
+    const BUFFERED: usize = 300;
+    let db = TestDatabase::create("e2e_stop_replaying").await;
+    let buffer = target_dir().join(format!("e2e-buffer-{}", uuid::Uuid::new_v4().simple()));
+    let buffer_arg = buffer.to_string_lossy().into_owned();
+    let args = ["--database-url", db.url(), "--buffer-dir", &buffer_arg];
+    // One message a replay step: the replay takes a while.
+    let mut broker = BrokerProcess::start(queen_binary(), &args, &[("QUEEN_BUFFER__DRAIN_BATCH_MESSAGES", "1")]).await;
+    let http = queen_testkit::http().timeout(Duration::from_secs(30)).build().expect("a client");
+    let base = broker.url();
+    set_push_maintenance(&http, &base, true).await;
+    let items: Vec<Value> = (0..BUFFERED)
+        .map(|n| json!({"queue": QUEUE, "partition": format!("p{}", n % 4), "transactionId": format!("b{n}"), "payload": n}))
+        .collect();
+    for chunk in items.chunks(50) {
+        let answer = http.post(format!("{base}/api/v1/push")).json(&json!({ "items": chunk })).send().await;
+        let results: Value = answer.expect("a push").json().await.expect("JSON");
+        assert!(results.as_array().expect("results").iter().all(|r| r["status"] == "buffered"), "{results}");
+    }
+    set_push_maintenance(&http, &base, false).await;
+    broker.signal(Signal::SIGTERM);
+    let status = broker.wait(Duration::from_secs(60)).await.expect("the broker exits");
+    assert!(status.success(), "exit status {status:?}; log:\n{}", broker.log().join("\n"));
+
+    let client = db.connect().await;
+    let stored: i64 = client.query_one("SELECT count(*) FROM queen.log_message_ids", &[]).await.expect("count").get(0);
+    assert_eq!(stored, BUFFERED as i64, "the replay stopped with the broker; log:\n{}", broker.log().join("\n"));
+    std::fs::remove_dir_all(&buffer).expect("the journal directory can be removed");
+}

@@ -175,6 +175,7 @@ impl Application {
             if !stopper.drain(limit).await {
                 tracing::warn!("work still under way after http.shutdown_timeout_seconds is cut short");
             }
+            crate::broker::push_buffer::report_left(&stopper).await;
             crate::broker::fleet::leave(&stopper).await;
             handle.stop(true).await;
         });
@@ -201,7 +202,11 @@ pub async fn migrate_with_retries(pool: &queen_store::Pool) -> Result<(), StartE
                 return Ok(());
             }
             Err(e) if e.is_unavailable() && attempt < DATABASE_STARTUP_ATTEMPTS => {
-                tracing::warn!(error = %e, attempt, "PostgreSQL is not reachable yet; retrying");
+                tracing::warn!(
+                    error = %e,
+                    attempt,
+                    "cannot migrate yet (PostgreSQL not reachable, or another broker migrating); retrying"
+                );
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
             Err(e) => return Err(StartError::Migrate(e)),

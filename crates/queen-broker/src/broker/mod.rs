@@ -167,7 +167,8 @@ impl Broker {
             let idle = self.requests_under_way.load(Ordering::SeqCst) == 0
                 && self.writers.is_idle()
                 && self.groups.is_idle()
-                && self.journal.is_idle();
+                && self.journal.is_idle()
+                && self.journal_replayed_or_held().await;
             if idle {
                 return true;
             }
@@ -175,6 +176,20 @@ impl Broker {
                 return false;
             }
             tokio::time::sleep(DRAIN_POLL).await;
+        }
+    }
+
+    /// Whether the push journal holds nothing, or nothing that can reach the log now (push
+    /// maintenance is on, or the replay is failing). A shutdown waits for a replay that goes
+    /// through: the journal may be lost with the broker (a pod's `emptyDir`), and what is left in
+    /// it is replayed only by a broker started on the same directory.
+    async fn journal_replayed_or_held(&self) -> bool {
+        if self.maintenance.modes().push_maintenance {
+            return true;
+        }
+        match self.journal.status().await {
+            Ok(status) => status.buffered_messages == 0 || !status.healthy,
+            Err(_) => true,
         }
     }
 

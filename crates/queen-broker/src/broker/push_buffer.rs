@@ -119,9 +119,23 @@ pub async fn keep_draining(broker: web::Data<Broker>) {
     }
 }
 
+/// Says, at shutdown, what the journal still holds: only a broker started on the same directory
+/// replays it, and a directory lost with its broker (a pod's `emptyDir`) loses it.
+pub async fn report_left(broker: &Broker) {
+    if let Ok(status) = broker.journal.status().await
+        && status.buffered_messages > 0
+    {
+        tracing::error!(
+            buffered_messages = status.buffered_messages,
+            dir = %broker.journal.dir.display(),
+            "stopping with pushes the log does not hold yet: a broker started on this journal directory replays them"
+        );
+    }
+}
+
 /// Why a drain stopped replaying a file before its end.
 enum Halt {
-    /// Push maintenance is on again, or the broker is stopping.
+    /// Push maintenance is on again.
     Stopped,
     /// The file can never be replayed as things are; why.
     Unreplayable(String),
@@ -145,9 +159,10 @@ impl From<BrokerError> for Failure {
     }
 }
 
-/// Replays file after file until the journal is empty, push maintenance is on again, or the
-/// broker is stopping (a drain never holds up a shutdown; what is left is replayed at the next
-/// start).
+/// Replays file after file until the journal is empty or push maintenance is on again. It goes on
+/// while the broker is stopping, whose drain waits for it while it goes through (within
+/// `http.shutdown_timeout_seconds`); what is left is replayed at the next start on the same
+/// journal directory.
 async fn drain(broker: &Broker) {
     loop {
         if must_stop(broker) {
@@ -286,7 +301,7 @@ where
     }
 }
 
-/// Push maintenance is on again (the database may be going away), or the broker is stopping.
+/// Push maintenance is on again (the database may be going away).
 fn must_stop(broker: &Broker) -> bool {
-    broker.is_shutting_down() || broker.maintenance.modes().push_maintenance
+    broker.maintenance.modes().push_maintenance
 }
