@@ -120,6 +120,24 @@ async fn queen_migrate_brings_a_database_up_to_date_and_can_run_again() {
     let applied: i64 =
         client.query_one("SELECT count(*) FROM queen.schema_migrations", &[]).await.expect("migrations").get(0);
     assert_eq!(applied, i64::from(queen_store::migrations::latest_version()));
+
+    // A schema a newer broker migrated: this one refuses to start on it, saying why.
+    let future = queen_store::migrations::latest_version() + 1;
+    client
+        .execute(
+            "INSERT INTO queen.schema_migrations (version, name, checksum) VALUES ($1, 'from_the_future', 'x')",
+            &[&future],
+        )
+        .await
+        .expect("a newer migration recorded");
+    let output = tokio::process::Command::new(queen_binary())
+        .args(["--database-url", db.url(), "--host", "127.0.0.1", "--port", "0"])
+        .output()
+        .await
+        .expect("queen runs");
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{log}");
+    assert!(log.contains("newer than this broker knows") && log.contains("upgrade the broker"), "{log}");
 }
 
 #[tokio::test]
