@@ -48,9 +48,15 @@ pub fn check(kind: NameKind, field: impl std::fmt::Display, value: &str) -> Resu
         return Err(format!("{field}: the {noun} must not contain control characters"));
     }
     // In a path, `.` and `..` are dot segments that browsers and URL libraries resolve away: the
-    // name could never be read or deleted by its own route.
+    // name could never be read or deleted by its own route. A transaction id may hold `/`, so
+    // none of its segments may be one (`x/../y` would be read as `y`).
     if value == "." || value == ".." {
         return Err(format!("{field}: the {noun} must not be {value:?}, which a URL path cannot carry"));
+    }
+    if kind == NameKind::TransactionId && value.split('/').any(|segment| segment == "." || segment == "..") {
+        return Err(format!(
+            "{field}: the {noun} must not have '.' or '..' between its '/'s, which a URL path resolves away"
+        ));
     }
     if kind != NameKind::TransactionId && value.contains('/') {
         return Err(format!("{field}: the {noun} must not contain '/'"));
@@ -60,6 +66,28 @@ pub fn check(kind: NameKind, field: impl std::fmt::Display, value: &str) -> Resu
             "{field}: the {noun} {RESERVED_GROUP:?} is reserved: /api/v1/consumer-groups/{RESERVED_GROUP} lists the \
              lagging groups, so a group of that name could not be read or deleted there"
         ));
+    }
+    Ok(())
+}
+
+/// Checks the name of a queue or partition a request creates (or may create): besides
+/// [`check`], it may not hold what the official clients' raw URL paths cut or change: `#` (the
+/// rest is a fragment, so a pop of `orders#eu` would pop `orders`), `?` (the rest is a query) or
+/// a `%` escape (`%41`, which the router decodes: `a%41` would be `aA`; a `%` not followed by two
+/// hex digits is sent escaped). Names stored before are still read.
+pub fn check_new(kind: NameKind, field: impl std::fmt::Display, value: &str) -> Result<(), String> {
+    check(kind, &field, value)?;
+    if !matches!(kind, NameKind::Queue | NameKind::Partition) {
+        return Ok(());
+    }
+    let noun = kind.noun();
+    if let Some(c) = value.chars().find(|c| matches!(c, '#' | '?')) {
+        return Err(format!("{field}: the {noun} must not contain {c:?}, which ends a URL path"));
+    }
+    let escape = value.as_bytes().windows(3).find(|w| w[0] == b'%' && w[1..].iter().all(u8::is_ascii_hexdigit));
+    if let Some(escape) = escape {
+        let escape = String::from_utf8_lossy(escape);
+        return Err(format!("{field}: the {noun} must not contain {escape:?}, which a URL path reads as an escape"));
     }
     Ok(())
 }

@@ -376,7 +376,7 @@ impl<'a> Wire<'a> {
         let mut name = |kind, key: &str| -> Result<String, ApiError> {
             let field = format!("groups[{g}].{key}");
             let name = self.text(|| field.clone())?;
-            names::check(kind, &field, name).map_err(bad)?;
+            names::check_new(kind, &field, name).map_err(bad)?;
             Ok(name.to_owned())
         };
         let queue = name(NameKind::Queue, "queue")?;

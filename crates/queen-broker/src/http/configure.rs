@@ -22,7 +22,7 @@ pub async fn handle(
     let body = JsonObject::parse_body(&body, false)?;
     body.takes_only(&["queue", "namespace", "task", "options"])?;
     let queue = body.required_string("queue")?;
-    names::check(NameKind::Queue, "queue", &queue).map_err(ApiError::BadRequest)?;
+    names::check_new(NameKind::Queue, "queue", &queue).map_err(ApiError::BadRequest)?;
     caller.check_queues([queue.as_str()])?;
     let options: Map<String, Value> = match body.raw("options") {
         None => Map::new(),

@@ -99,7 +99,7 @@ pub fn parse_item(item: &JsonObject<'_>) -> Result<PushItem, ApiError> {
     }
     item.takes_only(ITEM_MEMBERS)?;
     let checked = |kind, key: &str, value: String| {
-        names::check(kind, item.member(key), &value).map(|()| value).map_err(ApiError::BadRequest)
+        names::check_new(kind, item.member(key), &value).map(|()| value).map_err(ApiError::BadRequest)
     };
     let queue = checked(NameKind::Queue, "queue", item.required_string("queue")?)?;
     let partition = checked(
@@ -179,7 +179,7 @@ impl TypedPush<'_> {
 
 impl TypedItem<'_> {
     fn item(self) -> Option<PushItem> {
-        let checked = |kind, value: Cow<'_, str>| names::check(kind, "", &value).ok().map(|()| value.into_owned());
+        let checked = |kind, value: Cow<'_, str>| names::check_new(kind, "", &value).ok().map(|()| value.into_owned());
         let queue = checked(NameKind::Queue, self.queue)?;
         let partition = checked(NameKind::Partition, self.partition.unwrap_or(Cow::Borrowed(DEFAULT_PARTITION)))?;
         let transaction_id = match self.transaction_id {

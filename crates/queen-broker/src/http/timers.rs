@@ -219,7 +219,7 @@ fn parse_op(op: &JsonObject<'_>, inflation: &mut Inflation) -> Result<TimerOp, A
         }
     }
     let checked = |kind, key: &str, value: String| {
-        names::check(kind, op.member(key), &value).map(|()| value).map_err(ApiError::BadRequest)
+        names::check_new(kind, op.member(key), &value).map(|()| value).map_err(ApiError::BadRequest)
     };
     let queue = checked(NameKind::Queue, "queue", op.required_string("queue")?)?;
     let timer_key = op.required_string("timerKey")?;

@@ -111,6 +111,18 @@ async fn names_past_the_limits_are_refused() {
     assert_refused(&app.post("/api/v1/push", &transaction).await, StatusCode::BAD_REQUEST, "at most 255");
     let control = push(json!({"queue": "bad\u{7}name"}));
     assert_refused(&app.post("/api/v1/push", &control).await, StatusCode::BAD_REQUEST, "control characters");
+    // What the official clients' raw URL paths would cut or change: a pop of `orders#eu` would
+    // pop `orders`, and a read of message `x/../y` would read `y`.
+    for (item, mentions) in [
+        (json!({"queue": "orders#eu"}), "items[0].queue: the queue name must not contain '#'"),
+        (json!({"queue": "q", "partition": "p?x"}), "items[0].partition: the partition name must not contain '?'"),
+        (json!({"queue": "a%41"}), "must not contain \"%41\""),
+        (json!({"queue": "q", "transactionId": "x/../y"}), "must not have '.' or '..' between its '/'s"),
+    ] {
+        assert_refused(&app.post("/api/v1/push", &push(item)).await, StatusCode::BAD_REQUEST, mentions);
+    }
+    let configured = app.post("/api/v1/configure", &json!({"queue": "orders#eu", "options": {}})).await;
+    assert_refused(&configured, StatusCode::BAD_REQUEST, "must not contain '#'");
     let group = app.pop("queue/q", &format!("consumerGroup={long}")).await;
     assert_refused(&group, StatusCode::BAD_REQUEST, "consumerGroup");
     assert_refused(&app.pop(&format!("queue/{long}"), "batch=1").await, StatusCode::BAD_REQUEST, "queue");

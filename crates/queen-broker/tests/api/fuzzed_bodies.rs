@@ -403,6 +403,17 @@ fn name() -> BoxedStrategy<String> {
     .boxed()
 }
 
+/// A good name for a queue or partition a request creates: none of what the official clients'
+/// raw URL paths would cut or change (`#`, `?`, a `%` escape).
+fn created_name() -> BoxedStrategy<String> {
+    name()
+        .prop_filter("carried by a raw URL path", |name| {
+            !name.contains(['#', '?'])
+                && !name.as_bytes().windows(3).any(|w| w[0] == b'%' && w[1..].iter().all(u8::is_ascii_hexdigit))
+        })
+        .boxed()
+}
+
 /// A good name that a URL path can carry to this broker.
 fn path_name() -> BoxedStrategy<String> {
     name().prop_filter("addressable", |name| addressable(name)).boxed()
@@ -415,6 +426,12 @@ fn addressable(name: &str) -> bool {
 }
 
 /// Names no queue, partition or group may have, and values that are no name at all.
+/// A name refused for a queue or partition a request creates: a bad name, or one the official
+/// clients' raw URL paths would cut or change.
+fn bad_created_name() -> BoxedStrategy<Value> {
+    prop_oneof![6 => bad_name(), 1 => values(vec![json!("orders#eu"), json!("what?"), json!("a%41")])].boxed()
+}
+
 fn bad_name() -> BoxedStrategy<Value> {
     values(vec![
         json!(""),
@@ -1349,27 +1366,27 @@ const TRANSACTION_IDS: &[&str] = &["t-1", "t-2", "ünï-tx", "a/b/c", "0192f0c4-
 
 /// A good queue or partition name: one of `pool` mostly, or any.
 fn pooled_name(pool: &'static [&'static str]) -> BoxedStrategy<Value> {
-    prop_oneof![3 => strings(pool), 1 => name().prop_map(Value::String)].boxed()
+    prop_oneof![3 => strings(pool), 1 => created_name().prop_map(Value::String)].boxed()
 }
 
 /// A queue or partition name that must be given (`good` ones), or not.
-fn required_name_member(good: BoxedStrategy<Value>, pristine: bool) -> BoxedStrategy<Member> {
-    member(
-        pristine,
-        vec![with(12, Good, good), with(1, Bad, bad_name()), left_out(1, Bad), with(1, Bad, Just(Value::Null))],
-    )
+fn required_name_member(
+    good: BoxedStrategy<Value>,
+    bad: BoxedStrategy<Value>,
+    pristine: bool,
+) -> BoxedStrategy<Member> {
+    member(pristine, vec![with(12, Good, good), with(1, Bad, bad), left_out(1, Bad), with(1, Bad, Just(Value::Null))])
 }
 
 /// A partition name that may be left out: one of `pool` mostly, any good name, or not.
-fn optional_name_member(pool: &'static [&'static str], pristine: bool) -> BoxedStrategy<Member> {
+fn optional_name_member(
+    pool: &'static [&'static str],
+    bad: BoxedStrategy<Value>,
+    pristine: bool,
+) -> BoxedStrategy<Member> {
     member(
         pristine,
-        vec![
-            left_out(2, Good),
-            with(1, Good, Just(Value::Null)),
-            with(5, Good, pooled_name(pool)),
-            with(1, Bad, bad_name()),
-        ],
+        vec![left_out(2, Good), with(1, Good, Just(Value::Null)), with(5, Good, pooled_name(pool)), with(1, Bad, bad)],
     )
 }
 
@@ -1389,8 +1406,8 @@ fn transaction_id_member(pristine: bool) -> BoxedStrategy<Member> {
 }
 
 fn push_item(pristine: bool) -> BoxedStrategy<Draft> {
-    let queue = required_name_member(pooled_name(PUSH_QUEUES), pristine);
-    let partition = optional_name_member(PUSH_PARTITIONS, pristine);
+    let queue = required_name_member(pooled_name(PUSH_QUEUES), bad_created_name(), pristine);
+    let partition = optional_name_member(PUSH_PARTITIONS, bad_created_name(), pristine);
     let transaction_id = transaction_id_member(pristine);
     let trace_id = member(
         pristine,
@@ -2091,7 +2108,7 @@ fn options_member(pristine: bool) -> BoxedStrategy<Member> {
 }
 
 fn label_member(pristine: bool) -> BoxedStrategy<Member> {
-    let label = prop_oneof![name(), Just(String::new()), Just("ns/with/slashes".to_owned())].prop_map(Value::String);
+    let label = prop_oneof![name(), Just("ns/with/slashes".to_owned())].prop_map(Value::String);
     member(
         pristine,
         vec![
@@ -2102,6 +2119,7 @@ fn label_member(pristine: bool) -> BoxedStrategy<Member> {
                 1,
                 Bad,
                 values(vec![
+                    json!(""),
                     json!("n".repeat(256)),
                     json!("bell\u{7}"),
                     json!("nul\u{0}"),
@@ -2121,9 +2139,9 @@ fn configure_body(pristine: bool) -> BoxedStrategy<(Value, Verdict)> {
             with(
                 12,
                 Good,
-                prop_oneof![1 => strings(&["fuzz-configured", "ünï-config"]), 6 => name().prop_map(Value::String)],
+                prop_oneof![1 => strings(&["fuzz-configured", "ünï-config"]), 6 => created_name().prop_map(Value::String)],
             ),
-            with(1, Bad, bad_name()),
+            with(1, Bad, bad_created_name()),
             left_out(1, Bad),
             with(1, Bad, Just(Value::Null)),
         ],
@@ -3524,7 +3542,7 @@ fn timer_key_member(pristine: bool) -> BoxedStrategy<Member> {
 
 /// A good queue of timers: one of [`TIMER_QUEUES`] mostly, or any name marked as a timers' one.
 fn timer_queue() -> BoxedStrategy<Value> {
-    let marked = name().prop_map(|name| {
+    let marked = created_name().prop_map(|name| {
         let mut marked = format!("⏲{name}");
         while marked.len() > 255 {
             marked.pop();
@@ -3535,7 +3553,7 @@ fn timer_queue() -> BoxedStrategy<Value> {
 }
 
 fn timer_operation(pristine: bool) -> BoxedStrategy<Draft> {
-    let queue = || named("queue", required_name_member(timer_queue(), pristine));
+    let queue = || named("queue", required_name_member(timer_queue(), bad_created_name(), pristine));
     let key = || named("timerKey", timer_key_member(pristine));
     let txn = || named("txn", transaction_id_member(pristine));
     // Due at once (or within 200 ms, waited for), or not before the test ends.
@@ -3549,7 +3567,7 @@ fn timer_operation(pristine: bool) -> BoxedStrategy<Draft> {
             payload_members(pristine),
             named("delayMs", integer_member(pristine, false, delay.clone(), i64::MIN, MAX_DELAY_MS)),
             txn(),
-            named("partition", optional_name_member(PUSH_PARTITIONS, pristine)),
+            named("partition", optional_name_member(PUSH_PARTITIONS, bad_created_name(), pristine)),
         ];
         operation(pristine, kind, TIMER_FIELDS, TIMER_NAMES, members)
     };
@@ -4118,8 +4136,8 @@ fn fetch_entry(pristine: bool) -> BoxedStrategy<Draft> {
         i64::MAX,
     );
     (
-        required_name_member(pooled_name(READ_QUEUES), pristine),
-        required_name_member(pooled_name(READ_PARTITIONS), pristine),
+        required_name_member(pooled_name(READ_QUEUES), bad_name(), pristine),
+        required_name_member(pooled_name(READ_PARTITIONS), bad_name(), pristine),
         offset,
         byte_budget_member(pristine),
     )
@@ -4280,7 +4298,7 @@ fn changed_entry(pristine: bool) -> BoxedStrategy<Draft> {
         ],
     );
     let limit = integer_member(pristine, true, integers(1, MAX_CHANGED_PAGE), 1, MAX_CHANGED_PAGE);
-    (required_name_member(pooled_name(READ_QUEUES), pristine), since, after, limit)
+    (required_name_member(pooled_name(READ_QUEUES), bad_name(), pristine), since, after, limit)
         .prop_map(|(queue, since, after, limit)| {
             Draft(vec![("queue", queue), ("since", since), ("after", after), ("limit", limit)])
         })
