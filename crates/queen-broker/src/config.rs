@@ -335,8 +335,9 @@ impl Default for BufferConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LimitsConfig {
-    /// Bytes of request bodies held at once, across every request; past it, 503. At least
-    /// `http.max_body_bytes`, so that any request the broker accepts can be held alone.
+    /// Bytes of request bodies held at once, across every request, with what compressed ones
+    /// decompress to; past it, 503. At least `http.max_body_bytes`, so that any body the broker
+    /// accepts can be held alone (a compressed one that, inflated, cannot is a 413).
     pub body_bytes_in_flight: usize,
     /// Long-polling pops parked at once; a pop that would park past it is answered 503.
     pub parked_long_polls: usize,

@@ -94,8 +94,18 @@ where
 
 /// Holds the place of `bytes` a request decompressed out of its body in the same bound as the
 /// body's bytes (503 when they would take the broker past it): a compressed body costs what it
-/// inflates to, not what it weighed on the wire.
-pub fn hold_decompressed(broker: &Broker, bytes: usize) -> Result<Held, ApiError> {
+/// inflates to, not what it weighed on the wire. `already` is what the request holds besides
+/// (its body, what it decompressed before): a request that could not be held even alone is a
+/// 413, since retrying it would never help.
+pub fn hold_decompressed(broker: &Broker, already: usize, bytes: usize) -> Result<Held, ApiError> {
+    let most = broker.config.limits.body_bytes_in_flight;
+    if already.saturating_add(bytes) > most {
+        return Err(ApiError::PayloadTooLarge(format!(
+            "the request holds {} bytes with what it decompresses, more than limits.body_bytes_in_flight ({most}) \
+             lets one request hold; send it in smaller requests",
+            already.saturating_add(bytes)
+        )));
+    }
     Ok(broker.body_bytes.hold(bytes)?)
 }
 

@@ -28,7 +28,7 @@ pub async fn handle(
     let (mut items, counts_only, _decompressed) = if binary_push::is_binary(&req, &body, binary_push::PUSH_MAGIC) {
         let BinaryPush { items, counts_only, decompressed_bytes } =
             binary_push::parse_push(&body, Limits::of(&broker.config))?;
-        (items, counts_only, Some(hold_decompressed(&broker, decompressed_bytes)?))
+        (items, counts_only, Some(hold_decompressed(&broker, body.len(), decompressed_bytes)?))
     } else {
         (parse_items(&body, broker.config.push.max_items)?, false, None)
     };

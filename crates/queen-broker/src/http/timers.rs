@@ -62,10 +62,11 @@ pub async fn batch(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let body = read_body(payload, broker.config.http.max_body_bytes, &broker).await?;
+    let held = body.len();
     let body = JsonObject::parse_body(&body, false)?;
     body.takes_only(&["operations"])?;
-    let (mut ops, _decompressed) =
-        parse_ops(&body, "operations", &broker)?.ok_or_else(|| ApiError::bad_request("operations is required"))?;
+    let (mut ops, _decompressed) = parse_ops(&body, "operations", &broker, held)?
+        .ok_or_else(|| ApiError::bad_request("operations is required"))?;
     if ops.is_empty() {
         return Err(ApiError::bad_request("operations must not be empty"));
     }
@@ -145,9 +146,14 @@ fn check_timer_key(field: &str, key: &str) -> Result<(), ApiError> {
 }
 
 /// The transaction's `timers` rider: absent (or `null`) when the bundle has no timer operation.
-/// With the place its decompressed payloads hold, to be kept while the bundle runs.
-pub fn parse_rider(body: &JsonObject<'_>, broker: &Broker) -> Result<(Vec<TimerOp>, Option<Held>), ApiError> {
-    let (ops, held) = parse_ops(body, "timers", broker)?.unzip();
+/// With the place its decompressed payloads hold, to be kept while the bundle runs; `already`
+/// is what the bundle holds besides.
+pub fn parse_rider(
+    body: &JsonObject<'_>,
+    broker: &Broker,
+    already: usize,
+) -> Result<(Vec<TimerOp>, Option<Held>), ApiError> {
+    let (ops, held) = parse_ops(body, "timers", broker, already)?.unzip();
     let ops = ops.unwrap_or_default();
     if body.raw("timers").is_some() && ops.is_empty() {
         return Err(ApiError::bad_request("timers must not be empty; leave it out when there are no timer operations"));
@@ -179,7 +185,12 @@ struct Inflation {
 
 /// The timer operations of the array `key`, checked, and the place their decompressed payloads
 /// hold in the broker's bound on body bytes; one bad operation refuses them all.
-fn parse_ops(body: &JsonObject<'_>, key: &str, broker: &Broker) -> Result<Option<(Vec<TimerOp>, Held)>, ApiError> {
+fn parse_ops(
+    body: &JsonObject<'_>,
+    key: &str,
+    broker: &Broker,
+    already: usize,
+) -> Result<Option<(Vec<TimerOp>, Held)>, ApiError> {
     let Some(ops) = body.objects(key)? else { return Ok(None) };
     let max = broker.config.http.max_body_bytes;
     let mut inflation = Inflation { max, left: max };
@@ -188,7 +199,7 @@ fn parse_ops(body: &JsonObject<'_>, key: &str, broker: &Broker) -> Result<Option
         .iter()
         .map(|op| parse_op(op, &mut inflation))
         .collect::<Result<_, _>>()?;
-    Ok(Some((ops, hold_decompressed(broker, max - inflation.left)?)))
+    Ok(Some((ops, hold_decompressed(broker, already, max - inflation.left)?)))
 }
 
 fn parse_op(op: &JsonObject<'_>, inflation: &mut Inflation) -> Result<TimerOp, ApiError> {

@@ -33,14 +33,15 @@ pub async fn handle(
     let binary = binary_push::is_binary(&req, &body, binary_push::TRANSACTION_MAGIC)
         .then(|| binary_push::parse_transaction(&body, Limits::of(&broker.config)))
         .transpose()?;
-    let _decompressed =
-        binary.as_ref().map(|binary| hold_decompressed(&broker, binary.decompressed_bytes)).transpose()?;
+    let frames = binary.as_ref().map_or(0, |binary| binary.decompressed_bytes);
+    let _decompressed = binary.as_ref().map(|_| hold_decompressed(&broker, body.len(), frames)).transpose()?;
+    let held = body.len() + frames;
     // A binary body's head is the JSON body without its pushes; an empty one is `{}`.
     let body = JsonObject::parse_body(binary.as_ref().map_or(&body[..], |binary| binary.head), binary.is_some())?;
     let counts_only = binary.as_ref().is_some_and(|binary| binary.counts_only);
     let mut bundle = parse_bundle(&body, broker.config.push.max_items, binary.map(|binary| binary.items))?;
     // The `timers` rider is read with the broker's limits, which `parse_bundle` does not know.
-    let (timers, _timer_payloads) = parse_rider(&body, &broker)?;
+    let (timers, _timer_payloads) = parse_rider(&body, &broker, held)?;
     bundle.timers = timers;
     super::timers::stamp(&caller, &mut bundle.timers)?;
     let mut acked = Vec::new();

@@ -187,6 +187,27 @@ async fn a_compressed_push_holds_the_bytes_it_decompresses_to() {
     assert_eq!(retried.0.status, StatusCode::CREATED, "the bytes were given back: {:?}", retried.0);
 }
 
+/// A compressed push that, with what it inflates to, holds more than the bound lets one request
+/// hold would be refused as overload on every retry, on an idle broker: it is a 413 naming the
+/// bound. (Its digits are random, so it compresses to about half.)
+#[actix_web::test]
+async fn a_compressed_push_larger_inflated_than_the_bound_is_refused_as_too_large() {
+    let app = TestApp::spawn_with(|config| {
+        config.http.max_body_bytes = 64 * 1024;
+        config.limits.body_bytes_in_flight = 64 * 1024;
+    })
+    .await;
+    let digits: String = (0..1536).map(|_| uuid::Uuid::new_v4().simple().to_string()).collect();
+    let compressed = compressed_push("q", "inflated", &json!(digits));
+    assert!(compressed.len() > 20 * 1024, "{} bytes on the wire", compressed.len());
+    let request = app.http.post(app.url("/api/v1/push")).header("content-type", "application/x-queen-push");
+    let (refused, retry_after) = answered(request.body(compressed).send().await).await;
+    assert_eq!(refused.status, StatusCode::PAYLOAD_TOO_LARGE, "{refused:?}");
+    assert!(refused.body["error"].as_str().is_some_and(|e| e.contains("limits.body_bytes_in_flight")), "{refused:?}");
+    assert_eq!(retry_after, None, "retrying would not help");
+    assert_eq!(stored(&app, "inflated").await, 0);
+}
+
 #[actix_web::test]
 async fn an_ack_call_past_its_groups_bound_is_refused_with_429() {
     let app = TestApp::spawn_with(|config| config.limits.group_ack_calls = 1).await;
