@@ -612,9 +612,16 @@ pub fn iso_time(field: &str, text: &str) -> Result<DateTime<Utc>, ApiError> {
         .or_else(|_| NaiveDateTime::parse_from_str(text, "%Y-%m-%dT%H:%M:%S%.f").map(|at| at.and_utc()))
         .or_else(|_| NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f").map(|at| at.and_utc()))
         .or_else(|_| NaiveDate::parse_from_str(text, "%Y-%m-%d").map(|day| day.and_time(NaiveTime::MIN).and_utc()))
-        .ok()
-        .filter(|at| (-4712..=294_275).contains(&at.year()))
-        .ok_or_else(|| ApiError::bad_request(format!("{field} must be an ISO-8601 timestamp, not {text:?}")))
+        .map_err(|_| ApiError::bad_request(format!("{field} must be an ISO-8601 timestamp, not {text:?}")))
+        .and_then(|at| {
+            if (-4712..=294_275).contains(&at.year()) {
+                Ok(at)
+            } else {
+                Err(ApiError::bad_request(format!(
+                    "{field} {text:?} is outside what PostgreSQL holds (4713 BC to 294275 AD)"
+                )))
+            }
+        })
 }
 
 /// Path parameter `name` as the client meant it. actix decodes a matched path except `%25`,

@@ -91,7 +91,14 @@ pub async fn list(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpRes
         partition: query.get("partition").cloned(),
         from,
         to,
-        limit: query_int(&query, "limit", 1, u64::MAX)?.map_or(100, |limit| limit.min(MAX_PAGE)) as i64,
+        limit: query_int(&query, "limit", 1, u64::MAX)
+            .map_err(|_| {
+                let given = query.get("limit").map_or("", String::as_str);
+                ApiError::bad_request(format!(
+                    "limit must be a whole number from 1 (past {MAX_PAGE}, read as {MAX_PAGE}), not {given:?}"
+                ))
+            })?
+            .map_or(100, |limit| limit.min(MAX_PAGE)) as i64,
         offset: query_int(&query, "offset", 0, i64::MAX as u64)?.unwrap_or(0) as i64,
     };
     let (letters, total) = messages::dead_letters(&broker, &filter).await?;

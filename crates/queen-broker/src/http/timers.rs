@@ -105,7 +105,12 @@ pub async fn list(broker: web::Data<Broker>, req: HttpRequest) -> Result<HttpRes
         None => DEFAULT_PAGE,
         Some(text) => text
             .parse::<i64>()
-            .map_err(|_| ApiError::bad_request(format!("limit must be an integer, not {text:?}")))?
+            .or_else(|e| match e.kind() {
+                // An integer past i64 is far past the page's most, to which it is clamped.
+                std::num::IntErrorKind::PosOverflow => Ok(MAX_PAGE),
+                std::num::IntErrorKind::NegOverflow => Ok(1),
+                _ => Err(ApiError::bad_request(format!("limit must be an integer, not {text:?}"))),
+            })?
             .clamp(1, MAX_PAGE),
     };
     let after = query.get("after").filter(|after| !after.is_empty());

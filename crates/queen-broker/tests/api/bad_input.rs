@@ -188,6 +188,12 @@ async fn a_from_after_to_and_an_unknown_metrics_format_are_refused() {
         assert_refused(&app.get(path).await, StatusCode::BAD_REQUEST, "from must not be after to");
     }
     assert_refused(&app.get("/metrics?format=xml").await, StatusCode::BAD_REQUEST, "format");
+    // Each refusal says what is wrong with the value, not something else.
+    assert_refused(&app.get("/api/v1/dlq?limit=0").await, StatusCode::BAD_REQUEST, "from 1 (past 1000, read as 1000)");
+    let far = app.get("/api/v1/dlq?from=-4800-01-01").await;
+    assert_refused(&far, StatusCode::BAD_REQUEST, "outside what PostgreSQL holds");
+    let huge = app.get("/api/v1/timers/q?limit=99999999999999999999").await;
+    assert_eq!(huge.status, StatusCode::OK, "clamped, as any limit past the page's most: {huge:?}");
 }
 
 /// PostgreSQL's text cannot hold a NUL character: a name or filter holding one is refused before
