@@ -96,8 +96,12 @@ async fn handle(broker: web::Data<Broker>, req: HttpRequest, source: PopSource) 
             None => HttpResponse::NoContent().finish(),
         });
     }
-    let autopilot =
-        autopilot.then_some(AutopilotEcho { partitions: request.max_partitions, batch: request.batch, wait_ms: 0 });
+    // The width applied: a pop of one partition claims that one alone.
+    let partitions = match request.source {
+        PopSource::Queue { partition: Some(_), .. } => 1,
+        _ => request.max_partitions,
+    };
+    let autopilot = autopilot.then_some(AutopilotEcho { partitions, batch: request.batch, wait_ms: 0 });
     let own_keys = OwnKeys { autopilot, conflation };
     if framed {
         let own_json = (!own_keys.is_empty())
