@@ -495,10 +495,13 @@ pub const CAPACITY_LOCK_CLASS: i32 = 0x7163_6170;
 /// Messages of the queue that a group that counts has not consumed: past the slowest position,
 /// on each partition, of the groups with a cursor there and the groups registered on the queue
 /// (where they start, when they have no cursor there yet); a partition nobody reads counts whole.
+/// On a queue whose messages expire (`ttl`, `maxWaitTimeSeconds`), those past the age count for
+/// no group: every group skips them when it pops, so a queue whose consumers are away holds them
+/// without their filling it.
 pub async fn unconsumed_depth(client: &impl GenericClient, queue: &Queue) -> Result<i64, StoreError> {
     let statement = client
         .prepare_cached(concat!(
-            "SELECT COALESCE(sum(p.last_offset - GREATEST(p.retained_from - 1, f.floor)), 0)::bigint
+            "SELECT COALESCE(sum(p.last_offset - GREATEST(p.retained_from - 1, f.floor, e.expired_end)), 0)::bigint
                FROM queen.partitions p
               CROSS JOIN LATERAL (
                   SELECT COALESCE(min(positions.at), p.retained_from - 1) AS floor FROM (
@@ -513,10 +516,17 @@ pub async fn unconsumed_depth(client: &impl GenericClient, queue: &Queue) -> Res
                                           WHERE c.partition_id = p.id AND c.consumer_group = m.consumer_group)
                   ) positions
               ) f
+              CROSS JOIN LATERAL (
+                  SELECT (SELECT s.end_offset FROM queen.log_segments s
+                           WHERE $3::int > 0 AND s.partition_id = p.id
+                             AND s.created_at < now() - $3::int * interval '1 second'
+                           ORDER BY s.created_at DESC, s.base_offset DESC LIMIT 1) AS expired_end
+              ) e
               WHERE p.queue_id = $1",
         ))
         .await?;
-    Ok(client.query_one(&statement, &[&queue.id, &queue.name]).await?.get(0))
+    let expiry = queue.options.expiry_seconds().unwrap_or(0);
+    Ok(client.query_one(&statement, &[&queue.id, &queue.name, &expiry]).await?.get(0))
 }
 
 /// Size of a queue, from the partition rows alone (no scan of message history).

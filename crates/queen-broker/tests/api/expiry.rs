@@ -110,3 +110,20 @@ async fn a_queue_that_does_not_dead_letter_drops_an_exhausted_message() {
     assert_eq!(app.ack_all(&first, "failed", None).await[0]["dlq"], true);
     assert_eq!(dead_letters(&app, "default-dlq").await.len(), 1);
 }
+
+/// Messages past the age every group skips do not fill a capped queue whose consumers are away:
+/// they count for no group, so a push after them is taken while fresh ones still fill it.
+#[actix_web::test]
+async fn expired_messages_do_not_count_against_the_queues_size() {
+    let app = TestApp::spawn().await;
+    app.configure("capped", json!({"maxSize": 2, "ttl": 60})).await;
+    push_each(&app, "capped", "p", &["old-1", "old-2"]).await;
+    let full = app.post("/api/v1/push", &json!({"items": [{"queue": "capped", "partition": "p", "payload": 1}]})).await;
+    assert_eq!(full.status, StatusCode::TOO_MANY_REQUESTS, "two fresh messages fill it: {full:?}");
+
+    age_offsets(&app, "capped", "p", 2, "1 hour").await;
+    push_each(&app, "capped", "p", &["new-1", "new-2"]).await;
+    let full = app.post("/api/v1/push", &json!({"items": [{"queue": "capped", "partition": "p", "payload": 3}]})).await;
+    assert_eq!(full.status, StatusCode::TOO_MANY_REQUESTS, "the two fresh ones fill it again: {full:?}");
+    assert_eq!(app.pop("queue/capped", "batch=10").await.transaction_ids(), vec!["new-1", "new-2"]);
+}

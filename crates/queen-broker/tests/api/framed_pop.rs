@@ -352,7 +352,8 @@ async fn the_conflation_echo_and_the_autopilot_choice_ride_in_the_json_part() {
     assert_eq!(chosen.own_keys, Some(json!({"autopilot": told["autopilot"]})));
     // A pop of one partition says the width it applied: that one partition.
     let one =
-        json_pop(&app, "/api/v1/pop/queue/prices/partition/eur?autopilot=true&partitions=8&consumerGroup=pilot-c").await;
+        json_pop(&app, "/api/v1/pop/queue/prices/partition/eur?autopilot=true&partitions=8&consumerGroup=pilot-c")
+            .await;
     assert_eq!(one["autopilot"]["partitions"], 1, "{one}");
 }
 
