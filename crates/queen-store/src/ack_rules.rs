@@ -209,9 +209,10 @@ fn validate(state: &CursorState, item: &AckItem<'_>) -> Result<(), AckVerdict> {
 }
 
 /// Whether a late ack names a lease that is not the cursor's own: a lease another consumer's took
-/// over (this one ran out), or one a seek released. A seek keeps the lease's id and forgets what it
-/// delivered, so the batch it abandoned is told its lease is gone, not that its acks are done; a
-/// lease its own acks ended still knows what it delivered, and their resending is a no-op.
+/// over (this one ran out), or one a seek released or that ran out over a message a pop gave up
+/// on. Those keep the lease's id and forget what it delivered, so the batch is told its lease is
+/// gone, not that its acks are done; a lease its own acks ended still knows what it delivered,
+/// and their resending is a no-op.
 fn stale(state: &CursorState, fence: &LeaseFence) -> bool {
     match fence {
         LeaseFence::Lease(lease) => {

@@ -451,6 +451,9 @@ pub async fn give_up_exhausted_heads(
              UPDATE queen.log_consumers c
                 SET committed = t.head, lease_expires_at = NULL, retry_count = 0, head_expiries = 0,
                     head_attempts = (c.leased_until > t.head)::int, redelivery_count = c.redelivery_count + 1,
+                    -- The lease that ran out is over: a late ack under it is refused as one
+                    -- (`ack_rules`), not told its message is done.
+                    leased_until = NULL,
                     total_consumed = c.total_consumed + (t.head - c.committed), last_consumed_at = now()
                FROM target t
               WHERE c.partition_id = t.partition_id AND c.consumer_group = $1

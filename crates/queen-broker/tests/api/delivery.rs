@@ -75,6 +75,30 @@ async fn a_message_whose_leases_keep_expiring_is_dead_lettered_after_the_retry_l
     assert_eq!(app.metric("queen_messages_dead_lettered_total{queue=\"poison\"}").await, 1.0);
 }
 
+/// A lease that ran out over a message the next pop gave up on: the late `completed` of its
+/// consumer is refused as an expired lease, not answered done while the message is dead-lettered.
+#[actix_web::test]
+async fn a_late_ack_of_a_message_given_up_after_its_lease_ran_out_is_refused() {
+    let app = TestApp::spawn().await;
+    app.configure("given-up", json!({"leaseTime": 1, "retryLimit": 0})).await;
+    push_n(&app, "given-up", 1).await;
+    let crashed = app.pop("queue/given-up", "batch=1&consumerGroup=g").await.messages();
+    assert_eq!(crashed.len(), 1);
+    let dead_lettered = || async { app.get("/api/v1/dlq?queue=given-up").await.body["total"] == 1 };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !dead_lettered().await {
+        assert!(std::time::Instant::now() < deadline, "the message was never given up");
+        // Past the lease, a pop gives the message up and finds nothing else.
+        assert_eq!(
+            app.pop("queue/given-up", "batch=1&consumerGroup=g&wait=true&timeout=1500").await.messages().len(),
+            0
+        );
+    }
+    let late = app.ack_all(&crashed, "completed", Some("g")).await;
+    assert_eq!(late[0]["success"], false, "{late:?}");
+    assert!(late[0]["error"].as_str().is_some_and(|e| e.contains("invalid or expired lease")), "{late:?}");
+}
+
 #[actix_web::test]
 async fn failed_acks_and_expired_leases_count_together_and_the_attempt_count_is_the_fleets() {
     let app = TestApp::spawn().await;
