@@ -38,6 +38,13 @@ pub enum StartError {
     Journal { dir: String, source: std::io::Error },
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
+    #[error("cannot compare the encryption key with the fleet's: {0}")]
+    KeyCheck(StoreError),
+    #[error(
+        "encryption.key is not the key this database's encrypted data is sealed with (another broker recorded a \
+         different one): start every broker of the fleet with the same key"
+    )]
+    KeyDiffers,
 }
 
 pub struct Application {
@@ -80,6 +87,7 @@ impl Application {
         let pool = queen_store::pool::build_pool(database.target.clone(), &config.database.pool_settings())
             .map_err(StartError::Migrate)?;
         migrate_with_retries(&pool).await?;
+        check_encryption_key(&pool, cipher.as_deref()).await?;
         let modes = crate::broker::maintenance_mode::read(&pool).await.map_err(StartError::Modes)?;
         let journal = FoundJournal::recover(&config.buffer)
             .map_err(|source| StartError::Journal { dir: config.buffer.dir.display().to_string(), source })?;
@@ -183,6 +191,27 @@ impl Application {
         let in_use_by_others = database.is_embedded() && crate::broker::fleet::others_running(&broker).await;
         database.close_unless_in_use(in_use_by_others).await;
         served
+    }
+}
+
+/// Refuses a key other than the one the fleet seals with, before the broker serves anything it
+/// could not open or seals what its fleet cannot; warns of a broker without a key in a fleet that
+/// has one (it serves plain queues, and answers 503 for encrypted ones).
+async fn check_encryption_key(pool: &queen_store::Pool, cipher: Option<&queen_log::Cipher>) -> Result<(), StartError> {
+    let client = pool.get().await.map_err(|e| StartError::KeyCheck(e.into()))?;
+    match cipher {
+        Some(cipher) => match queen_store::key_check::check(&client, cipher).await.map_err(StartError::KeyCheck)? {
+            queen_store::key_check::KeyCheck::Different => Err(StartError::KeyDiffers),
+            queen_store::key_check::KeyCheck::Recorded | queen_store::key_check::KeyCheck::Same => Ok(()),
+        },
+        None => {
+            if queen_store::key_check::recorded(&client).await.map_err(StartError::KeyCheck)? {
+                tracing::warn!(
+                    "this broker has no encryption key, and its fleet has one: encrypted queues are answered 503 here"
+                );
+            }
+            Ok(())
+        }
     }
 }
 

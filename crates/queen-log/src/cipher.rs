@@ -45,8 +45,11 @@ impl Cipher {
     /// The key written as 64 hexadecimal characters (upstream Queen's `QUEEN_ENCRYPTION_KEY`).
     pub fn from_hex(hex: &str) -> Result<Self, KeyError> {
         let hex = hex.trim();
-        if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        if hex.len() != 64 {
             return Err(KeyError(format!("this one has {} characters", hex.len())));
+        }
+        if let Some(other) = hex.chars().find(|c| !c.is_ascii_hexdigit()) {
+            return Err(KeyError(format!("this one holds {other:?}, which is not a hexadecimal digit")));
         }
         let mut key = [0u8; 32];
         for (i, byte) in key.iter_mut().enumerate() {
@@ -115,7 +118,8 @@ mod tests {
     fn keys_are_64_hex_characters() {
         assert!(Cipher::from_hex(KEY).is_ok());
         assert!(Cipher::from_hex(&KEY[..62]).is_err());
-        assert!(Cipher::from_hex(&KEY.replace('0', "g")).is_err());
+        let not_hex = Cipher::from_hex(&KEY.replace('0', "g")).expect_err("not hex").to_string();
+        assert!(not_hex.contains("holds 'g', which is not a hexadecimal digit"), "{not_hex}");
         assert_eq!(format!("{:?}", Cipher::from_hex(KEY).unwrap()), "Cipher(AES-256-GCM)");
     }
 

@@ -93,7 +93,11 @@ pub enum StoreError {
     Encode(#[from] queen_log::EncodeError),
     /// Something is encrypted (a queue to write, a segment or dead letter to read) and this broker
     /// was started without the key: it neither writes plain text nor can read.
-    #[error("{subject} is encrypted and this broker has no encryption key (QUEEN_ENCRYPTION_KEY)")]
+    // Says "connection": the official consume loop retries an error that does, and stops on others.
+    #[error(
+        "{subject} is encrypted and this broker has no encryption key (QUEEN_ENCRYPTION_KEY); retry on a broker \
+         that has it (a new connection may reach one)"
+    )]
     NoEncryptionKey { subject: String },
     /// Creating what was asked would pass a limit of the fleet (counted in PostgreSQL); nothing
     /// was created.

@@ -48,6 +48,7 @@ mod error;
 pub mod events;
 pub mod fleet;
 pub mod groups;
+pub mod key_check;
 pub mod kv;
 pub mod listen;
 pub mod log;

@@ -193,3 +193,17 @@ async fn a_push_from_before_encryption_does_not_take_a_later_one_into_plain_text
     assert_eq!(ids, ["seed", "in-flight", "after", "from-before"], "in the order the writer took them");
     assert_eq!(popped[2]["data"], secret(4));
 }
+
+/// A broker started with another key than its fleet's would answer every read of sealed data with
+/// an error and seal what the fleet cannot open: it refuses to start, saying why.
+#[actix_web::test]
+async fn a_broker_with_another_key_than_its_fleets_does_not_start() {
+    let app = encrypted_app().await;
+    let other = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+    let config = queen_testkit::in_process::config(&app.db, |config| config.encryption.key = Some(other.into()));
+    let refused = queen_broker::startup::Application::build(config).await.err().expect("it does not start");
+    assert!(refused.to_string().contains("start every broker of the fleet with the same key"), "{refused}");
+    // The same key starts again, and so does a broker without one (it serves plain queues).
+    TestApp::spawn_on(&app.db, |config| config.encryption.key = Some(KEY.into())).await;
+    TestApp::spawn_on(&app.db, |_| {}).await;
+}
