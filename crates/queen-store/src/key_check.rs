@@ -25,8 +25,16 @@ pub enum KeyCheck {
     Different,
 }
 
-/// Records the fleet's key check with this key if none is, or compares this key with it.
+/// Records the fleet's key check with this key if none is, or compares this key with it. Data
+/// sealed before any check was recorded (by brokers older than it) is looked at first: a key
+/// that cannot open it is not recorded.
 pub async fn check(client: &impl GenericClient, cipher: &Cipher) -> Result<KeyCheck, StoreError> {
+    if !recorded(client).await?
+        && let Some(sealed) = some_sealed_segment(client).await?
+        && cipher.open(&sealed).is_err()
+    {
+        return Ok(KeyCheck::Different);
+    }
     let sealed = hex(&cipher.seal(PLAIN)?);
     let inserted = client
         .execute(
@@ -49,6 +57,22 @@ pub async fn recorded(client: &impl GenericClient) -> Result<bool, StoreError> {
     let row =
         client.query_one("SELECT EXISTS (SELECT 1 FROM queen.system_state WHERE key = $1)", &[&STATE_KEY]).await?;
     Ok(row.get(0))
+}
+
+/// The smallest of the newest segments of encrypted queues' partitions that is sealed, if any.
+async fn some_sealed_segment(client: &impl GenericClient) -> Result<Option<Vec<u8>>, StoreError> {
+    let row = client
+        .query_opt(
+            "SELECT s.body FROM queen.queues q
+               JOIN queen.partitions p ON p.queue_id = q.id
+              CROSS JOIN LATERAL (SELECT body FROM queen.log_segments s
+                                   WHERE s.partition_id = p.id ORDER BY s.base_offset DESC LIMIT 1) s
+              WHERE q.encryption_enabled AND substring(s.body FROM 1 FOR 4) = $1
+              ORDER BY octet_length(s.body) LIMIT 1",
+            &[&&queen_log::SEALED_MAGIC[..]],
+        )
+        .await?;
+    Ok(row.map(|row| row.get(0)))
 }
 
 fn hex(bytes: &[u8]) -> String {

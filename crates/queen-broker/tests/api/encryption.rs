@@ -206,4 +206,15 @@ async fn a_broker_with_another_key_than_its_fleets_does_not_start() {
     // The same key starts again, and so does a broker without one (it serves plain queues).
     TestApp::spawn_on(&app.db, |config| config.encryption.key = Some(KEY.into())).await;
     TestApp::spawn_on(&app.db, |_| {}).await;
+
+    // Data sealed before any check was recorded (by older brokers) is what a first key must open.
+    app.post("/api/v1/configure", &json!({"queue": "vault", "options": {"encryptionEnabled": true}})).await;
+    app.push(json!([{"queue": "vault", "payload": secret(1)}])).await;
+    let forget = "DELETE FROM queen.system_state WHERE key = 'encryption_key_check'";
+    app.db.connect().await.batch_execute(forget).await.expect("the check forgotten");
+    let config = queen_testkit::in_process::config(&app.db, |config| config.encryption.key = Some(other.into()));
+    let refused = queen_broker::startup::Application::build(config).await.err().expect("it does not start");
+    assert!(refused.to_string().contains("the same key"), "{refused}");
+    TestApp::spawn_on(&app.db, |config| config.encryption.key = Some(KEY.into())).await;
+    assert_eq!(app.count("SELECT count(*) FROM queen.system_state WHERE key = 'encryption_key_check'").await, 1);
 }
