@@ -87,7 +87,7 @@ impl Application {
         let pool = queen_store::pool::build_pool(database.target.clone(), &config.database.pool_settings())
             .map_err(StartError::Migrate)?;
         migrate_with_retries(&pool).await?;
-        check_encryption_key(&pool, cipher.as_deref()).await?;
+        let keyless_in_sealing_fleet = check_encryption_key(&pool, cipher.as_deref()).await?;
         let modes = crate::broker::maintenance_mode::read(&pool).await.map_err(StartError::Modes)?;
         let journal = FoundJournal::recover(&config.buffer)
             .map_err(|source| StartError::Journal { dir: config.buffer.dir.display().to_string(), source })?;
@@ -108,7 +108,9 @@ impl Application {
         let keep_alive = Duration::from_secs(config.http.keep_alive_seconds);
         let pg = database.target.clone();
         let broker = web::Data::new(
-            Broker::new(pool, pg, Arc::new(config), broker_id, modes, journal, cipher).with_auth(auth.clone()),
+            Broker::new(pool, pg, Arc::new(config), broker_id, modes, journal, cipher)
+                .with_auth(auth.clone())
+                .keyless_in_sealing_fleet(keyless_in_sealing_fleet),
         );
         // The JWKS is fetched (and kept fresh) on this runtime, which outlives the HTTP workers.
         if let Some(keys) = auth.as_ref().and_then(|auth| auth.key_set()) {
@@ -196,21 +198,26 @@ impl Application {
 
 /// Refuses a key other than the one the fleet seals with, before the broker serves anything it
 /// could not open or seals what its fleet cannot; warns of a broker without a key in a fleet that
-/// has one (it serves plain queues, and answers 503 for encrypted ones).
-async fn check_encryption_key(pool: &queen_store::Pool, cipher: Option<&queen_log::Cipher>) -> Result<(), StartError> {
+/// has one (it serves plain queues, and answers 503 for encrypted ones), and says whether it is one.
+async fn check_encryption_key(
+    pool: &queen_store::Pool,
+    cipher: Option<&queen_log::Cipher>,
+) -> Result<bool, StartError> {
+    use queen_store::key_check::{self, KeyCheck};
     let client = pool.get().await.map_err(|e| StartError::KeyCheck(e.into()))?;
     match cipher {
-        Some(cipher) => match queen_store::key_check::check(&client, cipher).await.map_err(StartError::KeyCheck)? {
-            queen_store::key_check::KeyCheck::Different => Err(StartError::KeyDiffers),
-            queen_store::key_check::KeyCheck::Recorded | queen_store::key_check::KeyCheck::Same => Ok(()),
+        Some(cipher) => match key_check::check(&client, cipher).await.map_err(StartError::KeyCheck)? {
+            KeyCheck::Different => Err(StartError::KeyDiffers),
+            KeyCheck::Recorded | KeyCheck::Same => Ok(false),
         },
         None => {
-            if queen_store::key_check::recorded(&client).await.map_err(StartError::KeyCheck)? {
+            let sealing = key_check::recorded(&client).await.map_err(StartError::KeyCheck)?;
+            if sealing {
                 tracing::warn!(
                     "this broker has no encryption key, and its fleet has one: encrypted queues are answered 503 here"
                 );
             }
-            Ok(())
+            Ok(sealing)
         }
     }
 }

@@ -78,6 +78,9 @@ pub struct Broker {
     pub auth: Option<Arc<Authenticator>>,
     /// The key of encrypted queues (`encryption.key`), when configured.
     pub cipher: Option<Arc<Cipher>>,
+    /// This broker has no key and its fleet has recorded one (as read at start-up): it may not
+    /// know which queues are encrypted, so it journals pushes only to queues it knows are not.
+    pub keyless_in_sealing_fleet: bool,
     /// Decoded segments that pops took part of (`pop.segment_cache_bytes`).
     pub segments: Arc<SegmentCache>,
     /// When each group's long-poll pops may start while its stream is dense (`pop.dense_interval_ms`).
@@ -193,6 +196,12 @@ impl Broker {
         }
     }
 
+    /// The broker as a keyless one in a fleet that has recorded a key (`check_encryption_key`).
+    pub fn keyless_in_sealing_fleet(mut self, keyless: bool) -> Self {
+        self.keyless_in_sealing_fleet = keyless;
+        self
+    }
+
     /// The broker with `[auth]`'s authenticator (built and checked by the caller).
     pub fn with_auth(mut self, auth: Option<Arc<Authenticator>>) -> Self {
         self.auth = auth;
@@ -299,6 +308,7 @@ impl Broker {
             maintenance: maintenance_mode,
             auth: None,
             cipher,
+            keyless_in_sealing_fleet: false,
             segments,
             pop_spacing,
             deliveries: deliveries::Deliveries::default(),

@@ -218,3 +218,26 @@ async fn a_broker_with_another_key_than_its_fleets_does_not_start() {
     TestApp::spawn_on(&app.db, |config| config.encryption.key = Some(KEY.into())).await;
     assert_eq!(app.count("SELECT count(*) FROM queen.system_state WHERE key = 'encryption_key_check'").await, 1);
 }
+
+/// A broker without a key, in a fleet that has recorded one, cannot tell during push maintenance
+/// whether a queue it has not seen is encrypted: it refuses to journal pushes to it (their payloads
+/// would reach its disk in plain text) and journals those to queues it knows are plain.
+#[actix_web::test]
+async fn a_keyless_broker_of_a_sealing_fleet_journals_only_queues_it_knows_are_plain() {
+    let keyed = encrypted_app().await;
+    let keyless = TestApp::spawn_on(&keyed.db, |_| {}).await;
+    let push = |queue: &str| {
+        let body = json!({"items": [{"queue": queue, "payload": secret(3)}]});
+        keyed.http.post(format!("{keyless}/api/v1/push")).json(&body).send()
+    };
+    assert_eq!(push("plain").await.expect("a push").status(), StatusCode::CREATED, "it is cached as plain");
+    let (on, off) = (json!({"enabled": true}), json!({"enabled": false}));
+    assert_eq!(keyed.post("/api/v1/system/maintenance", &on).await.status, StatusCode::OK);
+    let unseen = push("unseen").await.expect("a push");
+    assert_eq!(unseen.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let error: Value = unseen.json().await.expect("JSON");
+    assert!(error["error"].as_str().is_some_and(|e| e.contains("may be encrypted")), "{error}");
+    let plain: Value = push("plain").await.expect("a push").json().await.expect("JSON");
+    assert_eq!(plain[0]["status"], "buffered", "{plain}");
+    assert_eq!(keyed.post("/api/v1/system/maintenance", &off).await.status, StatusCode::OK);
+}
