@@ -296,6 +296,40 @@ def test_a_failed_ack_past_the_retry_limit_moves_on(queen_url):
     run(body())
 
 
+def test_dead_letters_of_one_group_are_listed_retried_and_deleted_through_the_admin_api(queen_url):
+    """dlq(group) lists one group's dead letters; admin.retry_message puts a message back (every
+    group reads it again, under a new transaction id) and admin.delete_message removes them."""
+
+    async def body():
+        name = unique("dlq-admin")
+        async with client(queen_url) as q:
+            await q.queue(name).config({"retry_limit": 0}).create()
+            await push_all(q, name, [{"id": 1}])
+            failing, fine = unique("failing"), unique("fine")
+            for group, status in ((failing, "failed"), (fine, "completed")):
+                builder = q.queue(name).group(group).subscription_mode("all").batch(1).wait(False)
+                msgs = await collect(builder, 1)
+                assert ids(msgs) == [1], msgs
+                assert (await q.ack(msgs[0], status, {"group": group}))["success"] is True
+            letters = await q.queue(name).dlq(failing).get()
+            assert letters["total"] == 1 and letters["messages"][0]["data"] == {"id": 1}, letters
+            assert (await q.queue(name).dlq(fine).get())["total"] == 0
+            letter = letters["messages"][0]
+
+            await q.admin.retry_message(letter["partitionId"], letter["transactionId"])
+            assert (await q.queue(name).dlq(failing).get())["total"] == 0, "moved back"
+            for group in (failing, fine):
+                again = await collect(q.queue(name).group(group).batch(1).wait(False), 1)
+                assert ids(again) == [1] and again[0]["transactionId"] != letter["transactionId"], again
+                assert (await q.ack(again[0], "failed" if group == failing else True, {"group": group}))["success"]
+
+            letter = (await q.queue(name).dlq(failing).get())["messages"][0]
+            await q.admin.delete_message(letter["partitionId"], letter["transactionId"])
+            assert (await q.queue(name).dlq(failing).get())["total"] == 0, "deleted"
+
+    run(body())
+
+
 def test_late_acks_below_the_cursor(queen_url):
     """§6.21: after #2 is acked, a `failed` for #1 is refused ("committed"), a `completed` for #1 is a
     successful no-op, and #3 (still leased) acks normally."""
