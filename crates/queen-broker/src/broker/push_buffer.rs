@@ -30,21 +30,23 @@ pub async fn journal(broker: &Broker, items: &[PushItem]) -> Result<bool, Broker
     // is: journaled, it would sit in plain text and never replay. One to a queue it has not cached
     // is taken (PostgreSQL may be away during maintenance), unless its fleet seals (it has
     // recorded a key): the queue may be encrypted, and its payload would reach the disk in plain.
-    if broker.cipher.is_none()
-        && let Some(item) = items.iter().find(|item| match broker.names.cached_queue(&item.queue) {
-            Some(queue) => queue.options.encryption_enabled,
-            None => broker.keyless_in_sealing_fleet,
-        })
-    {
-        if broker.names.cached_queue(&item.queue).is_some() {
-            return Err(StoreError::NoEncryptionKey { subject: format!("queue {:?}", item.queue) }.into());
+    if broker.cipher.is_none() {
+        for item in items {
+            match broker.names.cached_queue(&item.queue) {
+                Some(queue) if queue.options.encryption_enabled => {
+                    return Err(StoreError::NoEncryptionKey { subject: format!("queue {:?}", item.queue) }.into());
+                }
+                None if broker.keyless_in_sealing_fleet => {
+                    return Err(BrokerError::NoKey(format!(
+                        "queue {:?} may be encrypted: this broker has no encryption key (QUEEN_ENCRYPTION_KEY), its \
+                         fleet has one, and it cannot tell during push maintenance; retry on a broker that has it (a \
+                         new connection may reach one)",
+                        item.queue
+                    )));
+                }
+                _ => {}
+            }
         }
-        return Err(BrokerError::NoKey(format!(
-            "queue {:?} may be encrypted: this broker has no encryption key (QUEEN_ENCRYPTION_KEY), its fleet has \
-             one, and it cannot tell during push maintenance; retry on a broker that has it (a new connection may \
-             reach one)",
-            item.queue
-        )));
     }
     let record = record_of(items, broker.cipher.as_deref())?;
     // Such a push would be refused as the journal being full however empty it is: retrying it
