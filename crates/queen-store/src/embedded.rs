@@ -579,7 +579,8 @@ fn tail_lines(text: &str, count: usize) -> String {
 
 /// The directory holding the PostgreSQL server binaries: `explicit` if given, else the first of
 /// `pg_config --bindir`, the newest `/usr/lib/postgresql/<version>/bin` and the `PATH` entries
-/// that holds both `initdb` and `pg_ctl`.
+/// that holds both `initdb` and `pg_ctl` (of the major version in `data_dir`'s `PG_VERSION`, when
+/// a cluster is there).
 pub fn find_bin_dir(explicit: Option<&Path>, data_dir: &Path) -> Result<PathBuf, EmbeddedError> {
     if let Some(dir) = explicit {
         return if has_server_binaries(dir) {

@@ -1,7 +1,8 @@
-//! The edge's part in a graceful shutdown: every request is counted while it is under way, and
-//! once the broker is shutting down a new API request is refused (503, `Connection: close`)
-//! before it does anything. The requests under way then finish while every worker, actor and
-//! database connection they need still runs, and a refused client tries another broker.
+//! The edge's part in a graceful shutdown: every request is counted while it is under way (until
+//! its answer is written, or its client left), and once the broker is shutting down a new API
+//! request is refused (503, `Connection: close`) before it does anything. The requests under way
+//! then finish while every worker, actor and database connection they need still runs, and a
+//! refused client tries another broker.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
