@@ -30,6 +30,9 @@ pub enum ApiError {
     Conflict(String),
     #[error("{0}")]
     PayloadTooLarge(String),
+    /// A body in a form the broker does not read (a `Content-Encoding`): 415.
+    #[error("{0}")]
+    UnsupportedMediaType(String),
     /// The request body did not arrive within `http.request_body_timeout_ms`: 408.
     #[error("{0}")]
     RequestTimeout(String),
@@ -68,6 +71,7 @@ impl ApiError {
             ApiError::Forbidden(_) => "forbidden",
             ApiError::Conflict(_) => "conflict",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
+            ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
             ApiError::RequestTimeout(_) => "request_timeout",
             ApiError::Broker(BrokerError::QueueFull { .. }) => "queue_full",
             ApiError::Broker(BrokerError::LimitReached(_)) => "limit_reached",
@@ -137,6 +141,7 @@ impl ResponseError for ApiError {
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Broker(BrokerError::QueueFull { .. }) => StatusCode::TOO_MANY_REQUESTS,
             // Final, not a rate: the official clients retry a 429 in place, a long poll for ever.

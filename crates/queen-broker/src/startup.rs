@@ -127,6 +127,7 @@ impl Application {
         let server = HttpServer::new(move || {
             App::new()
                 .app_data(app_broker.clone())
+                .wrap(from_fn(http::content_encoding::refuse))
                 .wrap(from_fn(http::uri_text::refuse_non_utf8))
                 .wrap(from_fn(http::cross_site::refuse))
                 .wrap(from_fn(http::dns_rebinding::refuse))

@@ -10,6 +10,7 @@ mod binary_push;
 mod body;
 mod configure;
 mod consumer_groups;
+pub mod content_encoding;
 pub mod cross_site;
 mod dashboard;
 mod depth;

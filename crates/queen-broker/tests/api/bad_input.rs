@@ -466,3 +466,26 @@ async fn an_ack_batch_past_its_bound_is_refused_however_it_is_read() {
     let answer = app.post_raw("/api/v1/ack/batch", body).await;
     assert_refused(&answer, StatusCode::BAD_REQUEST, "at most 100000");
 }
+
+/// A body with a `Content-Encoding` reaches no handler still encoded, to be refused as bad JSON
+/// without a word about why: it is a 415 naming the encoding, and writes nothing.
+#[actix_web::test]
+async fn an_encoded_body_is_refused_naming_its_encoding() {
+    let app = TestApp::spawn().await;
+    let body = serde_json::to_vec(&json!({"items": [{"queue": "q", "payload": 1}]})).expect("JSON");
+    let request = |encoding: &str| {
+        app.http
+            .post(app.url("/api/v1/push"))
+            .header("content-type", "application/json")
+            .header("content-encoding", encoding)
+            .body(body.clone())
+            .send()
+    };
+    let refused = request("gzip").await.expect("an answer");
+    assert_eq!(refused.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let refused: Value = refused.json().await.expect("JSON");
+    assert_eq!(refused["code"], "unsupported_media_type", "{refused}");
+    assert!(refused["error"].as_str().is_some_and(|e| e.contains("\"gzip\"")), "{refused}");
+    assert_nothing_written(&app).await;
+    assert_eq!(request("identity").await.expect("an answer").status(), StatusCode::CREATED, "identity is as sent");
+}
