@@ -535,11 +535,7 @@ async fn an_inconsistent_auth_configuration_stops_start_up_naming_the_setting() 
         ("auth.tokens_file", |config| config.auth.tokens_file = Some("/nonexistent/tokens.toml".into())),
     ];
     for (setting, tweak) in cases {
-        let mut config = Config::default();
-        config.http.host = "127.0.0.1".into();
-        config.http.port = 0;
-        config.database.url = Some(db.url().to_owned());
-        tweak(&mut config);
+        let config = queen_testkit::in_process::config(&db, tweak);
         let error = match queen_broker::startup::Application::build(config).await {
             Ok(_) => panic!("{setting}: the broker started"),
             Err(e) => e.to_string(),

@@ -290,16 +290,12 @@ async fn a_certificate_or_key_that_cannot_be_used_stops_start_up_naming_the_file
     let missing = files.dir.join("missing.crt");
 
     let start = |cert: &Path, key: &Path| {
-        let mut config = Config::default();
-        config.http.host = "127.0.0.1".into();
-        config.http.port = 0;
-        config.http.workers = 1;
-        config.database.url = Some(db.url().to_owned());
-        config.database.pool_size = 2;
-        config.buffer.dir = files.dir.join(uuid::Uuid::new_v4().simple().to_string());
-        config.http.tls_cert_file = Some(cert.into());
-        config.http.tls_key_file = Some(key.into());
-        Application::build(config)
+        Application::build(queen_testkit::in_process::config(&db, |config: &mut Config| {
+            config.http.workers = 1;
+            config.database.pool_size = 2;
+            config.http.tls_cert_file = Some(cert.into());
+            config.http.tls_key_file = Some(key.into());
+        }))
     };
     for (cert, key, setting, named) in [
         (&missing, &files.key, "http.tls_cert_file", &missing),

@@ -19,12 +19,7 @@ async fn start_up_applies_every_migration_and_a_rerun_applies_none() {
 async fn a_database_not_in_utf8_is_refused_at_start_up_and_left_untouched() {
     let options = "ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0";
     let db = queen_testkit::TestDatabase::create_with("latin1", options).await;
-    let mut config = queen_broker::config::Config::default();
-    config.http.host = "127.0.0.1".into();
-    config.http.port = 0;
-    config.database.url = Some(db.url().to_owned());
-    config.buffer.dir =
-        queen_testkit::target_dir().join("test-buffers").join(uuid::Uuid::new_v4().simple().to_string());
+    let config = queen_testkit::in_process::config(&db, |_| {});
     let error = match queen_broker::startup::Application::build(config).await {
         Ok(_) => panic!("the broker started on a LATIN1 database"),
         Err(e) => e.to_string(),
